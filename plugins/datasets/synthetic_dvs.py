@@ -1,0 +1,57 @@
+"""``synthetic_dvs``: class-dependent DVS event frames, generated on the fly (no download).
+
+Each sample is a blob of events moving across the sensor in the direction of
+its class (class ``k`` moves at angle ``2 pi k / classes``), from a jittered
+start, over background noise. Polarity channel 0 holds ON events at the blob's
+new position, channel 1 OFF events where it left. Frames are binary, ``[T, C, H, W]``.
+Everything is a deterministic function of the seed, split and sample index.
+"""
+
+import math
+
+import torch
+from torch.utils.data import TensorDataset
+
+from snnfw import hookimpl
+from snnfw.data import DatasetSpec
+
+NAME = "synthetic_dvs"
+NOISE = 0.02
+
+
+def make_frames(count: int, time_steps: int, shape: tuple[int, int, int], classes: int, generator) -> tuple:
+    channels, height, width = shape
+    labels = torch.randint(classes, (count,), generator=generator)
+    angle = 2 * math.pi * labels.float() / classes + 0.2 * torch.randn(count, generator=generator)
+    speed = 0.6 * min(height, width) / max(time_steps, 1)
+    start = torch.randn(count, 2, generator=generator) * min(height, width) / 10
+    radius = max(min(height, width) / 8, 1.5)
+    ys = torch.arange(height).view(1, height, 1).float() - height / 2
+    xs = torch.arange(width).view(1, 1, width).float() - width / 2
+
+    def blob(t: float) -> torch.Tensor:
+        offset = t - (time_steps - 1) / 2
+        cy = (start[:, 0] + offset * speed * torch.sin(angle)).view(-1, 1, 1)
+        cx = (start[:, 1] + offset * speed * torch.cos(angle)).view(-1, 1, 1)
+        return torch.exp(-((ys - cy) ** 2 + (xs - cx) ** 2) / (2 * radius**2))
+
+    frames = torch.zeros(count, time_steps, channels, height, width)
+    for t in range(time_steps):
+        now, before = blob(t), blob(t - 1)
+        on = (now - before).clamp(min=0) * 2.5
+        off = (before - now).clamp(min=0) * 2.5
+        for c, intensity in enumerate((on, off)[:channels]):
+            events = torch.rand(count, height, width, generator=generator) < intensity.clamp(max=1) + NOISE
+            frames[:, t, c] = events.float()
+    return frames, labels
+
+
+def build(config, spec, split, seed):
+    count = config.train_samples if split == "train" else config.test_samples
+    generator = torch.Generator().manual_seed(seed * 2 + (split == "test") + 7919)
+    return TensorDataset(*make_frames(count, spec.time_steps, spec.shape, spec.num_classes, generator))
+
+
+@hookimpl
+def snnfw_register_datasets(register):
+    register(NAME, DatasetSpec(build, "moving blobs of DVS events, one direction per class"), "embedded; no download")

@@ -1,0 +1,1 @@
+"""Parallelism strategies."""

@@ -1,0 +1,39 @@
+"""``dp``: data parallel through DistributedDataParallel, one replica per rank."""
+
+from snnfw import hookimpl
+from snnfw.plan import Proposal
+
+NAME = "dp"
+
+
+@hookimpl
+def snnfw_register_strategies(register):
+    register(NAME, None, "data parallel (DistributedDataParallel): every rank holds the whole model")
+
+
+@hookimpl
+def snnfw_plan(request):
+    if request.strategy != NAME:
+        return None
+    world = request.topology.world_size
+    if world < 2:
+        return Proposal.refuse(NAME, "it needs at least 2 ranks; launch with --nproc 2 or more, or use strategy none")
+    mesh = request.config.parallel.mesh or (("dp", world),)
+    if tuple(name for name, _ in mesh) != ("dp",):
+        return Proposal.refuse(NAME, f"its mesh has one dimension named dp, got {dict(mesh)}; set parallel.mesh = {{dp = {world}}}")
+    return Proposal(
+        NAME,
+        mesh=mesh,
+        dp_dims=("dp",),
+        rationale=(f"{dict(mesh)['dp']} replicas, gradients averaged by DDP after each step's last microbatch",),
+    )
+
+
+@hookimpl
+def snnfw_parallelize(model, plan, mesh):
+    if plan.strategy != NAME:
+        return None
+    from torch.nn.parallel import DistributedDataParallel
+
+    device_ids = [next(model.parameters()).device.index] if plan.device_type == "cuda" else None
+    return DistributedDataParallel(model, device_ids=device_ids, process_group=mesh.get_group("dp"))

@@ -1,0 +1,27 @@
+"""``none``: one rank, no parallelism; the reference every strategy is compared with."""
+
+from snnfw import hookimpl
+from snnfw.plan import Proposal
+
+NAME = "none"
+
+
+@hookimpl
+def snnfw_register_strategies(register):
+    register(NAME, None, "single process, no parallelism (the reference for equivalence)")
+
+
+@hookimpl
+def snnfw_plan(request):
+    if request.strategy != NAME:
+        return None
+    if request.topology.world_size != 1:
+        return Proposal.refuse(
+            NAME, f"it runs on one rank, not {request.topology.world_size}; use --nproc 1, or strategy dp"
+        )
+    return Proposal(NAME, mesh=(("dp", 1),), dp_dims=("dp",), rationale=("one rank: no parallelism",))
+
+
+@hookimpl
+def snnfw_parallelize(model, plan, mesh):
+    return model if plan.strategy == NAME else None

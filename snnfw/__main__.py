@@ -1,0 +1,5 @@
+import sys
+
+from snnfw.cli import main
+
+sys.exit(main())

@@ -1,0 +1,52 @@
+"""analyze: what in a model carries state and what can be sharded."""
+
+from __future__ import annotations
+
+import attrs
+from torch import nn
+
+
+def _is_neuron(module: nn.Module) -> bool:
+    from spikingjelly.activation_based.neuron import BaseNode
+
+    return isinstance(module, BaseNode)
+
+
+@attrs.frozen
+class AnalysisPart:
+    """A plugin's contribution: module names to shard as units, and pipeline stage starts."""
+
+    blocks: tuple[str, ...] = ()
+    stage_units: tuple[str, ...] = ()
+
+
+@attrs.frozen
+class Analysis:
+    family: str
+    parameters: int
+    neurons: tuple[str, ...]
+    tp_candidates: tuple[str, ...]
+    blocks: tuple[str, ...] = ()
+    stage_units: tuple[str, ...] = ()
+
+
+def analyze(model: nn.Module, family: str, plugins) -> Analysis:
+    """Finds stateful neurons and shardable layers, then merges the plugins' parts."""
+    neurons, candidates = [], []
+    for name, module in model.named_modules():
+        if _is_neuron(module):
+            neurons.append(name)
+        elif isinstance(module, (nn.Linear, nn.Conv2d)):
+            candidates.append(name)
+    blocks, units = [], []
+    for part in plugins.analyze_parts(model, family):
+        blocks.extend(part.blocks)
+        units.extend(part.stage_units)
+    return Analysis(
+        family=family,
+        parameters=sum(p.numel() for p in model.parameters()),
+        neurons=tuple(neurons),
+        tp_candidates=tuple(candidates),
+        blocks=tuple(blocks),
+        stage_units=tuple(units),
+    )

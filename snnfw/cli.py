@@ -1,0 +1,115 @@
+"""The ``snnfw`` command: ``plugins``, ``plan`` and ``train``.
+
+A user error (bad config, unknown name, impossible layout) exits with status 2
+and one message on stderr; ``--debug`` shows the traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+from snnfw.errors import UserError
+
+
+def _cmd_plugins(args) -> int:
+    from snnfw.plugins import Plugins
+
+    plugins = Plugins()
+    rows = [
+        {
+            "name": p.name,
+            "distribution": p.distribution,
+            "version": p.version,
+            "hooks": list(p.hooks),
+            "registers": plugins.registered_names(p.name),
+        }
+        for p in plugins.info()
+    ]
+    if args.json:
+        print(json.dumps(rows, indent=2))
+        return 0
+    for row in rows:
+        names = "; ".join(f"{kind}: {', '.join(n)}" for kind, n in row["registers"].items())
+        print(f"{row['name']} ({row['distribution']} {row['version']})".rstrip())
+        print(f"    hooks: {', '.join(h.removeprefix('snnfw_') for h in row['hooks'])}")
+        if names:
+            print(f"    registers {names}")
+    return 0
+
+
+def _cmd_plan(args) -> int:
+    from snnfw.config import load_config
+    from snnfw.plugins import Plugins
+    from snnfw.runtime import prepare
+
+    config = load_config(args.config, args.overrides)
+    prepared = prepare(config, args.world_size, Plugins())
+    plan, analysis = prepared.plan, prepared.analysis
+    if args.json:
+        print(json.dumps({"plan": plan.to_dict(), "config": config.to_dict()}, indent=2))
+        return 0
+    mesh = " x ".join(f"{d}={n}" for d, n in plan.mesh)
+    print(f"strategy {plan.strategy} on {plan.world_size} rank(s), {plan.device_type}/{plan.backend}, mesh {mesh}")
+    print(f"model {config.model.family}/{config.model.flavor}: {analysis.parameters:,} parameters, {len(analysis.neurons)} neuron modules")
+    print(f"batch: global {plan.global_batch}, per replica {plan.replica_batch}, microbatch {plan.microbatch_size} x {plan.microbatches}")
+    print("why:")
+    for line in plan.rationale:
+        print(f"  - {line}")
+    return 0
+
+
+def _cmd_train(args) -> int:
+    from snnfw.config import load_config
+    from snnfw.launch import launch
+    from snnfw.plugins import Plugins
+    from snnfw.runtime import prepare
+
+    config = load_config(args.config, args.overrides)
+    prepare(config, args.nproc, Plugins())  # refuse a bad config before starting any process
+    run_dir = Path(args.run_dir or f"runs/{config.model.family}-{config.parallel.strategy}-{time.strftime('%Y%m%d-%H%M%S')}")
+    return launch(args.config, args.nproc, run_dir, args.overrides, config.parallel.timeout_s)
+
+
+def parser() -> argparse.ArgumentParser:
+    top = argparse.ArgumentParser(prog="snnfw", description="Distributed training of multi-step spiking neural networks.")
+    top.add_argument("--debug", action="store_true", help="show tracebacks of user errors")
+    sub = top.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("plugins", help="list loaded plugins, their hooks and the names they register")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(run=_cmd_plugins)
+
+    overrides = dict(dest="overrides", action="append", default=[], metavar="KEY=VALUE", help="override a config key")
+    p = sub.add_parser("plan", help="show the plan for a config and world size, starting no process")
+    p.add_argument("config")
+    p.add_argument("--world-size", type=int, default=1)
+    p.add_argument("--json", action="store_true")
+    p.add_argument("--set", **overrides)
+    p.set_defaults(run=_cmd_plan)
+
+    p = sub.add_parser("train", help="train on N local ranks (gloo on CPU, NCCL on GPU)")
+    p.add_argument("config")
+    p.add_argument("--nproc", type=int, default=1)
+    p.add_argument("--run-dir", help="where metrics.jsonl and summary.json go (default runs/FAMILY-STRATEGY-TIME)")
+    p.add_argument("--set", **overrides)
+    p.set_defaults(run=_cmd_train)
+    return top
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    try:
+        return args.run(args)
+    except UserError as err:
+        if args.debug:
+            raise
+        print(f"snnfw: error: {err}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,137 @@
+"""The run configuration: TOML loaded into frozen attrs classes.
+
+Every key lives in one section (``[model]``, ``[data]``, ``[parallel]``,
+``[train]``); unknown keys are refused by name. ``--set section.key=value``
+overrides any key, with the value read as TOML (so ``--set train.lr=0.01`` is a
+float and ``--set model.flavor=full`` a string).
+"""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+from typing import Any
+
+import attrs
+from attrs import validators as v
+
+from snnfw.errors import ConfigError
+
+_positive = [v.instance_of(int), v.gt(0)]
+
+
+def _mesh(value: Any) -> tuple[tuple[str, int], ...] | None:
+    """``{dp = 2, tp = 2}`` -> ``(("dp", 2), ("tp", 2))``; idempotent for attrs.evolve."""
+    if value is None or isinstance(value, tuple):
+        return value
+    if not isinstance(value, dict) or not all(
+        isinstance(k, str) and isinstance(n, int) and n > 0 for k, n in value.items()
+    ):
+        raise ConfigError(f"parallel.mesh must be a table of dimension sizes like {{dp = 2}}, got {value!r}")
+    return tuple(value.items())
+
+
+@attrs.frozen
+class ModelConfig:
+    family: str = attrs.field(default="cifar10dvs_vgg", validator=v.instance_of(str))
+    flavor: str = attrs.field(default="tiny", validator=v.instance_of(str))
+    time_steps: int = attrs.field(default=4, validator=_positive)
+
+
+@attrs.frozen
+class DataConfig:
+    name: str = attrs.field(default="synthetic_dvs", validator=v.instance_of(str))
+    batch_size: int = attrs.field(default=32, validator=_positive)
+    train_samples: int = attrs.field(default=2048, validator=_positive)
+    test_samples: int = attrs.field(default=512, validator=_positive)
+    root: str | None = attrs.field(default=None, validator=v.optional(v.instance_of(str)))
+
+
+@attrs.frozen
+class ParallelConfig:
+    strategy: str = attrs.field(default="none", validator=v.instance_of(str))
+    mesh: tuple[tuple[str, int], ...] | None = attrs.field(default=None, converter=_mesh)
+    timeout_s: float = attrs.field(default=300.0, converter=float, validator=v.gt(0))
+
+
+@attrs.frozen
+class TrainConfig:
+    steps: int = attrs.field(default=20, validator=_positive)
+    lr: float = attrs.field(default=1e-3, converter=float, validator=v.gt(0))
+    seed: int = attrs.field(default=0, validator=v.instance_of(int))
+    microbatches: int = attrs.field(default=1, validator=_positive)
+    optimizer: str = attrs.field(default="adam", validator=v.in_(("adam", "sgd")))
+    log_every: int = attrs.field(default=1, validator=_positive)
+
+
+@attrs.frozen
+class Config:
+    model: ModelConfig = ModelConfig()
+    data: DataConfig = DataConfig()
+    parallel: ParallelConfig = ParallelConfig()
+    train: TrainConfig = TrainConfig()
+
+    def to_dict(self) -> dict[str, Any]:
+        out = attrs.asdict(self)
+        if self.parallel.mesh is not None:
+            out["parallel"]["mesh"] = dict(self.parallel.mesh)
+        return out
+
+
+_SECTION_CLASSES = {"model": ModelConfig, "data": DataConfig, "parallel": ParallelConfig, "train": TrainConfig}
+
+
+def parse_override(text: str) -> tuple[str, str, Any]:
+    """``"train.lr=0.01"`` -> ``("train", "lr", 0.01)``; values are read as TOML, else as strings."""
+    key, sep, raw = text.partition("=")
+    section, dot, name = key.strip().partition(".")
+    if not sep or not dot or not name:
+        raise ConfigError(f"--set expects section.key=value (for example train.steps=10), got {text!r}")
+    try:
+        value = tomllib.loads(f"v = {raw.strip()}")["v"]
+    except tomllib.TOMLDecodeError:
+        value = raw.strip()
+    return section, name, value
+
+
+def build_config(data: dict[str, Any], overrides: list[str] = ()) -> Config:
+    """Validates a parsed TOML document plus overrides into a :class:`Config`."""
+    merged: dict[str, dict[str, Any]] = {}
+    for section, table in data.items():
+        if section not in _SECTION_CLASSES:
+            raise ConfigError(f"unknown config section [{section}]; sections are {', '.join(_SECTION_CLASSES)}")
+        if not isinstance(table, dict):
+            raise ConfigError(f"[{section}] must be a table of keys")
+        merged[section] = dict(table)
+    for text in overrides:
+        section, name, value = parse_override(text)
+        if section not in _SECTION_CLASSES:
+            raise ConfigError(f"unknown config section in --set {text!r}; sections are {', '.join(_SECTION_CLASSES)}")
+        merged.setdefault(section, {})[name] = value
+    sections = {}
+    for section, cls in _SECTION_CLASSES.items():
+        table = merged.get(section, {})
+        known = {f.name for f in attrs.fields(cls)}
+        for key in table:
+            if key not in known:
+                raise ConfigError(f"unknown config key {section}.{key}; keys of [{section}] are {', '.join(sorted(known))}")
+        try:
+            sections[section] = cls(**table)
+        except (TypeError, ValueError) as err:
+            reason = err.args[0] if err.args else err
+            raise ConfigError(f"invalid value in [{section}]: {reason}") from None
+    return Config(**sections)
+
+
+def load_config(path: str | Path | None, overrides: list[str] = ()) -> Config:
+    """Reads a TOML file (or only defaults when ``path`` is None) and applies ``--set`` overrides."""
+    data: dict[str, Any] = {}
+    if path is not None:
+        path = Path(path)
+        if not path.is_file():
+            raise ConfigError(f"config file {path} does not exist; pass a TOML file such as examples/quickstart.toml")
+        try:
+            data = tomllib.loads(path.read_text())
+        except tomllib.TOMLDecodeError as err:
+            raise ConfigError(f"{path} is not valid TOML: {err}") from None
+    return build_config(data, list(overrides))

@@ -1,0 +1,83 @@
+"""Process group, device mesh and small collectives, each with a timeout."""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import os
+from typing import Iterator
+
+import attrs
+import torch
+import torch.distributed as dist
+
+from snnfw.plan import Plan
+
+
+@attrs.frozen
+class RankEnv:
+    """This process's place in the job, as torchrun's environment variables give it."""
+
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+    local_world_size: int = 1
+
+    @classmethod
+    def from_environ(cls) -> "RankEnv":
+        env = os.environ
+        world = int(env.get("WORLD_SIZE", "1"))
+        return cls(
+            rank=int(env.get("RANK", "0")),
+            world_size=world,
+            local_rank=int(env.get("LOCAL_RANK", "0")),
+            local_world_size=int(env.get("LOCAL_WORLD_SIZE", str(world))),
+        )
+
+
+def device_for(plan: Plan, env: RankEnv) -> torch.device:
+    if plan.device_type == "cuda":
+        torch.cuda.set_device(env.local_rank)
+        return torch.device("cuda", env.local_rank)
+    return torch.device("cpu")
+
+
+@contextlib.contextmanager
+def process_group(plan: Plan, env: RankEnv, timeout_s: float) -> Iterator[object | None]:
+    """Initialises the process group and the plan's device mesh; yields the mesh (None on one rank)."""
+    if plan.world_size == 1:
+        yield None
+        return
+    from torch.distributed.device_mesh import init_device_mesh
+
+    dist.init_process_group(
+        backend=plan.backend,
+        timeout=datetime.timedelta(seconds=timeout_s),
+        device_id=torch.device("cuda", env.local_rank) if plan.device_type == "cuda" else None,
+    )
+    try:
+        names, sizes = zip(*plan.mesh)
+        yield init_device_mesh(plan.device_type, tuple(sizes), mesh_dim_names=tuple(names))
+    finally:
+        dist.destroy_process_group()
+
+
+def dp_coordinate(plan: Plan, mesh) -> int:
+    """This rank's data-parallel replica index, flattened over the plan's dp dimensions."""
+    if mesh is None:
+        return 0
+    index = 0
+    for name in plan.dp_dims:
+        index = index * mesh.size(mesh.mesh_dim_names.index(name)) + mesh.get_local_rank(name)
+    return index
+
+
+def all_reduce(values: list[float], op: str = "sum") -> list[float]:
+    """Reduces a few floats over the world (identity on one rank)."""
+    if not dist.is_initialized():
+        return values
+    tensor = torch.tensor(values, dtype=torch.float64)
+    if dist.get_backend() == "nccl":
+        tensor = tensor.cuda()
+    dist.all_reduce(tensor, op=dist.ReduceOp.MAX if op == "max" else dist.ReduceOp.SUM)
+    return tensor.tolist()

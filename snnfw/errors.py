@@ -1,0 +1,24 @@
+"""Errors a user can cause. Each message says what was wrong and how to fix it.
+
+The CLI turns any :class:`UserError` into one line on stderr and exit status 2.
+"""
+
+
+class UserError(Exception):
+    """A mistake in a config, a name or a request; not a bug in snnfw."""
+
+
+class ConfigError(UserError):
+    """The config file or a ``--set`` override is malformed."""
+
+
+class UnknownNameError(UserError):
+    """A strategy, family, data set or schedule name that no plugin registered."""
+
+
+class PlanError(UserError):
+    """The requested parallel layout cannot run on the given world."""
+
+
+class PluginError(UserError):
+    """Plugins failed to load, clash, or differ between ranks."""

@@ -1,0 +1,71 @@
+"""Per-step metrics: spike counting, peak memory, the JSONL log and rank 0's progress line."""
+
+from __future__ import annotations
+
+import json
+import resource
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+
+class SpikeCounter:
+    """Counts the spikes and output elements of every neuron module through forward hooks."""
+
+    def __init__(self, model: nn.Module, neuron_names: tuple[str, ...]):
+        modules = dict(model.named_modules())
+        self.spikes = 0.0
+        self.elements = 0
+        self._handles = [modules[name].register_forward_hook(self._count) for name in neuron_names]
+
+    def _count(self, module, inputs, output) -> None:
+        self.spikes += float(output.detach().sum())
+        self.elements += output.numel()
+
+    def take(self) -> tuple[float, int]:
+        """Returns and clears the counts since the last call."""
+        out = (self.spikes, self.elements)
+        self.spikes, self.elements = 0.0, 0
+        return out
+
+
+def peak_memory_mb(device: torch.device) -> float:
+    """The CUDA allocator's peak on GPU; on CPU the process's peak resident set size."""
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**20
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+class MetricsLog:
+    """Appends one JSON object per step to ``run_dir/metrics.jsonl`` (rank 0 only)."""
+
+    def __init__(self, run_dir: Path | None, enabled: bool, total_steps: int):
+        self.enabled = enabled and run_dir is not None
+        self.total_steps = total_steps
+        self.records: list[dict[str, Any]] = []
+        self._file = None
+        if self.enabled:
+            run_dir.mkdir(parents=True, exist_ok=True)
+            self._file = open(run_dir / "metrics.jsonl", "w")
+
+    def write(self, record: dict[str, Any], show: bool) -> None:
+        self.records.append(record)
+        if self._file:
+            self._file.write(json.dumps(record) + "\n")
+            self._file.flush()
+        if show:
+            print(
+                f"[snnfw] step {record['step']}/{self.total_steps} loss {record['loss']:.4f} "
+                f"acc {record['train_acc']:.1%} spikes {record['spike_rate']:.1%} "
+                f"{record['step_ms']:.0f} ms {record['samples_per_s']:.1f} samples/s "
+                f"peak {record['peak_mem_mb']:.0f} MB",
+                file=sys.stderr,
+                flush=True,
+            )
+
+    def close(self) -> None:
+        if self._file:
+            self._file.close()

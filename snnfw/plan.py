@@ -1,0 +1,138 @@
+"""plan: choose and validate the parallel layout before any process group exists."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import attrs
+
+from snnfw.analysis import Analysis
+from snnfw.config import Config
+from snnfw.errors import PlanError
+
+Mesh = tuple[tuple[str, int], ...]
+
+
+@attrs.frozen
+class Topology:
+    """The world a plan is made for."""
+
+    world_size: int
+    device_type: str = "cpu"
+
+    @property
+    def backend(self) -> str:
+        return "nccl" if self.device_type == "cuda" else "gloo"
+
+    @classmethod
+    def detect(cls, world_size: int) -> "Topology":
+        import torch
+
+        return cls(world_size=world_size, device_type="cuda" if torch.cuda.is_available() else "cpu")
+
+
+@attrs.frozen
+class PlanRequest:
+    """What a strategy plugin sees when asked to propose a plan."""
+
+    config: Config
+    topology: Topology
+    analysis: Analysis
+
+    @property
+    def strategy(self) -> str:
+        return self.config.parallel.strategy
+
+
+@attrs.frozen
+class Proposal:
+    """A strategy's answer: a mesh and its data-parallel dimensions, or a refusal."""
+
+    strategy: str
+    mesh: Mesh = ()
+    dp_dims: tuple[str, ...] = ()
+    rationale: tuple[str, ...] = ()
+    refusal: str | None = None
+
+    @classmethod
+    def refuse(cls, strategy: str, reason: str) -> "Proposal":
+        return cls(strategy=strategy, refusal=reason)
+
+
+@attrs.frozen
+class Plan:
+    """The resolved layout every rank runs: recorded in metrics and shown by ``snnfw plan``."""
+
+    strategy: str
+    world_size: int
+    mesh: Mesh
+    dp_dims: tuple[str, ...]
+    microbatches: int
+    global_batch: int
+    device_type: str
+    backend: str
+    optimizer: str
+    lr: float
+    rationale: tuple[str, ...]
+
+    @property
+    def dp_size(self) -> int:
+        sizes = dict(self.mesh)
+        return math.prod(sizes[d] for d in self.dp_dims)
+
+    @property
+    def replica_batch(self) -> int:
+        return self.global_batch // self.dp_size
+
+    @property
+    def microbatch_size(self) -> int:
+        return self.replica_batch // self.microbatches
+
+    def to_dict(self) -> dict[str, Any]:
+        out = attrs.asdict(self)
+        out["mesh"] = dict(self.mesh)
+        out.update(dp_size=self.dp_size, replica_batch=self.replica_batch, microbatch_size=self.microbatch_size)
+        return out
+
+
+def make_plan(config: Config, topology: Topology, analysis: Analysis, plugins) -> Plan:
+    """Asks the strategy's plugin for a proposal and checks it against the world and batch."""
+    plugins.strategies.entry(config.parallel.strategy)  # unknown names list the registered ones
+    request = PlanRequest(config=config, topology=topology, analysis=analysis)
+    proposals = [p for p in plugins.propose(request) if p.strategy == request.strategy]
+    if not proposals:
+        raise PlanError(f"strategy {request.strategy!r} is registered but no plugin proposes a plan for it")
+    proposal = proposals[0]
+    if proposal.refusal:
+        raise PlanError(f"strategy {request.strategy!r} cannot run: {proposal.refusal}")
+    product = math.prod(n for _, n in proposal.mesh)
+    shape = " x ".join(f"{d}={n}" for d, n in proposal.mesh)
+    if product != topology.world_size:
+        raise PlanError(
+            f"mesh {shape} has {product} ranks but the world has {topology.world_size}; "
+            f"change parallel.mesh or launch with --nproc {product}"
+        )
+    dp = math.prod(dict(proposal.mesh)[d] for d in proposal.dp_dims)
+    batch, micro = config.data.batch_size, config.train.microbatches
+    if batch % (dp * micro):
+        raise PlanError(
+            f"data.batch_size {batch} must be divisible by data-parallel size {dp} x "
+            f"train.microbatches {micro} = {dp * micro}; change one of them"
+        )
+    rationale = proposal.rationale + (
+        f"global batch {batch} = {dp} replica(s) x {micro} microbatch(es) x {batch // (dp * micro)} samples",
+    )
+    return Plan(
+        strategy=proposal.strategy,
+        world_size=topology.world_size,
+        mesh=proposal.mesh,
+        dp_dims=proposal.dp_dims,
+        microbatches=micro,
+        global_batch=batch,
+        device_type=topology.device_type,
+        backend=topology.backend,
+        optimizer=config.train.optimizer,
+        lr=config.train.lr,
+        rationale=rationale,
+    )

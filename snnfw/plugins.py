@@ -1,0 +1,185 @@
+"""Plugin loading and the typed facade through which the core calls hooks.
+
+Plugins are found through the ``snnfw`` entry-point group. snnfw's own are
+always loaded; third-party ones too unless ``SNNFW_DISABLE_PLUGIN_AUTOLOAD=1``.
+``SNNFW_BLOCK_PLUGINS=name,other`` keeps the named entry points from loading.
+"""
+
+from __future__ import annotations
+
+import os
+from importlib import metadata
+from typing import Any
+
+import attrs
+import pluggy
+
+from snnfw import hookspecs
+from snnfw.errors import PluginError
+from snnfw.registry import Registry
+
+GROUP = "snnfw"
+ENV_DISABLE_AUTOLOAD = "SNNFW_DISABLE_PLUGIN_AUTOLOAD"
+ENV_BLOCK = "SNNFW_BLOCK_PLUGINS"
+
+_REGISTRATION_HOOKS = {
+    "strategy": "snnfw_register_strategies",
+    "model family": "snnfw_register_model_families",
+    "dataset": "snnfw_register_datasets",
+    "schedule": "snnfw_register_schedules",
+}
+
+
+@attrs.frozen
+class PluginInfo:
+    """What ``snnfw plugins`` shows, and what ranks compare at start-up."""
+
+    name: str
+    distribution: str
+    version: str
+    hooks: tuple[str, ...]
+
+
+def _blocked() -> set[str]:
+    return {name.strip() for name in os.environ.get(ENV_BLOCK, "").split(",") if name.strip()}
+
+
+def _autoload() -> bool:
+    return os.environ.get(ENV_DISABLE_AUTOLOAD, "").lower() not in ("1", "true", "yes")
+
+
+def _load_entry_points(pm: pluggy.PluginManager) -> dict[str, metadata.Distribution]:
+    blocked, autoload = _blocked(), _autoload()
+    dists = {}
+    for ep in metadata.entry_points(group=GROUP):
+        builtin = ep.dist is not None and ep.dist.name == "snnfw"
+        if ep.name in blocked or (not builtin and not autoload):
+            pm.set_blocked(ep.name)
+            continue
+        if pm.get_plugin(ep.name) is not None:
+            continue
+        try:
+            plugin = ep.load()
+        except Exception as err:
+            raise PluginError(f"plugin {ep.name!r} ({ep.value}) failed to import: {err!r}") from err
+        pm.register(plugin, name=ep.name)
+        dists[ep.name] = ep.dist
+    return dists
+
+
+class Plugins:
+    """The loaded plugins, their registries, and one typed method per flow hook."""
+
+    def __init__(self, extra: tuple[tuple[str, Any], ...] = ()):
+        self.pm = pluggy.PluginManager(GROUP)
+        self.pm.add_hookspecs(hookspecs)
+        self._dists = _load_entry_points(self.pm)
+        if "defaults" not in self._dists and "defaults" not in _blocked():
+            raise PluginError(
+                "snnfw's built-in plugins are not registered; install the package "
+                "(bash scripts/install.sh, or pip install -e .) so its entry points exist"
+            )
+        for name, plugin in extra:
+            self.pm.register(plugin, name=name)
+        try:
+            self.pm.check_pending()
+        except pluggy.PluginValidationError as err:
+            raise PluginError(f"plugin {err.plugin_name!r} implements a hook that does not exist: {err}") from None
+        self.registries = {kind: Registry(kind) for kind in _REGISTRATION_HOOKS}
+        for kind, hook_name in _REGISTRATION_HOOKS.items():
+            registry = self.registries[kind]
+            for impl in getattr(self.pm.hook, hook_name).get_hookimpls():
+                impl.function(register=registry.registrar(impl.plugin_name))
+
+    @property
+    def strategies(self) -> Registry:
+        return self.registries["strategy"]
+
+    @property
+    def families(self) -> Registry:
+        return self.registries["model family"]
+
+    @property
+    def datasets(self) -> Registry:
+        return self.registries["dataset"]
+
+    @property
+    def schedules(self) -> Registry:
+        return self.registries["schedule"]
+
+    def info(self) -> list[PluginInfo]:
+        """Every loaded plugin with its distribution, version and implemented hooks."""
+        out = []
+        for name, plugin in self.pm.list_name_plugin():
+            if plugin is None:
+                continue
+            dist = self._dists.get(name)
+            hooks = tuple(sorted(caller.name for caller in self.pm.get_hookcallers(plugin) or ()))
+            out.append(
+                PluginInfo(
+                    name=name,
+                    distribution=dist.name if dist else "(registered in-process)",
+                    version=dist.version if dist else "",
+                    hooks=hooks,
+                )
+            )
+        return sorted(out, key=lambda p: p.name)
+
+    def registered_names(self, plugin: str) -> dict[str, list[str]]:
+        return {
+            kind: [e.name for e in reg.entries() if e.plugin == plugin]
+            for kind, reg in self.registries.items()
+            if any(e.plugin == plugin for e in reg.entries())
+        }
+
+    # The flow hooks, one typed method each.
+
+    def analyze_parts(self, model, family: str) -> list:
+        return self.pm.hook.snnfw_analyze(model=model, family=family)
+
+    def propose(self, request) -> list:
+        return self.pm.hook.snnfw_plan(request=request)
+
+    def parallelize(self, model, plan, mesh):
+        result = self.pm.hook.snnfw_parallelize(model=model, plan=plan, mesh=mesh)
+        if result is None:
+            raise PluginError(f"no plugin applies strategy {plan.strategy!r}; its plugin must implement snnfw_parallelize")
+        return result
+
+    def build_optimizer(self, model, plan):
+        return self.pm.hook.snnfw_build_optimizer(model=model, plan=plan)
+
+    def reset_state(self, model) -> None:
+        if not self.pm.hook.snnfw_reset_state(model=model):
+            raise PluginError("no plugin resets neuron state; the built-in 'defaults' plugin is blocked")
+
+    def shard_neuron(self, module, placement, mesh):
+        return self.pm.hook.snnfw_shard_neuron(module=module, placement=placement, mesh=mesh)
+
+    def split_stages(self, model, plan, example):
+        return self.pm.hook.snnfw_split_stages(model=model, plan=plan, example=example)
+
+    def schedule(self, stages, plan, loss_fn):
+        return self.pm.hook.snnfw_schedule(stages=stages, plan=plan, loss_fn=loss_fn)
+
+
+def check_same_plugins_on_all_ranks(plugins: Plugins, group=None) -> None:
+    """Fails on every rank, naming the differences, when ranks loaded different plugins."""
+    import torch.distributed as dist
+
+    mine = sorted((p.name, p.version) for p in plugins.info())
+    gathered: list[Any] = [None] * dist.get_world_size(group)
+    dist.all_gather_object(gathered, mine, group=group)
+    reference = set(gathered[0])
+    problems = []
+    for rank, theirs in enumerate(gathered[1:], start=1):
+        theirs = set(theirs)
+        if theirs != reference:
+            only0 = ", ".join(f"{n} {v}".strip() for n, v in sorted(reference - theirs)) or "nothing"
+            only_r = ", ".join(f"{n} {v}".strip() for n, v in sorted(theirs - reference)) or "nothing"
+            problems.append(f"rank 0 has {only0} that rank {rank} lacks; rank {rank} has {only_r} that rank 0 lacks")
+    if problems:
+        raise PluginError(
+            "ranks loaded different plugins: " + "; ".join(problems)
+            + ". Install the same packages and set the same SNNFW_* variables on every node"
+        )

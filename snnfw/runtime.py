@@ -1,0 +1,156 @@
+"""run: the training loop every rank executes, whatever the strategy."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import attrs
+import torch
+import torch.nn.functional as F
+
+from snnfw import data as datalib
+from snnfw.analysis import Analysis, analyze
+from snnfw.config import Config
+from snnfw.distributed import RankEnv, all_reduce, device_for, dp_coordinate, process_group
+from snnfw.metrics import MetricsLog, SpikeCounter, peak_memory_mb
+from snnfw.plan import Plan, Topology, make_plan
+from snnfw.plugins import Plugins, check_same_plugins_on_all_ranks
+
+
+def build_model(config: Config, plugins: Plugins):
+    """Builds the configured flavor with the run's seed; returns (model, input spec)."""
+    family = plugins.families.get(config.model.family)
+    flavor = family.flavor(config.model.flavor)
+    torch.manual_seed(config.train.seed)
+    spec = datalib.InputSpec(config.model.time_steps, flavor.input_shape, flavor.num_classes)
+    return flavor.build(), spec
+
+
+@attrs.frozen
+class Prepared:
+    """The outcome of analyze -> plan: what every rank then applies and runs."""
+
+    plan: Plan
+    model: torch.nn.Module
+    spec: datalib.InputSpec
+    analysis: Analysis
+
+
+def prepare(config: Config, world_size: int, plugins: Plugins) -> Prepared:
+    """analyze -> plan for a world of ``world_size`` ranks; starts no process."""
+    model, spec = build_model(config, plugins)
+    analysis = analyze(model, config.model.family, plugins)
+    plan = make_plan(config, Topology.detect(world_size), analysis, plugins)
+    return Prepared(plan, model, spec, analysis)
+
+
+def _set_cpu_threads(env: RankEnv) -> None:
+    if "OMP_NUM_THREADS" not in os.environ:
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // env.local_world_size))
+
+
+class Trainer:
+    """Trains a parallelized model with microbatches, neuron resets and per-step metrics."""
+
+    def __init__(self, config: Config, prepared: Prepared, plugins: Plugins, mesh, device):
+        self.config, self.plan, self.plugins, self.device = config, prepared.plan, plugins, device
+        self.counter = SpikeCounter(prepared.model, prepared.analysis.neurons)
+        self.model = plugins.parallelize(prepared.model.to(device), self.plan, mesh)
+        self.optimizer = plugins.build_optimizer(self.model, self.plan)
+        self.replica = dp_coordinate(self.plan, mesh)
+        dataset = plugins.datasets.get(config.data.name)
+        self.train_set = dataset.build(config.data, prepared.spec, "train", config.train.seed)
+        self.test_set = dataset.build(config.data, prepared.spec, "test", config.train.seed)
+
+    def _forward(self, frames: torch.Tensor) -> torch.Tensor:
+        self.plugins.reset_state(self.model)
+        return self.model(frames).mean(0)
+
+    def step(self, step: int) -> dict[str, float]:
+        plan, cfg = self.plan, self.config
+        self.model.train()
+        indices = datalib.global_batch_indices(step, plan.global_batch, len(self.train_set), cfg.train.seed)
+        local = datalib.replica_chunk(indices, self.replica, plan.dp_size)
+        loss_sum = correct = 0.0
+        no_sync = getattr(self.model, "no_sync", None)
+        for m, chunk in enumerate(local.chunk(plan.microbatches)):
+            frames, labels = datalib.load(self.train_set, chunk, self.device)
+            last = m == plan.microbatches - 1
+            with no_sync() if no_sync and not last else contextlib.nullcontext():
+                logits = self._forward(frames)
+                loss = F.cross_entropy(logits, labels)
+                (loss / plan.microbatches).backward()
+            loss_sum += float(loss.detach())
+            correct += float((logits.argmax(1) == labels).sum())
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        spikes, elements = self.counter.take()
+        world = plan.world_size
+        loss_total, correct_total, spikes, elements = all_reduce(
+            [loss_sum / plan.microbatches, correct / plan.replica_batch, spikes, float(elements)]
+        )
+        return {"loss": loss_total / world, "train_acc": correct_total / world, "spike_rate": spikes / max(elements, 1.0)}
+
+    @torch.no_grad()
+    def evaluate(self) -> float:
+        """Accuracy on the held-out split; each replica scores an equal contiguous share."""
+        self.model.eval()
+        share = len(self.test_set) // self.plan.dp_size
+        mine = torch.arange(self.replica * share, (self.replica + 1) * share)
+        correct = 0.0
+        for chunk in mine.split(self.plan.replica_batch):
+            frames, labels = datalib.load(self.test_set, chunk, self.device)
+            correct += float((self._forward(frames).argmax(1) == labels).sum())
+        correct, total = all_reduce([correct, float(len(mine))])
+        return correct / max(total, 1.0)
+
+
+def run_training(config: Config, run_dir: str | Path | None = None, plugins: Plugins | None = None) -> dict[str, Any]:
+    """Runs one rank of a training job described by ``config``; returns the summary.
+
+    Rank 0 writes ``metrics.jsonl`` and ``summary.json`` into ``run_dir``.
+    """
+    env = RankEnv.from_environ()
+    plugins = plugins or Plugins()
+    prepared = prepare(config, env.world_size, plugins)
+    plan = prepared.plan
+    run_dir = Path(run_dir) if run_dir is not None else None
+    is_main = env.rank == 0
+    started = time.perf_counter()
+    with process_group(plan, env, config.parallel.timeout_s) as mesh:
+        if mesh is not None:
+            check_same_plugins_on_all_ranks(plugins)
+        device = device_for(plan, env)
+        if device.type == "cpu":
+            _set_cpu_threads(env)
+        trainer = Trainer(config, prepared, plugins, mesh, device)
+        log = MetricsLog(run_dir, is_main, config.train.steps)
+        for step in range(config.train.steps):
+            t0 = time.perf_counter()
+            record = {"step": step + 1, **trainer.step(step)}
+            elapsed = time.perf_counter() - t0
+            (peak,) = all_reduce([peak_memory_mb(device)], op="max")
+            record.update(step_ms=elapsed * 1e3, samples_per_s=plan.global_batch / elapsed, peak_mem_mb=peak)
+            log.write(record, show=is_main and ((step + 1) % config.train.log_every == 0 or step + 1 == config.train.steps))
+        log.close()
+        accuracy = trainer.evaluate()
+        timed = log.records[1:] or log.records
+        summary = {
+            "steps": config.train.steps,
+            "final_loss": log.records[-1]["loss"] if log.records else None,
+            "test_accuracy": accuracy,
+            "mean_step_ms": sum(r["step_ms"] for r in timed) / max(len(timed), 1),
+            "wall_s": time.perf_counter() - started,
+            "plan": plan.to_dict(),
+            "config": config.to_dict(),
+            "losses": [r["loss"] for r in log.records],
+            "spike_rates": [r["spike_rate"] for r in log.records],
+        }
+        if is_main and run_dir is not None:
+            (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    return summary

@@ -1,0 +1,54 @@
+"""Worker entry point: ``torchrun --nproc_per_node=N -m snnfw.train CONFIG [--run-dir DIR] [--set k=v ...]``.
+
+``snnfw train`` launches this module on every rank; it also runs under a
+plain torchrun. Rank 0 prints progress and writes the run directory.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from snnfw.config import load_config
+from snnfw.errors import UserError
+from snnfw.runtime import run_training
+
+DONE_DIR = ".ranks"
+
+
+def mark_done(run_dir: Path, rank: int) -> None:
+    """Records that this rank finished all its work, so an abort at exit is told apart."""
+    (run_dir / DONE_DIR).mkdir(parents=True, exist_ok=True)
+    (run_dir / DONE_DIR / f"rank{rank}.done").touch()
+
+
+def main(argv: list[str] | None = None) -> int:
+    import os
+
+    parser = argparse.ArgumentParser(prog="python -m snnfw.train", description=__doc__)
+    parser.add_argument("config")
+    parser.add_argument("--run-dir", default="runs/latest")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
+    args = parser.parse_args(argv)
+    run_dir = Path(args.run_dir)
+    try:
+        summary = run_training(load_config(args.config, args.overrides), run_dir)
+    except UserError as err:
+        print(f"snnfw: error: {err}", file=sys.stderr)
+        return 2
+    rank = int(os.environ.get("RANK", "0"))
+    if rank == 0:
+        print(
+            f"[snnfw] done: {summary['steps']} steps, final loss {summary['final_loss']:.4f}, "
+            f"test accuracy {summary['test_accuracy']:.1%}, {summary['wall_s']:.1f} s; results in {run_dir}",
+            file=sys.stderr,
+        )
+    mark_done(run_dir, rank)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
