@@ -7,7 +7,7 @@ import json
 import os
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import attrs
 import torch
@@ -110,10 +110,18 @@ class Trainer:
         return correct / max(total, 1.0)
 
 
-def run_training(config: Config, run_dir: str | Path | None = None, plugins: Plugins | None = None) -> dict[str, Any]:
+def run_training(
+    config: Config,
+    run_dir: str | Path | None = None,
+    plugins: Plugins | None = None,
+    on_finish: Callable[[Trainer], Any] | None = None,
+) -> dict[str, Any]:
     """Runs one rank of a training job described by ``config``; returns the summary.
 
     Rank 0 writes ``metrics.jsonl`` and ``summary.json`` into ``run_dir``.
+    ``on_finish(trainer)``, if given, runs before the process group closes and
+    its result is the summary's ``"inspect"`` entry (tests use it to look at
+    parameters and neuron state).
     """
     env = RankEnv.from_environ()
     plugins = plugins or Plugins()
@@ -151,6 +159,9 @@ def run_training(config: Config, run_dir: str | Path | None = None, plugins: Plu
             "losses": [r["loss"] for r in log.records],
             "spike_rates": [r["spike_rate"] for r in log.records],
         }
+        if on_finish is not None:
+            summary["inspect"] = on_finish(trainer)
         if is_main and run_dir is not None:
-            (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+            public = {k: v for k, v in summary.items() if k != "inspect"}
+            (run_dir / "summary.json").write_text(json.dumps(public, indent=2) + "\n")
     return summary

@@ -1,0 +1,108 @@
+"""Helpers for testing snnfw and its plugins: run a config on N local CPU ranks.
+
+Every helper that starts ranks has a timeout, so a hang fails the test instead
+of stalling it.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import queue
+import socket
+import time
+import traceback
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+import torch.multiprocessing as mp
+
+from snnfw.config import Config, build_config
+from snnfw.runtime import Trainer, run_training
+
+
+def local_parameters(trainer: Trainer) -> dict[str, Any]:
+    """This rank's parameter tensors by name (wrapper prefixes removed), for comparisons."""
+    model = getattr(trainer.model, "module", trainer.model)
+    return {name: p.detach().cpu().clone() for name, p in model.named_parameters()}
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _worker(rank, world, port, config_dict, run_dir, env, inspect, results):
+    os.environ.update(
+        RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world), LOCAL_WORLD_SIZE=str(world),
+        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), OMP_NUM_THREADS="1",
+    )
+    os.environ.update(env.get(rank, {}))
+    try:
+        summary = run_training(build_config(config_dict), run_dir, on_finish=inspect)
+        buffer = io.BytesIO()
+        torch.save(summary, buffer)  # by value: shared-memory tensors would die with this process
+        results.put((rank, "ok", buffer.getvalue()))
+    except BaseException as err:  # reported to the parent, which raises it
+        results.put((rank, "error", f"{type(err).__name__}: {err}\n{traceback.format_exc()}"))
+
+
+class RankFailure(RuntimeError):
+    """One or more ranks raised; the message holds each rank's error."""
+
+    def __init__(self, errors: dict[int, str]):
+        self.errors = errors
+        super().__init__("\n".join(f"rank {r}: {e}" for r, e in sorted(errors.items())))
+
+
+def run_on_ranks(
+    config: Config,
+    nproc: int,
+    run_dir: str | Path | None = None,
+    *,
+    timeout_s: float = 180,
+    env: dict[int, dict[str, str]] | None = None,
+    inspect: Callable[[Trainer], Any] | None = None,
+) -> list[dict[str, Any]]:
+    """Trains ``config`` on ``nproc`` spawned CPU ranks; returns each rank's summary in rank order.
+
+    ``env`` adds environment variables per rank; ``inspect(trainer)`` runs on
+    every rank at the end and its result lands in ``summary["inspect"]``.
+    Raises :class:`RankFailure` if any rank raised, TimeoutError past ``timeout_s``.
+    """
+    ctx = mp.get_context("spawn")
+    results = ctx.Queue()
+    args = (nproc, _free_port(), config.to_dict(), run_dir, env or {}, inspect, results)
+    procs = [ctx.Process(target=_worker, args=(rank, *args), daemon=True) for rank in range(nproc)]
+    for p in procs:
+        p.start()
+    summaries, errors = {}, {}
+    try:
+        deadline = time.monotonic() + timeout_s
+        while len(summaries) + len(errors) < nproc:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise TimeoutError(f"ranks did not finish within {timeout_s} s; finished: {sorted(summaries)}")
+            try:
+                rank, status, payload = results.get(timeout=min(remaining, 1.0))
+            except queue.Empty:
+                dead = [r for r, p in enumerate(procs) if p.exitcode not in (None, 0) and r not in summaries]
+                if dead and not errors:
+                    errors.update({r: f"process died with exit code {procs[r].exitcode}" for r in dead})
+                continue
+            if status == "ok":
+                summaries[rank] = torch.load(io.BytesIO(payload), weights_only=False)
+            else:
+                errors[rank] = payload
+            if errors:
+                break
+    finally:
+        for p in procs:
+            p.join(timeout=0 if errors else 30)
+            if p.is_alive():
+                p.kill()
+    if errors:
+        raise RankFailure(errors)
+    return [summaries[r] for r in range(nproc)]

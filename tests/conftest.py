@@ -1,0 +1,23 @@
+import pytest
+
+from snnfw.config import build_config
+
+TINY = {
+    "model": {"family": "cifar10dvs_vgg", "flavor": "tiny", "time_steps": 4},
+    "data": {"name": "synthetic_dvs", "batch_size": 8, "train_samples": 64, "test_samples": 16},
+    "train": {"steps": 3, "lr": 0.01, "seed": 3},
+}
+
+
+def tiny_config(strategy="none", microbatches=1, **sections):
+    data = {k: dict(v) for k, v in TINY.items()}
+    data["parallel"] = {"strategy": strategy}
+    data["train"]["microbatches"] = microbatches
+    for section, values in sections.items():
+        data.setdefault(section, {}).update(values)
+    return build_config(data)
+
+
+@pytest.fixture
+def tiny():
+    return tiny_config

@@ -1,0 +1,61 @@
+"""Strategies train to the same per-step losses as one process on the same chunks."""
+
+import torch
+
+from snnfw.runtime import run_training
+from snnfw.testing import local_parameters, run_on_ranks
+
+from conftest import tiny_config
+
+SPIKE_RATE = (0.02, 0.5)
+
+
+def assert_same_losses(reference, summary, tol=1e-5):
+    assert len(summary["losses"]) == len(reference["losses"]) == 3
+    for step, (ref, got) in enumerate(zip(reference["losses"], summary["losses"]), start=1):
+        assert abs(ref - got) <= tol, f"step {step}: loss {got} differs from reference {ref}"
+    for rate in summary["spike_rates"]:
+        assert SPIKE_RATE[0] <= rate <= SPIKE_RATE[1], f"spike rate {rate} outside {SPIKE_RATE}: neurons barely fire"
+
+
+def test_dp_two_ranks_matches_none_with_two_microbatches(tmp_path):
+    reference = run_training(tiny_config("none", microbatches=2))
+    summaries = run_on_ranks(tiny_config("dp"), 2, tmp_path, inspect=local_parameters)
+    for summary in summaries:
+        assert_same_losses(reference, summary)
+    params = [s["inspect"] for s in summaries]
+    for name, tensor in params[0].items():
+        assert torch.equal(tensor, params[1][name]), f"replicas differ in {name}"
+    assert (tmp_path / "metrics.jsonl").read_text().count("\n") == 3
+
+
+def test_none_with_microbatches_equals_a_plain_pytorch_loop():
+    """The data semantics: contiguous chunks, gradients accumulated as the mean, neurons reset per chunk."""
+    import torch.nn.functional as F
+    from spikingjelly.activation_based import functional
+
+    from snnfw import data as datalib
+    from snnfw.plugins import Plugins
+    from snnfw.runtime import build_model
+
+    config = tiny_config("none", microbatches=2)
+    summary = run_training(config)
+
+    plugins = Plugins()
+    model, spec = build_model(config, plugins)
+    dataset = plugins.datasets.get("synthetic_dvs").build(config.data, spec, "train", config.train.seed)
+    optimizer = torch.optim.Adam(model.parameters(), lr=config.train.lr)
+    losses = []
+    for step in range(3):
+        indices = datalib.global_batch_indices(step, 8, len(dataset), config.train.seed)
+        total = 0.0
+        for chunk in indices.chunk(2):
+            frames, labels = datalib.load(dataset, chunk, torch.device("cpu"))
+            functional.reset_net(model)
+            loss = F.cross_entropy(model(frames).mean(0), labels)
+            (loss / 2).backward()
+            total += loss.item() / 2
+        optimizer.step()
+        optimizer.zero_grad()
+        losses.append(total)
+    assert_same_losses({"losses": losses}, summary, tol=1e-6)
