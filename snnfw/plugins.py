@@ -48,11 +48,16 @@ def _autoload() -> bool:
     return os.environ.get(ENV_DISABLE_AUTOLOAD, "").lower() not in ("1", "true", "yes")
 
 
+def _is_builtin(ep: metadata.EntryPoint) -> bool:
+    return ep.dist is not None and ep.dist.name == "snnfw"
+
+
 def _load_entry_points(pm: pluggy.PluginManager) -> dict[str, metadata.Distribution]:
     blocked, autoload = _blocked(), _autoload()
     dists = {}
-    for ep in metadata.entry_points(group=GROUP):
-        builtin = ep.dist is not None and ep.dist.name == "snnfw"
+    # Built-ins register first, so that third-party implementations run before them.
+    for ep in sorted(metadata.entry_points(group=GROUP), key=lambda ep: not _is_builtin(ep)):
+        builtin = _is_builtin(ep)
         if ep.name in blocked or (not builtin and not autoload):
             pm.set_blocked(ep.name)
             continue
@@ -84,7 +89,8 @@ class Plugins:
         try:
             self.pm.check_pending()
         except pluggy.PluginValidationError as err:
-            raise PluginError(f"plugin {err.plugin_name!r} implements a hook that does not exist: {err}") from None
+            name = self.pm.get_name(err.plugin)
+            raise PluginError(f"plugin {name!r} implements a hook that does not exist: {err}") from None
         self.registries = {kind: Registry(kind) for kind in _REGISTRATION_HOOKS}
         for kind, hook_name in _REGISTRATION_HOOKS.items():
             registry = self.registries[kind]

@@ -1,0 +1,45 @@
+"""The snnfw command: plugins, plan, and train through the elastic launcher."""
+
+import json
+import subprocess
+import sys
+
+from snnfw.cli import main
+
+
+def test_plugins_json_lists_hooks_and_names(capsys):
+    assert main(["plugins", "--json"]) == 0
+    rows = {row["name"]: row for row in json.loads(capsys.readouterr().out)}
+    assert rows["dp"]["registers"] == {"strategy": ["dp"]}
+    assert rows["dp"]["distribution"] == "snnfw" and rows["dp"]["version"]
+    assert "snnfw_plan" in rows["none"]["hooks"]
+
+
+def test_plan_shows_layout_without_starting_processes(capsys):
+    assert main(["plan", "examples/quickstart.toml", "--world-size", "4", "--json"]) == 0
+    plan = json.loads(capsys.readouterr().out)["plan"]
+    assert plan["mesh"] == {"dp": 4} and plan["replica_batch"] == 8
+
+
+def test_user_errors_exit_2_with_one_line_and_no_traceback(capsys):
+    assert main(["plan", "examples/quickstart.toml", "--world-size", "2", "--set", "parallel.strategy=ddp"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("snnfw: error: unknown strategy 'ddp'; registered strategy names: dp, none")
+    assert "Traceback" not in err and err.count("\n") == 1
+    assert main(["train", "examples/quickstart.toml", "--nproc", "3"]) == 2
+    assert "divisible by data-parallel size 3" in capsys.readouterr().err
+
+
+def test_train_launches_ranks_and_writes_metrics(tmp_path):
+    run_dir = tmp_path / "run"
+    cmd = [sys.executable, "-m", "snnfw", "train", "examples/quickstart.toml", "--nproc", "2",
+           "--run-dir", str(run_dir), "--set", "train.steps=3", "--set", "data.test_samples=64"]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=180)
+    assert done.returncode == 0, done.stderr
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records] == [1, 2, 3]
+    for key in ("loss", "spike_rate", "step_ms", "samples_per_s", "peak_mem_mb", "train_acc"):
+        assert all(r[key] > 0 for r in records), key
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert 0 <= summary["test_accuracy"] <= 1 and summary["plan"]["world_size"] == 2
+    assert "step 3/3" in done.stderr

@@ -1,0 +1,79 @@
+"""Config loading, overrides and plan validation: each bad request raises its named error."""
+
+import pytest
+
+from snnfw.config import ConfigError, build_config, load_config, parse_override
+from snnfw.errors import PlanError, UnknownNameError
+from snnfw.plugins import Plugins
+from snnfw.runtime import prepare
+
+from conftest import tiny_config
+
+
+@pytest.fixture(scope="module")
+def plugins():
+    return Plugins()
+
+
+def test_quickstart_config_loads_with_overrides():
+    config = load_config("examples/quickstart.toml", ["train.steps=7", "parallel.mesh={dp = 2}", "model.flavor=full"])
+    assert config.train.steps == 7
+    assert config.parallel.mesh == (("dp", 2),)
+    assert config.model.flavor == "full"
+    assert config.parallel.strategy == "dp"
+
+
+@pytest.mark.parametrize(
+    "data, message",
+    [
+        ({"train": {"stpes": 3}}, "unknown config key train.stpes"),
+        ({"trian": {}}, "unknown config section [trian]"),
+        ({"train": {"steps": "3"}}, "'steps' must be <class 'int'>"),
+        ({"train": {"steps": 0}}, "'steps' must be > 0"),
+        ({"train": {"optimizer": "lamb"}}, "'optimizer' must be in"),
+        ({"parallel": {"mesh": {"dp": 0}}}, "parallel.mesh must be a table"),
+    ],
+)
+def test_bad_config_is_refused_by_name(data, message):
+    with pytest.raises(ConfigError) as err:
+        build_config(data)
+    assert message in str(err.value)
+
+
+def test_override_values_are_read_as_toml_else_as_strings():
+    assert parse_override("train.lr=0.5") == ("train", "lr", 0.5)
+    assert parse_override("model.flavor=tiny") == ("model", "flavor", "tiny")
+    with pytest.raises(ConfigError, match="section.key=value"):
+        parse_override("steps=3")
+
+
+def test_missing_config_file_says_so(tmp_path):
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_config(tmp_path / "nope.toml")
+
+
+@pytest.mark.parametrize(
+    "config, world, error, message",
+    [
+        (tiny_config("fsdp9"), 2, UnknownNameError, "registered strategy names: dp, none"),
+        (tiny_config("none", model={"family": "resnet"}), 1, UnknownNameError, "registered model family names: cifar10dvs_vgg"),
+        (tiny_config("none", model={"flavor": "huge"}), 1, UnknownNameError, "flavors: full, tiny"),
+        (tiny_config("none"), 2, PlanError, "use --nproc 1"),
+        (tiny_config("dp"), 1, PlanError, "at least 2 ranks"),
+        (tiny_config("dp"), 3, PlanError, "divisible by data-parallel size 3"),
+        (tiny_config("dp", microbatches=3), 2, PlanError, "train.microbatches 3"),
+        (tiny_config("dp", parallel={"mesh": {"dp": 4}}), 2, PlanError, "mesh dp=4 has 4 ranks but the world has 2"),
+        (tiny_config("dp", parallel={"mesh": {"tp": 2}}), 2, PlanError, "one dimension named dp"),
+    ],
+)
+def test_impossible_requests_fail_in_plan(plugins, config, world, error, message):
+    with pytest.raises(error) as err:
+        prepare(config, world, plugins)
+    assert message in str(err.value)
+
+
+def test_plan_records_layout_and_rationale(plugins):
+    plan = prepare(tiny_config("dp", microbatches=2), 2, plugins).plan
+    assert (plan.dp_size, plan.replica_batch, plan.microbatch_size) == (2, 4, 2)
+    assert plan.backend == "gloo" and plan.mesh == (("dp", 2),)
+    assert any("2 replica(s) x 2 microbatch(es) x 2 samples" in line for line in plan.rationale)

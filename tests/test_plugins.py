@@ -1,0 +1,105 @@
+"""Plugin manager: entry-point loading, blocking, autoload switch, misspelt hooks, clashes, rank consistency."""
+
+import sys
+import textwrap
+
+import pytest
+
+from snnfw.errors import PluginError
+from snnfw.plugins import ENV_BLOCK, ENV_DISABLE_AUTOLOAD, Plugins
+from snnfw.testing import RankFailure, run_on_ranks
+
+from conftest import tiny_config
+
+BUILTINS = {"defaults", "none", "dp", "cifar10dvs_vgg", "synthetic_dvs"}
+
+
+def install_fake_distribution(tmp_path, monkeypatch, module_source, name="snnfw_fake"):
+    """Puts a distribution with an ``snnfw`` entry point on sys.path, as pip would."""
+    (tmp_path / f"{name}.py").write_text(textwrap.dedent(module_source))
+    info = tmp_path / f"{name}-0.3.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: 0.3\n")
+    (info / "entry_points.txt").write_text(f"[snnfw]\nfake = {name}\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, name, raising=False)
+
+
+FAKE = """
+    from snnfw import hookimpl
+
+    @hookimpl
+    def snnfw_register_datasets(register):
+        register("fake_set", object(), "a data set from outside snnfw")
+"""
+
+
+def test_builtins_load_through_entry_points():
+    plugins = Plugins()
+    info = {p.name: p for p in plugins.info()}
+    assert BUILTINS <= set(info)
+    assert info["dp"].distribution == "snnfw"
+    assert "snnfw_parallelize" in info["dp"].hooks
+    assert plugins.strategies.names() == ["dp", "none"]
+    assert plugins.registered_names("synthetic_dvs") == {"dataset": ["synthetic_dvs"]}
+
+
+def test_third_party_entry_point_is_loaded(tmp_path, monkeypatch):
+    install_fake_distribution(tmp_path, monkeypatch, FAKE)
+    plugins = Plugins()
+    assert "fake_set" in plugins.datasets.names()
+    info = {p.name: p for p in plugins.info()}
+    assert (info["fake"].distribution, info["fake"].version) == ("snnfw_fake", "0.3")
+
+
+def test_blocking_and_disabling_autoload(tmp_path, monkeypatch):
+    install_fake_distribution(tmp_path, monkeypatch, FAKE)
+    monkeypatch.setenv(ENV_BLOCK, "fake,dp")
+    plugins = Plugins()
+    assert "fake_set" not in plugins.datasets.names()
+    assert plugins.strategies.names() == ["none"]
+    monkeypatch.delenv(ENV_BLOCK)
+    monkeypatch.setenv(ENV_DISABLE_AUTOLOAD, "1")
+    plugins = Plugins()
+    assert "fake_set" not in plugins.datasets.names()
+    assert BUILTINS <= {p.name for p in plugins.info()}
+
+
+def test_misspelt_hook_fails_at_load(tmp_path, monkeypatch):
+    install_fake_distribution(
+        tmp_path,
+        monkeypatch,
+        """
+        from snnfw import hookimpl
+
+        @hookimpl
+        def snnfw_plann(request):
+            return None
+        """,
+    )
+    with pytest.raises(PluginError, match="'fake' implements a hook that does not exist"):
+        Plugins()
+
+
+def test_two_plugins_registering_one_name_fail_with_both_names(tmp_path, monkeypatch):
+    install_fake_distribution(
+        tmp_path,
+        monkeypatch,
+        """
+        from snnfw import hookimpl
+
+        @hookimpl
+        def snnfw_register_strategies(register):
+            register("dp", None, "another dp")
+        """,
+    )
+    with pytest.raises(PluginError, match="strategy 'dp' is registered by two plugins, 'dp' and 'fake'"):
+        Plugins()
+
+
+def test_ranks_with_different_plugins_fail_naming_the_difference():
+    with pytest.raises(RankFailure) as err:
+        run_on_ranks(tiny_config("dp"), 2, env={1: {ENV_BLOCK: "synthetic_dvs"}}, timeout_s=120)
+    text = str(err.value)
+    assert "ranks loaded different plugins" in text
+    assert "rank 0 has synthetic_dvs 0.1.0 that rank 1 lacks" in text
