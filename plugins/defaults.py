@@ -6,11 +6,18 @@ from snnfw import hookimpl
 
 
 @hookimpl(trylast=True)
-def snnfw_build_optimizer(model, plan):
+def snnfw_build_optimizer(model, plan, mesh):
+    train = plan.config.train
     params = [p for p in model.parameters() if p.requires_grad]
-    if plan.optimizer == "sgd":
-        return torch.optim.SGD(params, lr=plan.lr, momentum=0.9)
-    return torch.optim.Adam(params, lr=plan.lr)
+    optimizer_class, kwargs = optimizer_spec(train)
+    return optimizer_class(params, **kwargs)
+
+
+def optimizer_spec(train):
+    """The optimizer class and its arguments for ``train.optimizer`` and ``train.lr``."""
+    if train.optimizer == "sgd":
+        return torch.optim.SGD, {"lr": train.lr, "momentum": 0.9}
+    return torch.optim.Adam, {"lr": train.lr}
 
 
 @hookimpl(trylast=True)

@@ -74,8 +74,8 @@ def snnfw_parallelize(model, plan, mesh):
 
 
 @hookspec(firstresult=True)
-def snnfw_build_optimizer(model, plan):
-    """Return the optimizer for the parallelized ``model``, or None to decline.
+def snnfw_build_optimizer(model, plan, mesh):
+    """Return the optimizer for the parallelized ``model`` on ``mesh``, or None to decline.
 
     Stops at the first non-None result; a plain optimizer is the fallback.
     """

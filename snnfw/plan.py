@@ -72,9 +72,9 @@ class Plan:
     global_batch: int
     device_type: str
     backend: str
-    optimizer: str
-    lr: float
     rationale: tuple[str, ...]
+    config: Config
+    analysis: Analysis
 
     @property
     def dp_size(self) -> int:
@@ -90,7 +90,7 @@ class Plan:
         return self.replica_batch // self.microbatches
 
     def to_dict(self) -> dict[str, Any]:
-        out = attrs.asdict(self)
+        out = attrs.asdict(self, filter=lambda a, _: a.name not in ("config", "analysis"))
         out["mesh"] = dict(self.mesh)
         out.update(dp_size=self.dp_size, replica_batch=self.replica_batch, microbatch_size=self.microbatch_size)
         return out
@@ -132,7 +132,7 @@ def make_plan(config: Config, topology: Topology, analysis: Analysis, plugins) -
         global_batch=batch,
         device_type=topology.device_type,
         backend=topology.backend,
-        optimizer=config.train.optimizer,
-        lr=config.train.lr,
         rationale=rationale,
+        config=config,
+        analysis=analysis,
     )

@@ -152,8 +152,8 @@ class Plugins:
             raise PluginError(f"no plugin applies strategy {plan.strategy!r}; its plugin must implement snnfw_parallelize")
         return result
 
-    def build_optimizer(self, model, plan):
-        return self.pm.hook.snnfw_build_optimizer(model=model, plan=plan)
+    def build_optimizer(self, model, plan, mesh):
+        return self.pm.hook.snnfw_build_optimizer(model=model, plan=plan, mesh=mesh)
 
     def reset_state(self, model) -> None:
         if not self.pm.hook.snnfw_reset_state(model=model):

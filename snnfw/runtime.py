@@ -61,7 +61,7 @@ class Trainer:
         self.config, self.plan, self.plugins, self.device = config, prepared.plan, plugins, device
         self.counter = SpikeCounter(prepared.model, prepared.analysis.neurons)
         self.model = plugins.parallelize(prepared.model.to(device), self.plan, mesh)
-        self.optimizer = plugins.build_optimizer(self.model, self.plan)
+        self.optimizer = plugins.build_optimizer(self.model, self.plan, mesh)
         self.replica = dp_coordinate(self.plan, mesh)
         dataset = plugins.datasets.get(config.data.name)
         self.train_set = dataset.build(config.data, prepared.spec, "train", config.train.seed)
