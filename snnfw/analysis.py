@@ -14,10 +14,16 @@ def _is_neuron(module: nn.Module) -> bool:
 
 @attrs.frozen
 class AnalysisPart:
-    """A plugin's contribution: module names to shard as units, and pipeline stage starts."""
+    """A plugin's contribution to the analysis of a model.
+
+    ``blocks``: modules that FSDP2 shards as units. ``stage_units``: modules,
+    in forward order, that may start a pipeline stage. ``tp_plan``: pairs of
+    (module name, tensor-parallel style name) that the ``tp`` strategy applies.
+    """
 
     blocks: tuple[str, ...] = ()
     stage_units: tuple[str, ...] = ()
+    tp_plan: tuple[tuple[str, str], ...] = ()
 
 
 @attrs.frozen
@@ -28,6 +34,7 @@ class Analysis:
     tp_candidates: tuple[str, ...]
     blocks: tuple[str, ...] = ()
     stage_units: tuple[str, ...] = ()
+    tp_plan: tuple[tuple[str, str], ...] = ()
 
 
 def analyze(model: nn.Module, family: str, plugins) -> Analysis:
@@ -38,10 +45,11 @@ def analyze(model: nn.Module, family: str, plugins) -> Analysis:
             neurons.append(name)
         elif isinstance(module, (nn.Linear, nn.Conv2d)):
             candidates.append(name)
-    blocks, units = [], []
+    blocks, units, tp_plan = [], [], []
     for part in plugins.analyze_parts(model, family):
         blocks.extend(part.blocks)
         units.extend(part.stage_units)
+        tp_plan.extend(part.tp_plan)
     return Analysis(
         family=family,
         parameters=sum(p.numel() for p in model.parameters()),
@@ -49,4 +57,5 @@ def analyze(model: nn.Module, family: str, plugins) -> Analysis:
         tp_candidates=tuple(candidates),
         blocks=tuple(blocks),
         stage_units=tuple(units),
+        tp_plan=tuple(tp_plan),
     )

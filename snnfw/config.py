@@ -52,6 +52,9 @@ class ParallelConfig:
     strategy: str = attrs.field(default="none", validator=v.instance_of(str))
     mesh: tuple[tuple[str, int], ...] | None = attrs.field(default=None, converter=_mesh)
     timeout_s: float = attrs.field(default=300.0, converter=float, validator=v.gt(0))
+    zero: bool = attrs.field(default=False, validator=v.instance_of(bool))
+    reshard_after_forward: bool = attrs.field(default=True, validator=v.instance_of(bool))
+    mixed_precision: str = attrs.field(default="none", validator=v.in_(("none", "bf16")))
 
 
 @attrs.frozen

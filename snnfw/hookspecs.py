@@ -65,11 +65,13 @@ def snnfw_plan(request):
 
 
 @hookspec(firstresult=True)
-def snnfw_parallelize(model, plan, mesh):
+def snnfw_parallelize(model, plan, mesh, hooks):
     """Apply ``plan`` to ``model`` on ``mesh`` (a DeviceMesh, or None on one rank).
 
-    Return the model to train (wrapped or changed in place), or None to decline
-    a plan whose strategy is not this plugin's. Stops at the first non-None result.
+    ``hooks`` is the :class:`snnfw.plugins.Plugins` facade, for calling other
+    hooks (``hooks.shard_neuron(...)``). Return the model to train (wrapped or
+    changed in place), or None to decline a plan whose strategy is not this
+    plugin's. Stops at the first non-None result.
     """
 
 

@@ -147,7 +147,7 @@ class Plugins:
         return self.pm.hook.snnfw_plan(request=request)
 
     def parallelize(self, model, plan, mesh):
-        result = self.pm.hook.snnfw_parallelize(model=model, plan=plan, mesh=mesh)
+        result = self.pm.hook.snnfw_parallelize(model=model, plan=plan, mesh=mesh, hooks=self)
         if result is None:
             raise PluginError(f"no plugin applies strategy {plan.strategy!r}; its plugin must implement snnfw_parallelize")
         return result

@@ -30,7 +30,7 @@ def snnfw_plan(request):
 
 
 @hookimpl
-def snnfw_parallelize(model, plan, mesh):
+def snnfw_parallelize(model, plan, mesh, hooks):
     if plan.strategy != NAME:
         return None
     from torch.nn.parallel import DistributedDataParallel

@@ -23,5 +23,5 @@ def snnfw_plan(request):
 
 
 @hookimpl
-def snnfw_parallelize(model, plan, mesh):
+def snnfw_parallelize(model, plan, mesh, hooks):
     return model if plan.strategy == NAME else None
