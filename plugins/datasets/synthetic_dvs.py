@@ -10,7 +10,7 @@ Everything is a deterministic function of the seed, split and sample index.
 import math
 
 import torch
-from torch.utils.data import TensorDataset
+from torch.utils.data import Dataset
 
 from snnfw import hookimpl
 from snnfw.data import DatasetSpec
@@ -46,10 +46,38 @@ def make_frames(count: int, time_steps: int, shape: tuple[int, int, int], classe
     return frames, labels
 
 
+CACHE_BYTES = 256 * 2**20
+
+
+class SyntheticDVS(Dataset):
+    """Generates sample ``i`` on demand from its own seeded generator.
+
+    Generated samples are kept (one byte per event) while the whole split fits
+    in ``CACHE_BYTES``, so later epochs cost nothing; larger splits stay lazy.
+    """
+
+    def __init__(self, count: int, spec, seed: int):
+        self.count, self.spec, self.seed = count, spec, seed
+        sample_bytes = spec.time_steps * math.prod(spec.shape)
+        self._cache = {} if count * sample_bytes <= CACHE_BYTES else None
+
+    def __len__(self) -> int:
+        return self.count
+
+    def __getitem__(self, index: int):
+        if self._cache is not None and index in self._cache:
+            frames, label = self._cache[index]
+            return frames.float(), label
+        generator = torch.Generator().manual_seed(self.seed * 1_000_003 + index)
+        frames, labels = make_frames(1, self.spec.time_steps, self.spec.shape, self.spec.num_classes, generator)
+        if self._cache is not None:
+            self._cache[index] = (frames[0].to(torch.uint8), int(labels[0]))
+        return frames[0], int(labels[0])
+
+
 def build(config, spec, split, seed):
     count = config.train_samples if split == "train" else config.test_samples
-    generator = torch.Generator().manual_seed(seed * 2 + (split == "test") + 7919)
-    return TensorDataset(*make_frames(count, spec.time_steps, spec.shape, spec.num_classes, generator))
+    return SyntheticDVS(count, spec, seed * 2 + (split == "test") + 7919)
 
 
 @hookimpl
