@@ -83,6 +83,15 @@ def snnfw_build_optimizer(model, plan, mesh):
     """
 
 
+@hookspec
+def snnfw_step_metrics(plan):
+    """Return a dict of extra per-step metrics (numbers) since the last call, or None.
+
+    Called on every rank after each optimizer step; the values are summed
+    over ranks, divided by the world size, and added to ``metrics.jsonl``.
+    """
+
+
 @hookspec(firstresult=True)
 def snnfw_reset_state(model):
     """Reset all neuron state of ``model`` before an independent microbatch.

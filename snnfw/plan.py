@@ -39,6 +39,7 @@ class PlanRequest:
     config: Config
     topology: Topology
     analysis: Analysis
+    model: Any = None  # the built, unparallelized model, for shape checks
 
     @property
     def strategy(self) -> str:
@@ -96,16 +97,19 @@ class Plan:
         return out
 
 
-def make_plan(config: Config, topology: Topology, analysis: Analysis, plugins) -> Plan:
+def make_plan(config: Config, topology: Topology, analysis: Analysis, plugins, model=None) -> Plan:
     """Asks the strategy's plugin for a proposal and checks it against the world and batch."""
     plugins.strategies.entry(config.parallel.strategy)  # unknown names list the registered ones
-    request = PlanRequest(config=config, topology=topology, analysis=analysis)
-    proposals = [p for p in plugins.propose(request) if p.strategy == request.strategy]
-    if not proposals:
-        raise PlanError(f"strategy {request.strategy!r} is registered but no plugin proposes a plan for it")
-    proposal = proposals[0]
-    if proposal.refusal:
-        raise PlanError(f"strategy {request.strategy!r} cannot run: {proposal.refusal}")
+    request = PlanRequest(config=config, topology=topology, analysis=analysis, model=model)
+    answers = [p for p in plugins.propose(request) if p.strategy == request.strategy]
+    refusals = [p.refusal for p in answers if p.refusal]
+    if refusals:
+        raise PlanError(f"strategy {request.strategy!r} cannot run: {'; '.join(refusals)}")
+    if len(answers) != 1:
+        raise PlanError(
+            f"strategy {request.strategy!r} got {len(answers)} proposals from plugins; exactly one plugin must own it"
+        )
+    proposal = answers[0]
     product = math.prod(n for _, n in proposal.mesh)
     shape = " x ".join(f"{d}={n}" for d, n in proposal.mesh)
     if product != topology.world_size:

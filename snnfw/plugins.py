@@ -155,6 +155,12 @@ class Plugins:
     def build_optimizer(self, model, plan, mesh):
         return self.pm.hook.snnfw_build_optimizer(model=model, plan=plan, mesh=mesh)
 
+    def step_metrics(self, plan) -> dict[str, float]:
+        merged: dict[str, float] = {}
+        for part in self.pm.hook.snnfw_step_metrics(plan=plan):
+            merged.update(part)
+        return merged
+
     def reset_state(self, model) -> None:
         if not self.pm.hook.snnfw_reset_state(model=model):
             raise PluginError("no plugin resets neuron state; the built-in 'defaults' plugin is blocked")

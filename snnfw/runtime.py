@@ -7,7 +7,7 @@ import json
 import os
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import attrs
 import torch
@@ -45,13 +45,35 @@ def prepare(config: Config, world_size: int, plugins: Plugins) -> Prepared:
     """analyze -> plan for a world of ``world_size`` ranks; starts no process."""
     model, spec = build_model(config, plugins)
     analysis = analyze(model, config.model.family, plugins)
-    plan = make_plan(config, Topology.detect(world_size), analysis, plugins)
+    plan = make_plan(config, Topology.detect(world_size), analysis, plugins, model)
     return Prepared(plan, model, spec, analysis)
 
 
 def _set_cpu_threads(env: RankEnv) -> None:
     if "OMP_NUM_THREADS" not in os.environ:
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // env.local_world_size))
+
+
+@contextlib.contextmanager
+def gradient_sync(model: torch.nn.Module, enabled: bool) -> Iterator[None]:
+    """Lets backward passes inside synchronise gradients across replicas only if ``enabled``.
+
+    Skipping uses DDP's ``no_sync()`` or FSDP2's ``set_requires_gradient_sync``;
+    a model with neither is left alone.
+    """
+    no_sync = getattr(model, "no_sync", None)
+    set_sync = getattr(model, "set_requires_gradient_sync", None)
+    if enabled or (no_sync is None and set_sync is None):
+        yield
+    elif no_sync is not None:
+        with no_sync():
+            yield
+    else:
+        set_sync(False)
+        try:
+            yield
+        finally:
+            set_sync(True)
 
 
 class Trainer:
@@ -77,11 +99,9 @@ class Trainer:
         indices = datalib.global_batch_indices(step, plan.global_batch, len(self.train_set), cfg.train.seed)
         local = datalib.replica_chunk(indices, self.replica, plan.dp_size)
         loss_sum = correct = 0.0
-        no_sync = getattr(self.model, "no_sync", None)
         for m, chunk in enumerate(local.chunk(plan.microbatches)):
             frames, labels = datalib.load(self.train_set, chunk, self.device)
-            last = m == plan.microbatches - 1
-            with no_sync() if no_sync and not last else contextlib.nullcontext():
+            with gradient_sync(self.model, enabled=m == plan.microbatches - 1):
                 logits = self._forward(frames)
                 loss = F.cross_entropy(logits, labels)
                 (loss / plan.microbatches).backward()
@@ -90,11 +110,17 @@ class Trainer:
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         spikes, elements = self.counter.take()
+        extra = self.plugins.step_metrics(plan)
         world = plan.world_size
-        loss_total, correct_total, spikes, elements = all_reduce(
-            [loss_sum / plan.microbatches, correct / plan.replica_batch, spikes, float(elements)]
+        loss_total, correct_total, spikes, elements, *extra_totals = all_reduce(
+            [loss_sum / plan.microbatches, correct / plan.replica_batch, spikes, float(elements), *extra.values()]
         )
-        return {"loss": loss_total / world, "train_acc": correct_total / world, "spike_rate": spikes / max(elements, 1.0)}
+        return {
+            "loss": loss_total / world,
+            "train_acc": correct_total / world,
+            "spike_rate": spikes / max(elements, 1.0),
+            **{key: total / world for key, total in zip(extra, extra_totals)},
+        }
 
     @torch.no_grad()
     def evaluate(self) -> float:

@@ -15,25 +15,28 @@ def snnfw_register_strategies(register):
 def snnfw_plan(request):
     if request.strategy != NAME:
         return None
+    return propose_replicas(NAME, request, "gradients averaged by DDP after each step's last microbatch")
+
+
+def propose_replicas(strategy: str, request, rationale: str):
+    """A 1-D ``dp`` mesh over the whole world, or the refusal that says what to change."""
     world = request.topology.world_size
     if world < 2:
-        return Proposal.refuse(NAME, "it needs at least 2 ranks; launch with --nproc 2 or more, or use strategy none")
+        return Proposal.refuse(strategy, "it needs at least 2 ranks; launch with --nproc 2 or more, or use strategy none")
     mesh = request.config.parallel.mesh or (("dp", world),)
     if tuple(name for name, _ in mesh) != ("dp",):
-        return Proposal.refuse(NAME, f"its mesh has one dimension named dp, got {dict(mesh)}; set parallel.mesh = {{dp = {world}}}")
-    return Proposal(
-        NAME,
-        mesh=mesh,
-        dp_dims=("dp",),
-        rationale=(f"{dict(mesh)['dp']} replicas, gradients averaged by DDP after each step's last microbatch",),
-    )
+        return Proposal.refuse(strategy, f"its mesh has one dimension named dp, got {dict(mesh)}; set parallel.mesh = {{dp = {world}}}")
+    return Proposal(strategy, mesh=mesh, dp_dims=("dp",), rationale=(f"{dict(mesh)['dp']} replicas, {rationale}",))
 
 
-@hookimpl
-def snnfw_parallelize(model, plan, mesh, hooks):
-    if plan.strategy != NAME:
-        return None
+def wrap_ddp(model, plan, mesh):
+    """DistributedDataParallel over the mesh's ``dp`` dimension."""
     from torch.nn.parallel import DistributedDataParallel
 
     device_ids = [next(model.parameters()).device.index] if plan.device_type == "cuda" else None
     return DistributedDataParallel(model, device_ids=device_ids, process_group=mesh.get_group("dp"))
+
+
+@hookimpl
+def snnfw_parallelize(model, plan, mesh, hooks):
+    return wrap_ddp(model, plan, mesh) if plan.strategy == NAME else None

@@ -1,0 +1,56 @@
+"""``zero``: data parallel with optimizer state sharded (ZeroRedundancyOptimizer).
+
+``strategy = "zero"`` is DDP plus the sharded optimizer; ``parallel.zero =
+true`` adds the sharded optimizer to ``dp``. Strategies that already shard
+optimizer state, or whose ranks hold different parameters, refuse it.
+"""
+
+from snnfw import hookimpl
+from snnfw.plan import Proposal
+from snnfw_plugins.defaults import optimizer_spec
+from snnfw_plugins.strategies.dp import propose_replicas, wrap_ddp
+
+NAME = "zero"
+COMPOSES_WITH = ("dp", NAME)
+
+
+def _wanted(plan_or_request) -> bool:
+    return plan_or_request.config.parallel.zero or plan_or_request.strategy == NAME
+
+
+@hookimpl
+def snnfw_register_strategies(register):
+    register(NAME, None, "data parallel (DDP) with optimizer state sharded across replicas (ZeRO-1)")
+
+
+@hookimpl
+def snnfw_plan(request):
+    if request.strategy == NAME:
+        return propose_replicas(NAME, request, "gradients averaged by DDP, each rank keeps 1/N of the optimizer state")
+    if request.config.parallel.zero and request.strategy not in COMPOSES_WITH:
+        return Proposal.refuse(
+            request.strategy,
+            f"parallel.zero shards optimizer state across data-parallel replicas and composes with "
+            f"{' and '.join(COMPOSES_WITH)} only (fsdp2 shards optimizer state already); remove parallel.zero",
+        )
+    return None
+
+
+@hookimpl
+def snnfw_parallelize(model, plan, mesh, hooks):
+    return wrap_ddp(model, plan, mesh) if plan.strategy == NAME else None
+
+
+@hookimpl
+def snnfw_build_optimizer(model, plan, mesh):
+    if not _wanted(plan):
+        return None
+    from torch.distributed.optim import ZeroRedundancyOptimizer
+
+    optimizer_class, kwargs = optimizer_spec(plan.config.train)
+    return ZeroRedundancyOptimizer(
+        [p for p in model.parameters() if p.requires_grad],
+        optimizer_class=optimizer_class,
+        process_group=mesh.get_group("dp"),
+        **kwargs,
+    )
