@@ -68,4 +68,8 @@ def snnfw_analyze(model, family):
     if family != NAME:
         return None
     blocks = tuple(f"features.{i}" for i in range(len(model.features) - 1))
-    return AnalysisPart(blocks=blocks, stage_units=blocks + ("classifier",))
+    return AnalysisPart(
+        blocks=blocks,
+        stage_units=blocks + ("classifier",),
+        tp_plan=tuple((block, "conv_bn_neuron") for block in blocks),
+    )

@@ -1,0 +1,89 @@
+"""``tp``: tensor parallel on a 1-D ``tp`` mesh, neuron state sharded with its activations.
+
+The family's ``tp_plan`` names a style (see ``tp_styles``) per module; every
+rank of the group sees the same batch. The built-in ``snnfw_shard_neuron``
+makes a neuron check that it receives its local channels, so a shard that
+went wrong fails by name instead of silently re-creating full-size state.
+"""
+
+from snnfw import hookimpl
+from snnfw.plan import Proposal
+from snnfw_plugins.strategies.tp_comm import COUNTER
+from snnfw_plugins.strategies.tp_styles import STYLES, Shard
+
+NAME = "tp"
+
+
+def check_tp_plan(request, size: int) -> str | None:
+    """Why the family's tp_plan cannot run with ``size`` shards, or None."""
+    plan = request.analysis.tp_plan
+    if not plan:
+        return f"model family {request.analysis.family!r} declares no tp_plan; choose another strategy"
+    modules = dict(request.model.named_modules()) if request.model is not None else {}
+    for name, style in plan:
+        if style not in STYLES:
+            return f"{name} names the unknown tp style {style!r}; styles: {', '.join(sorted(STYLES))}"
+        if name in modules and (reason := STYLES[style].check(modules[name], size)):
+            return f"{name} ({style}): {reason}; choose a tp size that divides it"
+    return None
+
+
+def apply_tensor_parallel(model, analysis, tp_mesh, hooks) -> None:
+    """Shards every module of the family's tp_plan over ``tp_mesh`` (1-D), in place."""
+    modules = dict(model.named_modules())
+    names = {id(m): name for name, m in modules.items()}
+    shard = Shard(tp_mesh, tp_mesh.get_group(), tp_mesh.get_local_rank(), tp_mesh.size(), hooks, names)
+    for name, style in analysis.tp_plan:
+        STYLES[style].apply(modules[name], shard)
+
+
+@hookimpl
+def snnfw_register_strategies(register):
+    register(NAME, None, "tensor parallel: channels, heads and neuron state sharded over ranks")
+
+
+@hookimpl
+def snnfw_plan(request):
+    if request.strategy != NAME:
+        return None
+    world = request.topology.world_size
+    mesh = request.config.parallel.mesh or (("tp", world),)
+    if tuple(name for name, _ in mesh) != ("tp",):
+        if "dp" in dict(mesh):
+            return Proposal.refuse(NAME, "data parallel with tensor parallel is strategy fsdp2_tp (the DDP+TP combination is not offered)")
+        return Proposal.refuse(NAME, f"its mesh has one dimension named tp, got {dict(mesh)}; set parallel.mesh = {{tp = {world}}}")
+    if reason := check_tp_plan(request, dict(mesh)["tp"]):
+        return Proposal.refuse(NAME, reason)
+    return Proposal(NAME, mesh=mesh, dp_dims=(), rationale=(f"{world}-way tensor parallel; every rank sees the whole batch",))
+
+
+@hookimpl
+def snnfw_parallelize(model, plan, mesh, hooks):
+    if plan.strategy != NAME:
+        return None
+    apply_tensor_parallel(model, plan.analysis, mesh, hooks)
+    return model
+
+
+@hookimpl(trylast=True)
+def snnfw_shard_neuron(module, placement, mesh):
+    """Records the shard on the neuron and checks every input against it."""
+    module.snnfw_shard = placement
+
+    def check(m, args):
+        received = args[0].shape[placement.dim]
+        if received != placement.local:
+            raise ValueError(
+                f"sharded neuron {placement.name} expects {placement.local} of {placement.total} entries on dim "
+                f"{placement.dim}, received {received} (input shape {tuple(args[0].shape)})"
+            )
+
+    module.register_forward_pre_hook(check)
+    return module
+
+
+@hookimpl
+def snnfw_step_metrics(plan):
+    if NAME not in dict(plan.mesh):
+        return None
+    return COUNTER.take()

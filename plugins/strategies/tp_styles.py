@@ -1,0 +1,221 @@
+"""Tensor-parallel styles: how one named kind of module is sharded over the ``tp`` group.
+
+A family plugin names a style per module in its ``tp_plan``; every style keeps
+the module's input and output replicated and shards what lies between:
+layer channels, BatchNorm channels and the state of the neurons in between,
+which then only ever see (and keep) their local channels.
+
+- ``conv_bn_neuron``: Conv-BN-neuron unit; conv output channels, BN and neuron
+  state sharded, output all-gathered on the channel dim where the next layer
+  needs all channels.
+- ``conv_mlp``: a 1x1-conv MLP (``fc1``/``fc2`` containers with BN, neurons
+  after each): fc1 column-parallel, fc2 row-parallel then all-reduce.
+- ``self_attention_heads``: SpikingJelly's SpikingSelfAttention; every rank
+  holds whole heads of q, k and v, the projection is row-parallel.
+- ``linear_mlp``: Linear-neuron-Linear through torch's DTensor
+  ``ColwiseParallel`` and ``RowwiseParallel``.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import attrs
+import torch
+from torch import nn
+
+from snnfw_plugins.strategies.tp_comm import copy_in, gather_out, reduce_out
+
+CHANNEL_DIM = 2  # multi-step activations are [T, N, C, ...]
+_CONV = (nn.Conv1d, nn.Conv2d)
+_BN = (nn.BatchNorm1d, nn.BatchNorm2d)
+
+
+@attrs.frozen
+class NeuronShard:
+    """Where the state of neuron ``name`` is sharded: ``local`` of ``total`` entries of ``dim``."""
+
+    dim: int
+    local: int
+    total: int
+    name: str
+
+
+@attrs.frozen
+class Shard:
+    """What a style needs: the tp group, this rank's place in it, and the hook facade."""
+
+    mesh: object
+    group: object
+    rank: int
+    size: int
+    hooks: object
+    names: dict[int, str]  # id(module) -> qualified name, for messages
+
+    def block(self, total: int) -> torch.Tensor:
+        """Indices of this rank's contiguous block of ``total`` channels."""
+        local = total // self.size
+        return torch.arange(self.rank * local, (self.rank + 1) * local)
+
+
+def _find(module: nn.Module, kinds) -> list[nn.Module]:
+    return [m for m in module.modules() if isinstance(m, kinds)]
+
+
+def _neurons(module: nn.Module) -> list[nn.Module]:
+    from spikingjelly.activation_based.neuron import BaseNode
+
+    return _find(module, BaseNode)
+
+
+def _param(tensor: torch.Tensor) -> nn.Parameter:
+    return nn.Parameter(tensor.detach().clone())
+
+
+def column_conv(conv: nn.Module, index: torch.Tensor, shard: Shard) -> None:
+    """Keeps output channels ``index``; the replicated input's gradient is summed over ranks."""
+    conv.weight = _param(conv.weight[index])
+    if conv.bias is not None:
+        conv.bias = _param(conv.bias[index])
+    conv.out_channels = len(index)
+    conv.register_forward_pre_hook(lambda m, args: (copy_in(args[0], shard.group), *args[1:]))
+
+
+def row_conv(conv: nn.Module, index: torch.Tensor, shard: Shard) -> None:
+    """Keeps input channels ``index``; partial outputs are all-reduced, the bias added once."""
+    conv.weight = _param(conv.weight[:, index])
+    conv.in_channels = len(index)
+
+    def reduce(m, args, out):
+        if m.bias is None:
+            return reduce_out(out, shard.group)
+        bias = m.bias.view(-1, *([1] * (m.weight.dim() - 2)))
+        return reduce_out(out - bias, shard.group) + bias
+
+    conv.register_forward_hook(reduce)
+
+
+def shard_batch_norm(bn: nn.Module, index: torch.Tensor) -> None:
+    bn.weight, bn.bias = _param(bn.weight[index]), _param(bn.bias[index])
+    bn.running_mean = bn.running_mean[index].clone()
+    bn.running_var = bn.running_var[index].clone()
+    bn.num_features = len(index)
+
+
+def shard_neuron(neuron: nn.Module, local: int, total: int, shard: Shard) -> None:
+    name = shard.names.get(id(neuron), type(neuron).__name__)
+    replacement = shard.hooks.shard_neuron(neuron, NeuronShard(CHANNEL_DIM, local, total, name), shard.mesh)
+    if replacement is not neuron:
+        raise ValueError("a snnfw_shard_neuron implementation that replaces the module is not supported by tp styles")
+
+
+def _channels(module: nn.Module, size: int, what: str, total: int) -> str | None:
+    if total % size:
+        return f"{what} has {total} channels, not divisible by tp={size}"
+    return None
+
+
+# conv_bn_neuron
+
+
+def check_conv_bn_neuron(module: nn.Module, size: int) -> str | None:
+    convs = _find(module, _CONV)
+    if len(convs) != 1 or len(_find(module, _BN)) > 1:
+        return "expects exactly one Conv1d/Conv2d and at most one BatchNorm"
+    return _channels(module, size, "its conv", convs[0].out_channels)
+
+
+def apply_conv_bn_neuron(module: nn.Module, shard: Shard) -> None:
+    (conv,) = _find(module, _CONV)
+    total = conv.out_channels
+    index = shard.block(total)
+    column_conv(conv, index, shard)
+    for bn in _find(module, _BN):
+        shard_batch_norm(bn, index)
+    for neuron in _neurons(module):
+        shard_neuron(neuron, len(index), total, shard)
+    module.register_forward_hook(lambda m, args, out: gather_out(out, shard.group, CHANNEL_DIM))
+
+
+# conv_mlp
+
+
+def check_conv_mlp(module: nn.Module, size: int) -> str | None:
+    if not (hasattr(module, "fc1") and hasattr(module, "fc2")):
+        return "expects fc1 and fc2 containers"
+    return _channels(module, size, "its hidden layer", _find(module.fc1, _CONV)[0].out_channels)
+
+
+def apply_conv_mlp(module: nn.Module, shard: Shard) -> None:
+    (fc1,), (fc2,) = _find(module.fc1, _CONV), _find(module.fc2, _CONV)
+    hidden = fc1.out_channels
+    index = shard.block(hidden)
+    column_conv(fc1, index, shard)
+    for bn in _find(module.fc1, _BN):
+        shard_batch_norm(bn, index)
+    shard_neuron(module.neuron1, len(index), hidden, shard)
+    row_conv(fc2, index, shard)
+
+
+# self_attention_heads
+
+
+def check_self_attention(module: nn.Module, size: int) -> str | None:
+    heads = getattr(module, "num_heads", None)
+    if heads is None or not hasattr(module, "qkv_conv_bn"):
+        return "expects SpikingJelly's SpikingSelfAttention (num_heads, qkv_conv_bn, proj_conv_bn)"
+    if heads % size:
+        return f"its {heads} heads are not divisible by tp={size}"
+    return None
+
+
+def apply_self_attention(module: nn.Module, shard: Shard) -> None:
+    dim, heads = module.dim, module.num_heads
+    local_heads = heads // shard.size
+    channels = shard.block(dim)  # whole heads: a contiguous block of head_dim-channel groups
+    qkv_index = torch.cat([part * dim + channels for part in range(3)])  # q, k and v of those heads
+    (qkv,), (proj,) = _find(module.qkv_conv_bn, _CONV), _find(module.proj_conv_bn, _CONV)
+    column_conv(qkv, qkv_index, shard)
+    for bn in _find(module.qkv_conv_bn, _BN):
+        shard_batch_norm(bn, qkv_index)
+    shard_neuron(module.qkv_lif, len(qkv_index), 3 * dim, shard)
+    shard_neuron(module.attn_lif, local_heads, heads, shard)
+    module.num_heads = local_heads
+    row_conv(proj, channels, shard)
+
+
+# linear_mlp
+
+
+def check_linear_mlp(module: nn.Module, size: int) -> str | None:
+    linears = [m for m in module.children() if isinstance(m, nn.Linear)]
+    if len(linears) != 2:
+        return "expects two Linear children (column- then row-parallel)"
+    return _channels(module, size, "its hidden layer", linears[0].out_features)
+
+
+def apply_linear_mlp(module: nn.Module, shard: Shard) -> None:
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+    children = list(module.named_children())
+    first, second = (i for i, (_, m) in enumerate(children) if isinstance(m, nn.Linear))
+    hidden = children[first][1].out_features
+    for _, child in children[first + 1 : second]:
+        for neuron in _neurons(child):
+            shard_neuron(neuron, hidden // shard.size, hidden, shard)
+    plan = {children[first][0]: ColwiseParallel(), children[second][0]: RowwiseParallel()}
+    parallelize_module(module, shard.mesh, plan)
+
+
+@attrs.frozen
+class Style:
+    check: Callable[[nn.Module, int], str | None]
+    apply: Callable[[nn.Module, Shard], None]
+
+
+STYLES = {
+    "conv_bn_neuron": Style(check_conv_bn_neuron, apply_conv_bn_neuron),
+    "conv_mlp": Style(check_conv_mlp, apply_conv_mlp),
+    "self_attention_heads": Style(check_self_attention, apply_self_attention),
+    "linear_mlp": Style(check_linear_mlp, apply_linear_mlp),
+}

@@ -1,0 +1,55 @@
+"""tp: channel, head and linear tensor parallelism with neuron state sharded alongside."""
+
+import pytest
+import torch
+
+from snnfw.errors import PlanError
+from snnfw.plugins import Plugins
+from snnfw.runtime import prepare, run_training
+from snnfw.testing import run_on_ranks
+
+from conftest import tiny_config
+from test_equivalence import assert_same_losses
+
+
+def neuron_state_and_errors(trainer):
+    """Local neuron-state shapes, local weight shapes, and what a wrong-sized input to a neuron raises."""
+    model = trainer.model
+    neurons = {name: m for name, m in model.named_modules() if hasattr(m, "snnfw_shard")}
+    states = {name: tuple(m.v.shape) for name, m in neurons.items()}
+    weights = {name: tuple(p.shape) for name, p in model.named_parameters()}
+    name, neuron = next(iter(neurons.items()))
+    wrong = torch.zeros(2, 1, neuron.snnfw_shard.total, 4, 4)
+    try:
+        neuron(wrong)
+        error = None
+    except ValueError as err:
+        error = str(err)
+    return {"states": states, "weights": weights, "error": error, "first": name}
+
+
+def test_tp_vgg_matches_none_with_sharded_state(tmp_path):
+    reference = run_training(tiny_config("none"))
+    summaries = run_on_ranks(tiny_config("tp"), 2, tmp_path, inspect=neuron_state_and_errors)
+    for summary in summaries:
+        assert_same_losses(reference, summary)
+    metrics = (tmp_path / "metrics.jsonl").read_text()
+    assert '"tp_allgather_calls"' in metrics and '"tp_comm_mb"' in metrics
+    info = summaries[0]["inspect"]
+    # tiny widths (8, 16, 16, 32, ...): each rank keeps half the channels of weights, BN and neuron state
+    assert info["weights"]["features.0.proj_bn.0.weight"] == (4, 2, 3, 3)
+    assert info["weights"]["features.0.proj_bn.1.weight"] == (4,)
+    assert info["states"]["features.0.neuron"][1] == 4
+    assert info["states"]["features.7.neuron"][1] == 16
+    assert info["error"] == (
+        f"sharded neuron {info['first']} expects 4 of 8 entries on dim 2, received 8 (input shape (2, 1, 8, 4, 4))"
+    )
+
+
+def test_tp_refuses_sizes_that_do_not_divide_and_ddp_with_tp():
+    plugins = Plugins()
+    config = tiny_config("tp", data={"batch_size": 9})
+    with pytest.raises(PlanError, match="features.0 \\(conv_bn_neuron\\): its conv has 8 channels, not divisible by tp=3"):
+        prepare(config, 3, plugins)
+    with pytest.raises(PlanError, match="fsdp2_tp"):
+        prepare(tiny_config("tp", parallel={"mesh": {"dp": 1, "tp": 2}}), 2, plugins)
