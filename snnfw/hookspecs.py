@@ -83,6 +83,26 @@ def snnfw_build_optimizer(model, plan, mesh):
     """
 
 
+@hookspec(firstresult=True)
+def snnfw_forward_backward(model, batches, plan, hooks):
+    """Run forward and backward over this rank's microbatches of one optimizer step.
+
+    ``batches`` is a list of ``(frames, labels)`` microbatches. Accumulate
+    gradients as the mean over them (the optimizer step follows) and return a
+    :class:`snnfw.step.StepOutput`, or None to decline. Stops at the first
+    non-None result; the default runs them one after another with a neuron
+    reset before each, synchronising gradients on the last.
+    """
+
+
+@hookspec(firstresult=True)
+def snnfw_evaluate(model, frames, labels, plan, hooks):
+    """Score one evaluation batch without gradients; return a :class:`snnfw.step.StepOutput`.
+
+    Stops at the first non-None result; return None to decline.
+    """
+
+
 @hookspec
 def snnfw_step_metrics(plan):
     """Return a dict of extra per-step metrics (numbers) since the last call, or None.

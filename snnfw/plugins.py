@@ -155,6 +155,12 @@ class Plugins:
     def build_optimizer(self, model, plan, mesh):
         return self.pm.hook.snnfw_build_optimizer(model=model, plan=plan, mesh=mesh)
 
+    def forward_backward(self, model, batches, plan):
+        return self.pm.hook.snnfw_forward_backward(model=model, batches=batches, plan=plan, hooks=self)
+
+    def evaluate(self, model, frames, labels, plan):
+        return self.pm.hook.snnfw_evaluate(model=model, frames=frames, labels=labels, plan=plan, hooks=self)
+
     def step_metrics(self, plan) -> dict[str, float]:
         merged: dict[str, float] = {}
         for part in self.pm.hook.snnfw_step_metrics(plan=plan):

@@ -2,16 +2,14 @@
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import time
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
 import attrs
 import torch
-import torch.nn.functional as F
 
 from snnfw import data as datalib
 from snnfw.analysis import Analysis, analyze
@@ -54,28 +52,6 @@ def _set_cpu_threads(env: RankEnv) -> None:
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // env.local_world_size))
 
 
-@contextlib.contextmanager
-def gradient_sync(model: torch.nn.Module, enabled: bool) -> Iterator[None]:
-    """Lets backward passes inside synchronise gradients across replicas only if ``enabled``.
-
-    Skipping uses DDP's ``no_sync()`` or FSDP2's ``set_requires_gradient_sync``;
-    a model with neither is left alone.
-    """
-    no_sync = getattr(model, "no_sync", None)
-    set_sync = getattr(model, "set_requires_gradient_sync", None)
-    if enabled or (no_sync is None and set_sync is None):
-        yield
-    elif no_sync is not None:
-        with no_sync():
-            yield
-    else:
-        set_sync(False)
-        try:
-            yield
-        finally:
-            set_sync(True)
-
-
 class Trainer:
     """Trains a parallelized model with microbatches, neuron resets and per-step metrics."""
 
@@ -89,37 +65,25 @@ class Trainer:
         self.train_set = dataset.build(config.data, prepared.spec, "train", config.train.seed)
         self.test_set = dataset.build(config.data, prepared.spec, "test", config.train.seed)
 
-    def _forward(self, frames: torch.Tensor) -> torch.Tensor:
-        self.plugins.reset_state(self.model)
-        return self.model(frames).mean(0)
-
     def step(self, step: int) -> dict[str, float]:
         plan, cfg = self.plan, self.config
         self.model.train()
         indices = datalib.global_batch_indices(step, plan.global_batch, len(self.train_set), cfg.train.seed)
         local = datalib.replica_chunk(indices, self.replica, plan.dp_size)
-        loss_sum = correct = 0.0
-        for m, chunk in enumerate(local.chunk(plan.microbatches)):
-            frames, labels = datalib.load(self.train_set, chunk, self.device)
-            with gradient_sync(self.model, enabled=m == plan.microbatches - 1):
-                logits = self._forward(frames)
-                loss = F.cross_entropy(logits, labels)
-                (loss / plan.microbatches).backward()
-            loss_sum += float(loss.detach())
-            correct += float((logits.argmax(1) == labels).sum())
+        batches = [datalib.load(self.train_set, chunk, self.device) for chunk in local.chunk(plan.microbatches)]
+        out = self.plugins.forward_backward(self.model, batches, plan)
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         spikes, elements = self.counter.take()
         extra = self.plugins.step_metrics(plan)
-        world = plan.world_size
-        loss_total, correct_total, spikes, elements, *extra_totals = all_reduce(
-            [loss_sum / plan.microbatches, correct / plan.replica_batch, spikes, float(elements), *extra.values()]
+        loss, correct, samples, spikes, elements, *extra_totals = all_reduce(
+            [out.loss * out.samples, out.correct, out.samples, spikes, float(elements), *extra.values()]
         )
         return {
-            "loss": loss_total / world,
-            "train_acc": correct_total / world,
+            "loss": loss / samples,
+            "train_acc": correct / samples,
             "spike_rate": spikes / max(elements, 1.0),
-            **{key: total / world for key, total in zip(extra, extra_totals)},
+            **{key: total / plan.world_size for key, total in zip(extra, extra_totals)},
         }
 
     @torch.no_grad()
@@ -128,12 +92,12 @@ class Trainer:
         self.model.eval()
         share = len(self.test_set) // self.plan.dp_size
         mine = torch.arange(self.replica * share, (self.replica + 1) * share)
-        correct = 0.0
+        correct = samples = 0
         for chunk in mine.split(self.plan.replica_batch):
-            frames, labels = datalib.load(self.test_set, chunk, self.device)
-            correct += float((self._forward(frames).argmax(1) == labels).sum())
-        correct, total = all_reduce([correct, float(len(mine))])
-        return correct / max(total, 1.0)
+            out = self.plugins.evaluate(self.model, *datalib.load(self.test_set, chunk, self.device), self.plan)
+            correct, samples = correct + out.correct, samples + out.samples
+        correct, samples = all_reduce([float(correct), float(samples)])
+        return correct / max(samples, 1.0)
 
 
 def run_training(

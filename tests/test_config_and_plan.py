@@ -55,7 +55,6 @@ def test_missing_config_file_says_so(tmp_path):
 @pytest.mark.parametrize(
     "config, world, error, message",
     [
-        (tiny_config("fsdp9"), 2, UnknownNameError, "registered strategy names: dp, none"),
         (tiny_config("none", model={"family": "resnet"}), 1, UnknownNameError, "registered model family names: cifar10dvs_vgg"),
         (tiny_config("none", model={"flavor": "huge"}), 1, UnknownNameError, "flavors: full, tiny"),
         (tiny_config("none"), 2, PlanError, "use --nproc 1"),
@@ -70,6 +69,14 @@ def test_impossible_requests_fail_in_plan(plugins, config, world, error, message
     with pytest.raises(error) as err:
         prepare(config, world, plugins)
     assert message in str(err.value)
+
+
+def test_unknown_strategy_lists_every_registered_one(plugins):
+    with pytest.raises(UnknownNameError) as err:
+        prepare(tiny_config("fsdp9"), 2, plugins)
+    names = plugins.strategies.names()
+    assert {"none", "dp", "zero", "tp"} <= set(names)
+    assert str(err.value) == f"unknown strategy 'fsdp9'; registered strategy names: {', '.join(names)}"
 
 
 def test_plan_records_layout_and_rationale(plugins):

@@ -11,7 +11,7 @@ from snnfw.testing import RankFailure, run_on_ranks
 
 from conftest import tiny_config
 
-BUILTINS = {"defaults", "none", "dp", "cifar10dvs_vgg", "synthetic_dvs"}
+BUILTINS = {"defaults", "none", "dp", "zero", "tp", "cifar10dvs_vgg", "synthetic_dvs"}
 
 
 def install_fake_distribution(tmp_path, monkeypatch, module_source, name="snnfw_fake"):
@@ -40,7 +40,7 @@ def test_builtins_load_through_entry_points():
     assert BUILTINS <= set(info)
     assert info["dp"].distribution == "snnfw"
     assert "snnfw_parallelize" in info["dp"].hooks
-    assert plugins.strategies.names() == ["dp", "none"]
+    assert {"dp", "none", "zero", "tp"} <= set(plugins.strategies.names())
     assert plugins.registered_names("synthetic_dvs") == {"dataset": ["synthetic_dvs"]}
 
 
@@ -54,10 +54,10 @@ def test_third_party_entry_point_is_loaded(tmp_path, monkeypatch):
 
 def test_blocking_and_disabling_autoload(tmp_path, monkeypatch):
     install_fake_distribution(tmp_path, monkeypatch, FAKE)
-    monkeypatch.setenv(ENV_BLOCK, "fake,dp")
+    monkeypatch.setenv(ENV_BLOCK, "fake,tp")
     plugins = Plugins()
     assert "fake_set" not in plugins.datasets.names()
-    assert plugins.strategies.names() == ["none"]
+    assert "tp" not in plugins.strategies.names() and "dp" in plugins.strategies.names()
     monkeypatch.delenv(ENV_BLOCK)
     monkeypatch.setenv(ENV_DISABLE_AUTOLOAD, "1")
     plugins = Plugins()

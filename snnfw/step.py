@@ -1,0 +1,31 @@
+"""What one rank computes in a training or evaluation step, and the loss all strategies share."""
+
+from __future__ import annotations
+
+import attrs
+import torch
+import torch.nn.functional as F
+
+
+@attrs.frozen
+class StepOutput:
+    """One rank's share of a step.
+
+    ``loss`` is the mean loss over the ``samples`` whose loss this rank holds
+    (0 samples on a pipeline stage without the loss); ranks that hold the same
+    samples (tensor-parallel peers) each report them, which the weighted mean
+    over ranks absorbs.
+    """
+
+    loss: float
+    correct: int
+    samples: int
+
+
+def classification_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Cross entropy of the time-averaged logits ``[T, N, classes]``."""
+    return F.cross_entropy(logits.mean(0), labels)
+
+
+def count_correct(logits: torch.Tensor, labels: torch.Tensor) -> int:
+    return int((logits.mean(0).argmax(1) == labels).sum())
