@@ -74,6 +74,12 @@ def _cmd_train(args) -> int:
     return launch(args.config, args.nproc, run_dir, args.overrides, config.parallel.timeout_s)
 
 
+def _cmd_bench(args) -> int:
+    from snnfw.bench import bench
+
+    return bench(args.config, args.nproc, args.overrides, args.warmup, args.steps, Path(args.results), args.regime, args.label)
+
+
 def parser() -> argparse.ArgumentParser:
     top = argparse.ArgumentParser(prog="snnfw", description="Distributed training of multi-step spiking neural networks.")
     top.add_argument("--debug", action="store_true", help="show tracebacks of user errors")
@@ -97,6 +103,17 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--run-dir", help="where metrics.jsonl and summary.json go (default runs/FAMILY-STRATEGY-TIME)")
     p.add_argument("--set", **overrides)
     p.set_defaults(run=_cmd_train)
+
+    p = sub.add_parser("bench", help="time a config: warm-up, timed steps, one JSON record appended")
+    p.add_argument("config")
+    p.add_argument("--nproc", type=int, default=1)
+    p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--steps", type=int, default=5)
+    p.add_argument("--regime", default="throughput", help="throughput, latency or memory (a label for the record)")
+    p.add_argument("--label", help="free text stored with the record and part of its comparison key")
+    p.add_argument("--results", default="benchmark/results/bench.jsonl")
+    p.add_argument("--set", **overrides)
+    p.set_defaults(run=_cmd_bench)
     return top
 
 

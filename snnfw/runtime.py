@@ -132,8 +132,15 @@ def run_training(
             t0 = time.perf_counter()
             record = {"step": step + 1, **trainer.step(step)}
             elapsed = time.perf_counter() - t0
-            (peak,) = all_reduce([peak_memory_mb(device)], op="max")
-            record.update(step_ms=elapsed * 1e3, samples_per_s=plan.global_batch / elapsed, peak_mem_mb=peak)
+            peaks = [0.0] * env.world_size
+            peaks[env.rank] = peak_memory_mb(device)
+            peaks = all_reduce(peaks)
+            record.update(
+                step_ms=elapsed * 1e3,
+                samples_per_s=plan.global_batch / elapsed,
+                peak_mem_mb=max(peaks),
+                peak_mem_mb_per_rank=peaks,
+            )
             log.write(record, show=is_main and ((step + 1) % config.train.log_every == 0 or step + 1 == config.train.steps))
         log.close()
         accuracy = trainer.evaluate()
