@@ -53,3 +53,30 @@ def test_tp_refuses_sizes_that_do_not_divide_and_ddp_with_tp():
         prepare(config, 3, plugins)
     with pytest.raises(PlanError, match="fsdp2_tp"):
         prepare(tiny_config("tp", parallel={"mesh": {"dp": 1, "tp": 2}}), 2, plugins)
+
+
+def attention_shards(trainer):
+    attn = dict(trainer.model.named_modules())["net.blocks.0.attn"]
+    return {
+        "heads": attn.num_heads,
+        "qkv_weight": tuple(attn.qkv_conv_bn[0].weight.shape),
+        "qkv_state": tuple(attn.qkv_lif.v.shape),
+        "attn_state": tuple(attn.attn_lif.v.shape),
+        "proj_weight": tuple(attn.proj_conv_bn[0].weight.shape),
+        "mlp_state": tuple(dict(trainer.model.named_modules())["net.blocks.0.mlp.neuron1"].v.shape),
+    }
+
+
+def test_tp_spikformer_shards_whole_heads_and_matches_none(tmp_path):
+    config = tiny_config("tp", model={"family": "spikformer"})
+    reference = run_training(tiny_config("none", model={"family": "spikformer"}))
+    summaries = run_on_ranks(config, 2, tmp_path, inspect=attention_shards)
+    for summary in summaries:
+        assert_same_losses(reference, summary)
+    shards = summaries[0]["inspect"]
+    # embed 32, 4 heads of 8 channels: each rank holds 2 heads of q, k and v (48 of 96 qkv channels)
+    assert shards["heads"] == 2
+    assert shards["qkv_weight"] == (48, 32, 1) and shards["qkv_state"][1] == 48
+    assert shards["attn_state"][1] == 2  # attention neurons keep state per local head
+    assert shards["proj_weight"] == (32, 16, 1)
+    assert shards["mlp_state"][1] == 64  # MLP hidden 128 split in two

@@ -1,0 +1,66 @@
+"""``spikformer``: SpikingJelly's model-zoo Spikformer, for frames ``[N, T, C, H, W]``.
+
+A convolutional patch stem (four Conv-BN-LIF stages and a Conv-BN-LIF
+positional encoding), transformer blocks of spiking self-attention and a
+convolutional MLP, then a linear head on the mean token. ``ti`` is the
+reference Spikformer-ti for 3 x 224 x 224 images and 1000 classes (4,400,392
+parameters); ``tiny`` is a two-block model on 2 x 32 x 32 frames, for tests,
+with every neuron at the threshold 0.5 the zoo gives attention scores, so each
+neuron group, attention included, fires at about 8% to 40% on sparse DVS events.
+"""
+
+from functools import partial
+
+import torch
+from torch import nn
+
+from snnfw import hookimpl
+from snnfw.analysis import AnalysisPart
+from snnfw.families import Flavor, ModelFamily
+
+NAME = "spikformer"
+
+
+class SpikformerNet(nn.Module):
+    """Frames ``[N, T, C, H, W]`` -> logits ``[T, N, classes]``; ``net`` is the zoo model."""
+
+    def __init__(self, **kwargs):
+        super().__init__()
+        from spikingjelly.activation_based.model.spikformer import Spikformer
+
+        self.net = Spikformer(**kwargs)
+
+    def forward(self, frames: torch.Tensor) -> torch.Tensor:
+        return self.net(frames.transpose(0, 1).contiguous())
+
+
+TI = dict(in_channels=3, img_size_h=224, img_size_w=224, patch_size=16, num_classes=1000,
+          embed_dims=256, num_heads=8, mlp_ratio=4.0, depths=4)
+TINY = dict(in_channels=2, img_size_h=32, img_size_w=32, patch_size=4, num_classes=10,
+            embed_dims=32, num_heads=4, mlp_ratio=4.0, depths=2, v_threshold=0.5)
+
+FAMILY = ModelFamily(
+    name=NAME,
+    flavors={
+        "ti": Flavor((3, 224, 224), 1000, partial(SpikformerNet, **TI), "Spikformer-ti, ImageNet 224x224, 4.4M parameters"),
+        "tiny": Flavor((2, 32, 32), 10, partial(SpikformerNet, **TINY), "two blocks on 32x32 DVS frames, for tests"),
+    },
+)
+
+
+@hookimpl
+def snnfw_register_model_families(register):
+    register(NAME, FAMILY, "Spikformer (SpikingJelly model zoo): spiking self-attention transformer")
+
+
+@hookimpl
+def snnfw_analyze(model, family):
+    if family != NAME:
+        return None
+    stem = "net.patch_embed"
+    blocks = tuple(f"net.blocks.{i}" for i in range(len(model.net.blocks)))
+    convs = [f"{stem}.stages.{i}" for i in range(len(model.net.patch_embed.stages))] + [f"{stem}.positional_encoding"]
+    tp_plan = [(name, "conv_bn_neuron") for name in convs]
+    for block in blocks:
+        tp_plan += [(f"{block}.attn", "self_attention_heads"), (f"{block}.mlp", "conv_mlp")]
+    return AnalysisPart(blocks=(stem, *blocks), stage_units=(stem, *blocks, "net.head"), tp_plan=tuple(tp_plan))
