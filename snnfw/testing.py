@@ -17,15 +17,52 @@ from typing import Any, Callable
 
 import torch
 import torch.multiprocessing as mp
+from torch.distributed.tensor import DTensor
 
 from snnfw.config import Config, build_config
 from snnfw.runtime import Trainer, run_training
 
 
+def _named_parameters(trainer: Trainer):
+    return getattr(trainer.model, "module", trainer.model).named_parameters()
+
+
+def _local(tensor: torch.Tensor) -> torch.Tensor:
+    """The part of ``tensor`` this rank holds: a DTensor's local shard, else the tensor itself."""
+    return tensor.to_local() if isinstance(tensor, DTensor) else tensor
+
+
+def _full(tensor: torch.Tensor) -> torch.Tensor:
+    """The whole of ``tensor``: a DTensor gathered from its ranks, else the tensor itself."""
+    return tensor.full_tensor() if isinstance(tensor, DTensor) else tensor
+
+
 def local_parameters(trainer: Trainer) -> dict[str, Any]:
-    """This rank's parameter tensors by name (wrapper prefixes removed), for comparisons."""
-    model = getattr(trainer.model, "module", trainer.model)
-    return {name: p.detach().cpu().clone() for name, p in model.named_parameters()}
+    """This rank's parameter tensors by name (wrapper prefixes removed; local shards of DTensors)."""
+    return {name: _local(p.detach()).cpu().clone() for name, p in _named_parameters(trainer)}
+
+
+def full_parameters(trainer: Trainer) -> dict[str, Any]:
+    """Whole parameter tensors by name, DTensors gathered; a collective, so call it on every rank."""
+    return {name: _full(p.detach()).cpu().clone() for name, p in _named_parameters(trainer)}
+
+
+def state_bytes(trainer: Trainer) -> dict[str, int]:
+    """Bytes of parameters and of optimizer state this rank holds, summed from local tensor sizes.
+
+    Deterministic, unlike resident memory. The optimizer state is read from a
+    wrapped local optimizer (ZeroRedundancyOptimizer's ``optim``) when there is one.
+    """
+    optimizer = getattr(trainer.optimizer, "optim", trainer.optimizer)
+
+    def nbytes(tensor):
+        local = _local(tensor)
+        return local.numel() * local.element_size()
+
+    return {
+        "parameters": sum(nbytes(p) for p in trainer.model.parameters()),
+        "optimizer": sum(nbytes(v) for state in optimizer.state.values() for v in state.values() if torch.is_tensor(v)),
+    }
 
 
 def _free_port() -> int:

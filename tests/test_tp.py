@@ -1,5 +1,7 @@
 """tp: channel, head and linear tensor parallelism with neuron state sharded alongside."""
 
+import math
+
 import pytest
 import torch
 
@@ -28,14 +30,20 @@ def neuron_state_and_errors(trainer):
     return {"states": states, "weights": weights, "error": error, "first": name}
 
 
+def neuron_state_numel(trainer):
+    return sum(m.v.numel() for m in trainer.model.modules() if isinstance(getattr(m, "v", None), torch.Tensor))
+
+
 def test_tp_vgg_matches_none_with_sharded_state(tmp_path):
-    reference = run_training(tiny_config("none"))
+    reference = run_training(tiny_config("none"), on_finish=neuron_state_numel)
     summaries = run_on_ranks(tiny_config("tp"), 2, tmp_path, inspect=neuron_state_and_errors)
     for summary in summaries:
         assert_same_losses(reference, summary)
     metrics = (tmp_path / "metrics.jsonl").read_text()
     assert '"tp_allgather_calls"' in metrics and '"tp_comm_mb"' in metrics
     info = summaries[0]["inspect"]
+    state_numel = sum(math.prod(shape) for shape in info["states"].values())
+    assert state_numel * 2 == reference["inspect"], "each rank keeps exactly half of the neuron state"
     # tiny widths (8, 16, 16, 32, ...): each rank keeps half the channels of weights, BN and neuron state
     assert info["weights"]["features.0.proj_bn.0.weight"] == (4, 2, 3, 3)
     assert info["weights"]["features.0.proj_bn.1.weight"] == (4,)

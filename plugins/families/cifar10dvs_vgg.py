@@ -3,7 +3,8 @@
 Eight Conv-BN-LIF blocks (SpikingJelly's ``VGGBlock``), average pooling before
 blocks 3, 5 and 7 and after the last, then a linear classifier. ``full`` is the
 original for 2 x 48 x 48 CIFAR10-DVS frames (9,271,498 parameters); ``tiny`` is
-the same shape at small widths on 2 x 32 x 32 frames, for tests and the quickstart.
+the same shape at small widths on 2 x 32 x 32 frames, without the conv biases
+that BatchNorm makes redundant, for tests and the quickstart.
 """
 
 from functools import partial
@@ -22,7 +23,7 @@ POOL_BEFORE = (2, 4, 6)
 class SpikingVGG(nn.Module):
     """Frames ``[N, T, C, H, W]`` -> logits ``[T, N, classes]`` in multi-step mode."""
 
-    def __init__(self, widths, in_channels=2, image_size=48, num_classes=10, dropout=0.0, tau=1.333):
+    def __init__(self, widths, in_channels=2, image_size=48, num_classes=10, dropout=0.0, tau=1.333, conv_bias=True):
         super().__init__()
         from spikingjelly.activation_based import functional, layer, surrogate
         from spikingjelly.activation_based.examples.memopt.models import VGGBlock
@@ -31,6 +32,8 @@ class SpikingVGG(nn.Module):
         blocks, channels = [], in_channels
         for i, width in enumerate(widths):
             blocks.append(VGGBlock(channels, width, 3, 1, 1, i in POOL_BEFORE, **neuron_args))
+            if not conv_bias:  # BatchNorm follows: the bias would only learn rounding noise
+                blocks[-1].proj_bn[-2].register_parameter("bias", None)
             channels = width
         self.features = nn.Sequential(*blocks, layer.AvgPool2d(2))
         side = image_size // 2 ** (len(POOL_BEFORE) + 1)
@@ -53,7 +56,7 @@ FAMILY = ModelFamily(
     name=NAME,
     flavors={
         "full": Flavor((2, 48, 48), 10, partial(SpikingVGG, FULL_WIDTHS, 2, 48, 10), "CIFAR10-DVS 48x48, 9.3M parameters"),
-        "tiny": Flavor((2, 32, 32), 10, partial(SpikingVGG, TINY_WIDTHS, 2, 32, 10), "32x32, for tests and the quickstart"),
+        "tiny": Flavor((2, 32, 32), 10, partial(SpikingVGG, TINY_WIDTHS, 2, 32, 10, conv_bias=False), "32x32, for tests and the quickstart"),
     },
 )
 

@@ -1,0 +1,94 @@
+"""``fsdp2``: fully sharded data parallel through ``fully_shard`` (FSDP2), or HSDP on a 2-D mesh.
+
+Each block the model family declares (``analysis.blocks``) becomes one
+sharding unit, then the root takes the remaining parameters. Parameters,
+gradients and optimizer state are sharded on dim 0 over ``dp`` (FSDP), or
+over ``dp_shard`` and replicated over ``dp_replicate`` (HSDP). With bf16
+mixed precision (CUDA only), BatchNorm layers are units of their own that keep
+fp32 parameters, matching their fp32 running statistics.
+"""
+
+from snnfw import hookimpl
+from snnfw.plan import Proposal
+
+NAME = "fsdp2"
+HSDP_DIMS = ("dp_replicate", "dp_shard")
+
+
+@hookimpl
+def snnfw_register_strategies(register):
+    register(NAME, None, "fully sharded data parallel (FSDP2 fully_shard); HSDP with a dp_replicate x dp_shard mesh")
+
+
+def _mesh(config_mesh, world):
+    """The canonical mesh and its dp dimensions, or None for a mesh this strategy does not take."""
+    if config_mesh is None:
+        return (("dp", world),), ("dp",)
+    sizes = dict(config_mesh)
+    if set(sizes) == {"dp"}:
+        return tuple(sizes.items()), ("dp",)
+    if set(sizes) == set(HSDP_DIMS):
+        return tuple((d, sizes[d]) for d in HSDP_DIMS), HSDP_DIMS
+    return None
+
+
+@hookimpl
+def snnfw_plan(request):
+    if request.strategy != NAME:
+        return None
+    world, parallel = request.topology.world_size, request.config.parallel
+    if world < 2:
+        return Proposal.refuse(NAME, "it needs at least 2 ranks; launch with --nproc 2 or more, or use strategy none")
+    if parallel.mixed_precision == "bf16" and request.topology.device_type != "cuda":
+        return Proposal.refuse(
+            NAME, "bf16 mixed precision (MixedPrecisionPolicy) needs CUDA; set parallel.mixed_precision = \"none\" on CPU"
+        )
+    resolved = _mesh(parallel.mesh, world)
+    if resolved is None:
+        return Proposal.refuse(
+            NAME,
+            f"its mesh is {{dp = N}} (FSDP) or {{dp_replicate = R, dp_shard = S}} (HSDP), got {dict(parallel.mesh)}; "
+            f"set parallel.mesh = {{dp = {world}}}, or dp_replicate and dp_shard with product {world}",
+        )
+    mesh, dp_dims = resolved
+    sizes = dict(mesh)
+    blocks = request.analysis.blocks
+    units = f"{len(blocks)} block(s) of {request.analysis.family} then the root" if blocks else "the root only"
+    if dp_dims == HSDP_DIMS:
+        layout = f"HSDP: sharded over dp_shard={sizes['dp_shard']}, replicated over dp_replicate={sizes['dp_replicate']}"
+    else:
+        layout = f"FSDP: sharded over dp={sizes['dp']}"
+    precision = "fp32"
+    if parallel.mixed_precision == "bf16":
+        precision = "bf16 compute (BatchNorm in fp32), fp32 gradient reduction and output"
+    return Proposal(
+        NAME,
+        mesh=mesh,
+        dp_dims=dp_dims,
+        rationale=(
+            f"fully_shard on {units}; {layout}; parameters, gradients and optimizer state on dim 0",
+            f"reshard_after_forward={parallel.reshard_after_forward}, {precision}; "
+            "gradients reduced after each step's last microbatch",
+        ),
+    )
+
+
+@hookimpl
+def snnfw_parallelize(model, plan, mesh, hooks):
+    if plan.strategy != NAME:
+        return None
+    import torch
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    parallel = plan.config.parallel
+    options = {"mesh": mesh, "reshard_after_forward": parallel.reshard_after_forward}
+    root_options = options
+    if parallel.mixed_precision == "bf16":
+        for norm in [m for m in model.modules() if isinstance(m, torch.nn.modules.batchnorm._BatchNorm)]:
+            fully_shard(norm, **options, mp_policy=MixedPrecisionPolicy(reduce_dtype=torch.float32))
+        bf16 = {"param_dtype": torch.bfloat16, "reduce_dtype": torch.float32}
+        options = {**options, "mp_policy": MixedPrecisionPolicy(**bf16)}
+        root_options = {**options, "mp_policy": MixedPrecisionPolicy(**bf16, output_dtype=torch.float32)}
+    for name in plan.analysis.blocks:
+        fully_shard(model.get_submodule(name), **options)
+    return fully_shard(model, **root_options)

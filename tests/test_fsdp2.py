@@ -1,0 +1,120 @@
+"""fsdp2: FSDP2 and HSDP train to the losses of one process, each rank holding a shard of the state.
+
+Comparisons of four replicas or microbatches with one process use SGD: a
+four-way gradient sum rounds differently from one process's running sum, and
+Adam turns that rounding noise in the conv biases before BatchNorm (true
+gradient zero) into steps of size lr that flip spikes by step 3; ``dp``
+diverges the same way. Two-way sums round identically, so Adam stays there.
+"""
+
+import functools
+
+import pytest
+import torch
+
+from snnfw.errors import PlanError
+from snnfw.plugins import Plugins
+from snnfw.runtime import prepare, run_training
+from snnfw.testing import full_parameters, local_parameters, run_on_ranks, state_bytes
+
+from conftest import tiny_config
+from test_equivalence import assert_same_losses
+
+HSDP = {"dp_replicate": 2, "dp_shard": 2}
+SGD = {"optimizer": "sgd"}
+UNSHARDED_BYTES = 1024  # Adam keeps one unsharded scalar step per parameter
+
+
+@functools.cache
+def reference(microbatches, optimizer="adam"):
+    return run_training(tiny_config("none", microbatches=microbatches, train={"optimizer": optimizer}))
+
+
+def shards(trainer):
+    """This rank's local shards, whole parameters and state bytes, parameters resharded first.
+
+    Evaluation leaves unsharded parameters registered where
+    ``reshard_after_forward`` is false.
+    """
+    from torch.distributed.fsdp import FSDPModule
+
+    for module in trainer.model.modules():
+        if isinstance(module, FSDPModule):
+            module.reshard()
+    return {"local": local_parameters(trainer), "full": full_parameters(trainer), "bytes": state_bytes(trainer)}
+
+
+def assert_sharded_replicas(summaries, shard_index, shards_count=2):
+    """Ranks hold identical whole parameters, and each its ``Shard(0)`` chunk (``torch.chunk``) of them."""
+    full = summaries[0]["inspect"]["full"]
+    for rank, summary in enumerate(summaries):
+        mine = summary["inspect"]
+        for name, tensor in full.items():
+            assert torch.equal(mine["full"][name], tensor), f"rank {rank} differs from rank 0 in {name}"
+            expected = tensor.chunk(shards_count)[shard_index(rank)]
+            assert mine["local"][name].shape == expected.shape, f"rank {rank}: {name} is not a Shard(0) chunk"
+            assert torch.equal(mine["local"][name], expected), f"rank {rank}: {name} shard holds other values"
+
+
+@pytest.fixture(scope="module")
+def fsdp2_two_ranks():
+    return run_on_ranks(tiny_config("fsdp2"), 2, inspect=shards)
+
+
+def test_fsdp2_two_ranks_matches_none_with_two_microbatches(fsdp2_two_ranks):
+    for summary in fsdp2_two_ranks:
+        assert_same_losses(reference(2), summary)
+        assert summary["plan"]["mesh"] == {"dp": 2}
+    assert_sharded_replicas(fsdp2_two_ranks, shard_index=lambda rank: rank)
+
+
+@pytest.mark.parametrize("reshard_after_forward", [True, False])
+def test_fsdp2_accumulates_microbatches_like_none(reshard_after_forward):
+    config = tiny_config("fsdp2", microbatches=2, parallel={"reshard_after_forward": reshard_after_forward}, train=SGD)
+    summaries = run_on_ranks(config, 2, inspect=shards)
+    for summary in summaries:
+        assert_same_losses(reference(4, "sgd"), summary)
+    assert_sharded_replicas(summaries, shard_index=lambda rank: rank)
+
+
+def test_hsdp_four_ranks_matches_none_with_four_microbatches():
+    summaries = run_on_ranks(tiny_config("fsdp2", parallel={"mesh": HSDP}, train=SGD), 4, inspect=shards)
+    for summary in summaries:
+        assert_same_losses(reference(4, "sgd"), summary)
+        assert summary["plan"]["mesh"] == HSDP and summary["plan"]["dp_dims"] == ("dp_replicate", "dp_shard")
+    assert_sharded_replicas(summaries, shard_index=lambda rank: rank % HSDP["dp_shard"])
+
+
+def test_fsdp2_holds_half_of_dp_parameter_and_optimizer_memory(fsdp2_two_ranks):
+    dp = [s["inspect"] for s in run_on_ranks(tiny_config("dp"), 2, inspect=state_bytes)]
+    fsdp2 = [s["inspect"]["bytes"] for s in fsdp2_two_ranks]
+    assert sum(f["parameters"] for f in fsdp2) == dp[0]["parameters"]
+    for mine, theirs in zip(fsdp2, dp):
+        dp_total = theirs["parameters"] + theirs["optimizer"]
+        assert mine["parameters"] + mine["optimizer"] <= dp_total / 2 + UNSHARDED_BYTES, (mine, theirs)
+
+
+def test_hsdp_mesh_is_replicate_then_shard():
+    plan = prepare(tiny_config("fsdp2", parallel={"mesh": {"dp_shard": 2, "dp_replicate": 2}}), 4, Plugins()).plan
+    assert plan.mesh == (("dp_replicate", 2), ("dp_shard", 2))
+    assert plan.dp_dims == ("dp_replicate", "dp_shard") and plan.dp_size == 4
+    assert "8 block(s) of cifar10dvs_vgg then the root" in plan.rationale[0]
+
+
+@pytest.mark.parametrize(
+    "parallel, world, message",
+    [
+        pytest.param(
+            {"mixed_precision": "bf16"}, 2, "needs CUDA",
+            marks=pytest.mark.skipif(torch.cuda.is_available(), reason="bf16 runs on CUDA"),
+        ),
+        ({"zero": True}, 2, "fsdp2 shards optimizer state already"),
+        ({"mesh": {"dp": 1, "tp": 2}}, 2, r"set parallel.mesh = \{dp = 2\}, or dp_replicate and dp_shard"),
+        ({"mesh": {"dp_shard": 2}}, 2, r"\{dp_replicate = R, dp_shard = S\} \(HSDP\)"),
+        ({"mesh": HSDP}, 2, "has 4 ranks but the world has 2"),
+        ({}, 1, "at least 2 ranks"),
+    ],
+)
+def test_fsdp2_refusals(parallel, world, message):
+    with pytest.raises(PlanError, match=message):
+        prepare(tiny_config("fsdp2", parallel=parallel), world, Plugins())
