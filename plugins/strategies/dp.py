@@ -24,6 +24,8 @@ def propose_replicas(strategy: str, request, rationale: str):
     if world < 2:
         return Proposal.refuse(strategy, "it needs at least 2 ranks; launch with --nproc 2 or more, or use strategy none")
     mesh = request.config.parallel.mesh or (("dp", world),)
+    if "tp" in dict(mesh):
+        return Proposal.refuse(strategy, "data parallel with tensor parallel is strategy fsdp2_tp (DDP+TP is not offered)")
     if tuple(name for name, _ in mesh) != ("dp",):
         return Proposal.refuse(strategy, f"its mesh has one dimension named dp, got {dict(mesh)}; set parallel.mesh = {{dp = {world}}}")
     return Proposal(strategy, mesh=mesh, dp_dims=("dp",), rationale=(f"{dict(mesh)['dp']} replicas, {rationale}",))

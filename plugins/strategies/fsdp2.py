@@ -73,10 +73,8 @@ def snnfw_plan(request):
     )
 
 
-@hookimpl
-def snnfw_parallelize(model, plan, mesh, hooks):
-    if plan.strategy != NAME:
-        return None
+def apply_fully_shard(model, plan, mesh):
+    """``fully_shard`` on each family block, then the root, with the plan's FSDP2 options."""
     import torch
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
@@ -92,3 +90,8 @@ def snnfw_parallelize(model, plan, mesh, hooks):
     for name in plan.analysis.blocks:
         fully_shard(model.get_submodule(name), **options)
     return fully_shard(model, **root_options)
+
+
+@hookimpl
+def snnfw_parallelize(model, plan, mesh, hooks):
+    return apply_fully_shard(model, plan, mesh) if plan.strategy == NAME else None

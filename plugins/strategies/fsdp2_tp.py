@@ -1,0 +1,51 @@
+"""``fsdp2_tp``: tensor parallel inside, FSDP2 across, on a 2-D ``dp x tp`` mesh.
+
+Every rank of a tp group sees the same batch; the family's tp_plan shards over
+``tp``, then ``fully_shard`` over ``dp`` wraps the blocks and the root, so
+every parameter, including those outside the blocks (a classifier head), has
+its gradients reduced across the dp replicas.
+"""
+
+from snnfw import hookimpl
+from snnfw.plan import Proposal
+from snnfw_plugins.strategies.fsdp2 import apply_fully_shard
+from snnfw_plugins.strategies.tp import apply_tensor_parallel, check_tp_plan
+
+NAME = "fsdp2_tp"
+
+
+@hookimpl
+def snnfw_register_strategies(register):
+    register(NAME, None, "2-D: tensor parallel within nodes of the tp dimension, FSDP2 across dp")
+
+
+@hookimpl
+def snnfw_plan(request):
+    if request.strategy != NAME:
+        return None
+    world = request.topology.world_size
+    mesh = request.config.parallel.mesh or (("dp", world // 2), ("tp", 2))
+    sizes = dict(mesh)
+    if set(sizes) != {"dp", "tp"}:
+        return Proposal.refuse(NAME, f"its mesh is {{dp = D, tp = T}}, got {sizes}; set parallel.mesh = {{dp = {world // 2}, tp = 2}}")
+    if world < 2 or world % sizes["tp"]:
+        return Proposal.refuse(NAME, f"{world} ranks do not form a dp x tp mesh with tp = {sizes['tp']}; launch with an even --nproc of 4 or more")
+    if reason := check_tp_plan(request, sizes["tp"]):
+        return Proposal.refuse(NAME, reason)
+    return Proposal(
+        NAME,
+        mesh=(("dp", sizes["dp"]), ("tp", sizes["tp"])),
+        dp_dims=("dp",),
+        rationale=(
+            f"{sizes['tp']}-way tensor parallel inside each of {sizes['dp']} FSDP2 replicas; tp peers share a batch",
+            "fully_shard over dp on the family blocks and the root: every parameter's gradients are reduced across dp",
+        ),
+    )
+
+
+@hookimpl
+def snnfw_parallelize(model, plan, mesh, hooks):
+    if plan.strategy != NAME:
+        return None
+    apply_tensor_parallel(model, plan.analysis, mesh["tp"], hooks)
+    return apply_fully_shard(model, plan, mesh["dp"])
