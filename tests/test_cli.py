@@ -43,3 +43,12 @@ def test_train_launches_ranks_and_writes_metrics(tmp_path):
     summary = json.loads((run_dir / "summary.json").read_text())
     assert 0 <= summary["test_accuracy"] <= 1 and summary["plan"]["world_size"] == 2
     assert "step 3/3" in done.stderr
+
+
+def test_plain_torchrun_runs_the_worker_entry(tmp_path):
+    run_dir = tmp_path / "run"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m", "snnfw.train",
+           "examples/quickstart.toml", "--run-dir", str(run_dir), "--set", "train.steps=2", "--set", "data.test_samples=32"]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=180)
+    assert done.returncode == 0, done.stderr
+    assert len((run_dir / "metrics.jsonl").read_text().splitlines()) == 2

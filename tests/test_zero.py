@@ -6,33 +6,37 @@ import torch
 from snnfw.errors import PlanError
 from snnfw.plugins import Plugins
 from snnfw.runtime import prepare, run_training
-from snnfw.testing import local_parameters, run_on_ranks
+from snnfw.testing import local_parameters, run_on_ranks, state_bytes
 
 from conftest import tiny_config
 from test_equivalence import assert_same_losses
 
 
-def parameters_and_optimizer_state(trainer):
-    state = getattr(trainer.optimizer, "optim", trainer.optimizer).state  # ZeroRedundancyOptimizer's local part
-    state_numel = sum(t.numel() for s in state.values() for t in s.values() if torch.is_tensor(t) and t.dim() > 0)
-    return {"params": local_parameters(trainer), "optimizer_numel": state_numel}
+def parameters_and_bytes(trainer):
+    return {"params": local_parameters(trainer), "bytes": state_bytes(trainer)}
 
 
 @pytest.mark.parametrize("strategy, extra", [("zero", {}), ("dp", {"zero": True})])
 def test_zero_matches_none_and_shards_optimizer_state(tmp_path, strategy, extra):
     reference = run_training(tiny_config("none", microbatches=2))
-    summaries = run_on_ranks(tiny_config(strategy, parallel=extra), 2, tmp_path, inspect=parameters_and_optimizer_state)
+    summaries = run_on_ranks(tiny_config(strategy, parallel=extra), 2, tmp_path, inspect=parameters_and_bytes)
     for summary in summaries:
         assert_same_losses(reference, summary)
     first, second = (s["inspect"] for s in summaries)
     for name, tensor in first["params"].items():
         assert torch.equal(tensor, second["params"][name]), f"replicas differ in {name}"
-    total = sum(t.numel() for t in first["params"].values())
-    shards = [s["inspect"]["optimizer_numel"] for s in summaries]
-    assert sum(shards) == 2 * total  # Adam keeps two moments per parameter, each on one rank only
-    assert max(shards) < 2 * total
+    # ZeRO-1: parameters stay whole on every rank, Adam's moments are split between the ranks
+    params = sum(t.numel() * t.element_size() for t in first["params"].values())
+    moments = 2 * params
+    optimizer = [s["inspect"]["bytes"]["optimizer"] for s in summaries]
+    assert all(s["inspect"]["bytes"]["parameters"] == params for s in summaries)
+    assert sum(optimizer) == moments + 4 * len(first["params"])  # plus one step counter per parameter
+    assert max(optimizer) <= moments / 2 + 1024, f"optimizer state per rank {optimizer} is not half of {moments}"
 
 
 def test_zero_is_refused_where_it_does_not_compose():
+    plugins = Plugins()
     with pytest.raises(PlanError, match="composes with dp and zero only"):
-        prepare(tiny_config("none", parallel={"zero": True}), 1, Plugins())
+        prepare(tiny_config("none", parallel={"zero": True}), 1, plugins)
+    with pytest.raises(PlanError, match="fsdp2 shards optimizer state already"):
+        prepare(tiny_config("fsdp2", parallel={"zero": True}), 2, plugins)
