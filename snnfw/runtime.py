@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import time
@@ -161,4 +162,6 @@ def run_training(
         if is_main and run_dir is not None:
             public = {k: v for k, v in summary.items() if k != "inspect"}
             (run_dir / "summary.json").write_text(json.dumps(public, indent=2) + "\n")
+        del trainer  # wrappers such as DDP must go before their process group does, or exit can hang
+        gc.collect()
     return summary
