@@ -1,13 +1,14 @@
 """The run configuration: TOML loaded into frozen attrs classes.
 
 Every key lives in one section (``[model]``, ``[data]``, ``[parallel]``,
-``[train]``); unknown keys are refused by name. ``--set section.key=value``
-overrides any key, with the value read as TOML (so ``--set train.lr=0.01`` is a
-float and ``--set model.flavor=full`` a string).
+``[pipeline]``, ``[train]``); unknown keys are refused by name. ``--set
+section.key=value`` overrides any key, with the value read as TOML (so ``--set
+train.lr=0.01`` is a float and ``--set model.flavor=full`` a string).
 """
 
 from __future__ import annotations
 
+import re
 import tomllib
 from pathlib import Path
 from typing import Any
@@ -55,6 +56,19 @@ class ParallelConfig:
     zero: bool = attrs.field(default=False, validator=v.instance_of(bool))
     reshard_after_forward: bool = attrs.field(default=True, validator=v.instance_of(bool))
     mixed_precision: str = attrs.field(default="none", validator=v.in_(("none", "bf16")))
+    prefer: str | None = attrs.field(default=None, validator=v.optional(v.in_(("speed", "memory", "capacity"))))
+
+
+def _layout(instance, attribute, value) -> None:
+    if not re.fullmatch(r"[1-9][0-9]*(\|[1-9][0-9]*)*", value):
+        raise ValueError(f"'layout' must be units per stage like \"1|2|2|1\", got {value!r}")
+
+
+@attrs.frozen
+class PipelineConfig:
+    schedule: str = attrs.field(default="1f1b", validator=v.instance_of(str))
+    virtual_stages: int = attrs.field(default=1, validator=_positive)
+    layout: str | None = attrs.field(default=None, validator=v.optional([v.instance_of(str), _layout]))
 
 
 @attrs.frozen
@@ -62,7 +76,7 @@ class TrainConfig:
     steps: int = attrs.field(default=20, validator=_positive)
     lr: float = attrs.field(default=1e-3, converter=float, validator=v.gt(0))
     seed: int = attrs.field(default=0, validator=v.instance_of(int))
-    microbatches: int = attrs.field(default=1, validator=_positive)
+    microbatches: int | None = attrs.field(default=None, validator=v.optional(_positive))
     optimizer: str = attrs.field(default="adam", validator=v.in_(("adam", "sgd")))
     log_every: int = attrs.field(default=1, validator=_positive)
 
@@ -72,6 +86,7 @@ class Config:
     model: ModelConfig = ModelConfig()
     data: DataConfig = DataConfig()
     parallel: ParallelConfig = ParallelConfig()
+    pipeline: PipelineConfig = PipelineConfig()
     train: TrainConfig = TrainConfig()
 
     def to_dict(self) -> dict[str, Any]:
@@ -81,7 +96,9 @@ class Config:
         return out
 
 
-_SECTION_CLASSES = {"model": ModelConfig, "data": DataConfig, "parallel": ParallelConfig, "train": TrainConfig}
+_SECTION_CLASSES = {
+    "model": ModelConfig, "data": DataConfig, "parallel": ParallelConfig, "pipeline": PipelineConfig, "train": TrainConfig,
+}
 
 
 def parse_override(text: str) -> tuple[str, str, Any]:

@@ -12,6 +12,7 @@ from snnfw.config import Config
 from snnfw.errors import PlanError
 
 Mesh = tuple[tuple[str, int], ...]
+AUTO = "auto"
 
 
 @attrs.frozen
@@ -40,21 +41,33 @@ class PlanRequest:
     topology: Topology
     analysis: Analysis
     model: Any = None  # the built, unparallelized model, for shape checks
+    cost: Any = None  # snnfw.estimate.ModelCost, measured when the strategy is "auto"
+    plugins: Any = None  # the Plugins facade, for registries (schedules, ...)
 
     @property
     def strategy(self) -> str:
         return self.config.parallel.strategy
 
+    def asks_for(self, strategy: str) -> bool:
+        """True when a plugin owning ``strategy`` should answer: asked by name, or by ``auto``."""
+        return self.strategy in (strategy, AUTO)
+
 
 @attrs.frozen
 class Proposal:
-    """A strategy's answer: a mesh and its data-parallel dimensions, or a refusal."""
+    """A strategy's answer: a mesh and its data-parallel dimensions, or a refusal.
+
+    ``microbatches`` is the strategy's choice for when ``train.microbatches`` is
+    absent (otherwise 1).
+    """
 
     strategy: str
     mesh: Mesh = ()
     dp_dims: tuple[str, ...] = ()
     rationale: tuple[str, ...] = ()
     refusal: str | None = None
+    microbatches: int | None = None
+    estimate: Any = None  # snnfw.estimate.Estimate, required to take part in auto
 
     @classmethod
     def refuse(cls, strategy: str, reason: str) -> "Proposal":
@@ -97,10 +110,20 @@ class Plan:
         return out
 
 
-def make_plan(config: Config, topology: Topology, analysis: Analysis, plugins, model=None) -> Plan:
-    """Asks the strategy's plugin for a proposal and checks it against the world and batch."""
+def make_plan(config: Config, topology: Topology, analysis: Analysis, plugins, model=None, cost=None) -> Plan:
+    """Asks the strategy's plugin for a proposal and checks it against the world and batch.
+
+    ``auto`` first lets every strategy propose with an estimate (``cost`` is the
+    measured model) and continues with the best under ``parallel.prefer``.
+    """
+    chosen: tuple[str, ...] = ()
+    if config.parallel.strategy == AUTO:
+        from snnfw.auto import choose
+
+        request = PlanRequest(config=config, topology=topology, analysis=analysis, model=model, plugins=plugins, cost=cost)
+        config, chosen = choose(config, request, plugins)
     plugins.strategies.entry(config.parallel.strategy)  # unknown names list the registered ones
-    request = PlanRequest(config=config, topology=topology, analysis=analysis, model=model)
+    request = PlanRequest(config=config, topology=topology, analysis=analysis, model=model, plugins=plugins)
     answers = [p for p in plugins.propose(request) if p.strategy == request.strategy]
     refusals = [p.refusal for p in answers if p.refusal]
     if refusals:
@@ -118,13 +141,14 @@ def make_plan(config: Config, topology: Topology, analysis: Analysis, plugins, m
             f"change parallel.mesh or launch with --nproc {product}"
         )
     dp = math.prod(dict(proposal.mesh)[d] for d in proposal.dp_dims)
-    batch, micro = config.data.batch_size, config.train.microbatches
+    batch = config.data.batch_size
+    micro = config.train.microbatches or proposal.microbatches or 1
     if batch % (dp * micro):
         raise PlanError(
             f"data.batch_size {batch} must be divisible by data-parallel size {dp} x "
             f"train.microbatches {micro} = {dp * micro}; change one of them"
         )
-    rationale = proposal.rationale + (
+    rationale = chosen + proposal.rationale + (
         f"global batch {batch} = {dp} replica(s) x {micro} microbatch(es) x {batch // (dp * micro)} samples",
     )
     return Plan(

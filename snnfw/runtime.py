@@ -17,7 +17,8 @@ from snnfw.analysis import Analysis, analyze
 from snnfw.config import Config
 from snnfw.distributed import RankEnv, all_reduce, device_for, dp_coordinate, process_group
 from snnfw.metrics import MetricsLog, SpikeCounter, peak_memory_mb
-from snnfw.plan import Plan, Topology, make_plan
+from snnfw.auto import measure
+from snnfw.plan import AUTO, Plan, Topology, make_plan
 from snnfw.plugins import Plugins, check_same_plugins_on_all_ranks
 
 
@@ -44,7 +45,8 @@ def prepare(config: Config, world_size: int, plugins: Plugins) -> Prepared:
     """analyze -> plan for a world of ``world_size`` ranks; starts no process."""
     model, spec = build_model(config, plugins)
     analysis = analyze(model, config.model.family, plugins)
-    plan = make_plan(config, Topology.detect(world_size), analysis, plugins, model)
+    cost = measure(model, spec, plugins) if config.parallel.strategy == AUTO else None
+    plan = make_plan(config, Topology.detect(world_size), analysis, plugins, model, cost)
     return Prepared(plan, model, spec, analysis)
 
 

@@ -62,7 +62,8 @@ def test_missing_config_file_says_so(tmp_path):
         (tiny_config("dp"), 3, PlanError, "divisible by data-parallel size 3"),
         (tiny_config("dp", microbatches=3), 2, PlanError, "train.microbatches 3"),
         (tiny_config("dp", parallel={"mesh": {"dp": 4}}), 2, PlanError, "mesh dp=4 has 4 ranks but the world has 2"),
-        (tiny_config("dp", parallel={"mesh": {"tp": 2}}), 2, PlanError, "one dimension named dp"),
+        (tiny_config("dp", parallel={"mesh": {"tp": 2}}), 2, PlanError, "data parallel with tensor parallel is strategy fsdp2_tp"),
+        (tiny_config("dp", parallel={"mesh": {"pp": 2}}), 2, PlanError, "one dimension named dp"),
     ],
 )
 def test_impossible_requests_fail_in_plan(plugins, config, world, error, message):

@@ -1,6 +1,7 @@
 """``dp``: data parallel through DistributedDataParallel, one replica per rank."""
 
 from snnfw import hookimpl
+from snnfw.estimate import estimate, ring_bytes
 from snnfw.plan import Proposal
 
 NAME = "dp"
@@ -13,12 +14,12 @@ def snnfw_register_strategies(register):
 
 @hookimpl
 def snnfw_plan(request):
-    if request.strategy != NAME:
+    if not request.asks_for(NAME):
         return None
     return propose_replicas(NAME, request, "gradients averaged by DDP after each step's last microbatch")
 
 
-def propose_replicas(strategy: str, request, rationale: str):
+def propose_replicas(strategy: str, request, rationale: str, shard_optimizer: bool = False):
     """A 1-D ``dp`` mesh over the whole world, or the refusal that says what to change."""
     world = request.topology.world_size
     if world < 2:
@@ -28,7 +29,16 @@ def propose_replicas(strategy: str, request, rationale: str):
         return Proposal.refuse(strategy, "data parallel with tensor parallel is strategy fsdp2_tp (DDP+TP is not offered)")
     if tuple(name for name, _ in mesh) != ("dp",):
         return Proposal.refuse(strategy, f"its mesh has one dimension named dp, got {dict(mesh)}; set parallel.mesh = {{dp = {world}}}")
-    return Proposal(strategy, mesh=mesh, dp_dims=("dp",), rationale=(f"{dict(mesh)['dp']} replicas, {rationale}",))
+    replicas = dict(mesh)["dp"]
+    params = request.cost.parameter_bytes if request.cost else 0.0
+    gathered = params * (replicas - 1) / replicas if shard_optimizer else 0.0
+    cost = estimate(
+        request,
+        samples=request.config.data.batch_size / replicas,
+        optimizer_shards=replicas if shard_optimizer else 1,
+        comm_bytes=ring_bytes(params, replicas) + gathered,
+    )
+    return Proposal(strategy, mesh=mesh, dp_dims=("dp",), rationale=(f"{replicas} replicas, {rationale}",), estimate=cost)
 
 
 def wrap_ddp(model, plan, mesh):

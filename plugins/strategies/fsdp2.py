@@ -9,6 +9,7 @@ fp32 parameters, matching their fp32 running statistics.
 """
 
 from snnfw import hookimpl
+from snnfw.estimate import estimate, ring_bytes
 from snnfw.plan import Proposal
 
 NAME = "fsdp2"
@@ -34,7 +35,7 @@ def _mesh(config_mesh, world):
 
 @hookimpl
 def snnfw_plan(request):
-    if request.strategy != NAME:
+    if not request.asks_for(NAME):
         return None
     world, parallel = request.topology.world_size, request.config.parallel
     if world < 2:
@@ -70,6 +71,19 @@ def snnfw_plan(request):
             f"reshard_after_forward={parallel.reshard_after_forward}, {precision}; "
             "gradients reduced after each step's last microbatch",
         ),
+        estimate=_estimate(request, sizes.get("dp_shard", sizes.get("dp")), world),
+    )
+
+
+def _estimate(request, shards: int, world: int):
+    """Parameters, gradients and optimizer state split over the shard dimension; all-gathers
+    before forward and backward and a reduce-scatter after it."""
+    params = request.cost.parameter_bytes if request.cost else 0.0
+    return estimate(
+        request,
+        samples=request.config.data.batch_size / world,
+        parameter_shards=shards,
+        comm_bytes=1.5 * ring_bytes(params, shards) + ring_bytes(params / shards, world // shards),
     )
 
 

@@ -9,7 +9,7 @@ its gradients reduced across the dp replicas.
 from snnfw import hookimpl
 from snnfw.plan import Proposal
 from snnfw_plugins.strategies.fsdp2 import apply_fully_shard
-from snnfw_plugins.strategies.tp import apply_tensor_parallel, check_tp_plan
+from snnfw_plugins.strategies.tp import apply_tensor_parallel, check_tp_plan, tp_estimate
 
 NAME = "fsdp2_tp"
 
@@ -21,7 +21,7 @@ def snnfw_register_strategies(register):
 
 @hookimpl
 def snnfw_plan(request):
-    if request.strategy != NAME:
+    if not request.asks_for(NAME):
         return None
     world = request.topology.world_size
     mesh = request.config.parallel.mesh or (("dp", world // 2), ("tp", 2))
@@ -40,6 +40,7 @@ def snnfw_plan(request):
             f"{sizes['tp']}-way tensor parallel inside each of {sizes['dp']} FSDP2 replicas; tp peers share a batch",
             "fully_shard over dp on the family blocks and the root: every parameter's gradients are reduced across dp",
         ),
+        estimate=tp_estimate(request, sizes["tp"], sizes["dp"]),
     )
 
 

@@ -1,6 +1,7 @@
 """``none``: one rank, no parallelism; the reference every strategy is compared with."""
 
 from snnfw import hookimpl
+from snnfw.estimate import estimate
 from snnfw.plan import Proposal
 
 NAME = "none"
@@ -13,13 +14,19 @@ def snnfw_register_strategies(register):
 
 @hookimpl
 def snnfw_plan(request):
-    if request.strategy != NAME:
+    if not request.asks_for(NAME):
         return None
     if request.topology.world_size != 1:
         return Proposal.refuse(
             NAME, f"it runs on one rank, not {request.topology.world_size}; use --nproc 1, or strategy dp"
         )
-    return Proposal(NAME, mesh=(("dp", 1),), dp_dims=("dp",), rationale=("one rank: no parallelism",))
+    return Proposal(
+        NAME,
+        mesh=(("dp", 1),),
+        dp_dims=("dp",),
+        rationale=("one rank: no parallelism",),
+        estimate=estimate(request, samples=request.config.data.batch_size),
+    )
 
 
 @hookimpl

@@ -7,6 +7,7 @@ went wrong fails by name instead of silently re-creating full-size state.
 """
 
 from snnfw import hookimpl
+from snnfw.estimate import estimate, ring_bytes
 from snnfw.plan import Proposal
 from snnfw_plugins.strategies.tp_comm import COUNTER
 from snnfw_plugins.strategies.tp_styles import STYLES, Shard
@@ -28,6 +29,20 @@ def check_tp_plan(request, size: int) -> str | None:
     return None
 
 
+def tp_estimate(request, tp: int, replicas: int = 1):
+    """Parameters, activations and compute split ``tp`` ways (FSDP2 over ``replicas`` on top);
+    activations cross the tp group once forward and once backward."""
+    cost = request.cost
+    if cost is None:
+        return None
+    samples = request.config.data.batch_size / replicas
+    params = cost.parameter_bytes / tp
+    comm = 2 * (tp - 1) / tp * cost.activation_bytes * samples + 1.5 * ring_bytes(params, replicas)
+    return estimate(
+        request, samples=samples, parameter_shards=tp * replicas, activation_shards=tp, compute_shards=tp, comm_bytes=comm
+    )
+
+
 def apply_tensor_parallel(model, analysis, tp_mesh, hooks) -> None:
     """Shards every module of the family's tp_plan over ``tp_mesh`` (1-D), in place."""
     modules = dict(model.named_modules())
@@ -44,9 +59,11 @@ def snnfw_register_strategies(register):
 
 @hookimpl
 def snnfw_plan(request):
-    if request.strategy != NAME:
+    if not request.asks_for(NAME):
         return None
     world = request.topology.world_size
+    if world < 2:
+        return Proposal.refuse(NAME, "it needs at least 2 ranks; launch with --nproc 2 or more, or use strategy none")
     mesh = request.config.parallel.mesh or (("tp", world),)
     if tuple(name for name, _ in mesh) != ("tp",):
         if "dp" in dict(mesh):
@@ -54,7 +71,13 @@ def snnfw_plan(request):
         return Proposal.refuse(NAME, f"its mesh has one dimension named tp, got {dict(mesh)}; set parallel.mesh = {{tp = {world}}}")
     if reason := check_tp_plan(request, dict(mesh)["tp"]):
         return Proposal.refuse(NAME, reason)
-    return Proposal(NAME, mesh=mesh, dp_dims=(), rationale=(f"{world}-way tensor parallel; every rank sees the whole batch",))
+    return Proposal(
+        NAME,
+        mesh=mesh,
+        dp_dims=(),
+        rationale=(f"{world}-way tensor parallel; every rank sees the whole batch",),
+        estimate=tp_estimate(request, dict(mesh)["tp"]),
+    )
 
 
 @hookimpl

@@ -25,8 +25,9 @@ def snnfw_register_strategies(register):
 
 @hookimpl
 def snnfw_plan(request):
-    if request.strategy == NAME:
-        return propose_replicas(NAME, request, "gradients averaged by DDP, each rank keeps 1/N of the optimizer state")
+    if request.asks_for(NAME):
+        rationale = "gradients averaged by DDP, each rank keeps 1/N of the optimizer state"
+        return propose_replicas(NAME, request, rationale, shard_optimizer=True)
     if request.config.parallel.zero and request.strategy not in COMPOSES_WITH:
         return Proposal.refuse(
             request.strategy,

@@ -1,0 +1,100 @@
+"""``parallel.strategy = "auto"``: every strategy plugin proposes, the preference ranks.
+
+Strategy plugins answer ``snnfw_plan`` for ``auto`` as for their own name,
+attaching an :class:`snnfw.estimate.Estimate`; so a third-party strategy takes
+part without any change here. Candidates that cannot run are kept with their
+reason, for ``snnfw plan`` to show.
+"""
+
+from __future__ import annotations
+
+import math
+
+import attrs
+import torch
+
+from snnfw.config import Config
+from snnfw.errors import PlanError
+from snnfw.estimate import device_memory_bytes, measure_cost
+
+AUTO = "auto"
+
+
+@attrs.frozen
+class Candidate:
+    strategy: str
+    mesh: dict
+    replicas: int = 1
+    estimate: object = None
+    reason: str | None = None  # why it cannot run
+
+    def describe(self, device_type: str) -> str:
+        if self.reason:
+            return f"{self.strategy}: cannot run: {self.reason}"
+        mesh = " x ".join(f"{d}={n}" for d, n in self.mesh.items())
+        return f"{self.strategy} ({mesh}): {self.estimate.summary(device_type)}"
+
+
+def candidates(request, proposals) -> tuple[list[Candidate], list[Candidate]]:
+    """Splits proposals into runnable candidates and refused ones, with reasons."""
+    config, topology = request.config, request.topology
+    memory = device_memory_bytes(topology.device_type, topology.world_size)
+    feasible, refused = [], []
+    for p in proposals:
+        mesh = dict(p.mesh)
+        if p.refusal or p.estimate is None:
+            refused.append(Candidate(p.strategy, mesh, reason=p.refusal or "it gives no estimate"))
+            continue
+        replicas = math.prod(mesh[d] for d in p.dp_dims)
+        micro = config.train.microbatches or p.microbatches or 1
+        if config.data.batch_size % (replicas * micro):
+            reason = f"data.batch_size {config.data.batch_size} is not divisible by {replicas} x {micro}"
+        elif p.estimate.memory_bytes > memory:
+            reason = f"needs ~{p.estimate.memory_bytes / 2**30:.1f} GiB per rank, has {memory / 2**30:.1f}"
+        else:
+            feasible.append(Candidate(p.strategy, mesh, replicas, p.estimate))
+            continue
+        refused.append(Candidate(p.strategy, mesh, reason=reason))
+    return feasible, refused
+
+
+def rank(feasible: list[Candidate], prefer: str, device_type: str, memory: float) -> list[Candidate]:
+    """Best first: fastest (speed), least memory per rank (memory), largest batch that fits (capacity)."""
+    keys = {
+        "speed": lambda c: (c.estimate.step_ms(device_type), c.estimate.memory_bytes),
+        "memory": lambda c: (c.estimate.memory_bytes, c.estimate.step_ms(device_type)),
+        "capacity": lambda c: (-c.estimate.capacity(memory, c.replicas), c.estimate.step_ms(device_type)),
+    }
+    return sorted(feasible, key=keys[prefer])
+
+
+def example_batch(spec, samples: int = 2) -> tuple[torch.Tensor, torch.Tensor]:
+    generator = torch.Generator().manual_seed(0)
+    frames = (torch.rand(samples, spec.time_steps, *spec.shape, generator=generator) < 0.1).float()
+    return frames, torch.zeros(samples, dtype=torch.long)
+
+
+def choose(config: Config, request, plugins) -> tuple[Config, tuple[str, ...]]:
+    """Resolves ``auto`` into a concrete strategy and mesh; returns the config and the rationale."""
+    prefer = config.parallel.prefer or "speed"
+    topology = request.topology
+    feasible, refused = candidates(request, [p for p in plugins.propose(request) if p.strategy != AUTO])
+    device = topology.device_type
+    if not feasible:
+        reasons = "; ".join(c.describe(device) for c in refused) or "no strategy plugin proposed a plan"
+        raise PlanError(f"auto found no strategy that can run on {topology.world_size} rank(s): {reasons}")
+    ranked = rank(feasible, prefer, device, device_memory_bytes(device, topology.world_size))
+    best = ranked[0]
+    parallel = attrs.evolve(config.parallel, strategy=best.strategy, mesh=tuple(best.mesh.items()))
+    rationale = (
+        f"auto, prefer {prefer}: chose {best.describe(device)}",
+        *(f"candidate {c.describe(device)}" for c in ranked[1:]),
+        *(f"candidate {c.describe(device)}" for c in refused),
+    )
+    return attrs.evolve(config, parallel=parallel), rationale
+
+
+def measure(model, spec, plugins):
+    """The per-sample cost of ``model`` that estimates scale from."""
+    frames, labels = example_batch(spec)
+    return measure_cost(model, frames, labels, plugins.reset_state)

@@ -1,0 +1,76 @@
+"""The auto planner: every strategy proposes with an estimate, the preference ranks, refusals say why."""
+
+import pytest
+
+from snnfw import hookimpl
+from snnfw.errors import PlanError
+from snnfw.estimate import estimate
+from snnfw.plan import Proposal
+from snnfw.plugins import Plugins
+from snnfw.runtime import prepare
+
+from conftest import tiny_config
+
+
+@pytest.fixture(scope="module")
+def plugins():
+    return Plugins()
+
+
+def auto(world, prefer=None, family="cifar10dvs_vgg", batch=8, **sections):
+    parallel = {"strategy": "auto", **({"prefer": prefer} if prefer else {})}
+    return tiny_config(parallel=parallel, model={"family": family}, data={"batch_size": batch}, **sections)
+
+
+@pytest.mark.parametrize("family", ["cifar10dvs_vgg", "spikformer"])
+@pytest.mark.parametrize(
+    "world, prefer, batch, expected",
+    [
+        (1, "speed", 8, {"none"}),
+        (1, "memory", 8, {"none"}),
+        (2, "speed", 8, {"dp"}),  # least communication among equal compute
+        (2, "memory", 8, {"fsdp2", "fsdp2_tp", "tp"}),  # parameters and optimizer state sharded
+        (4, "memory", 8, {"fsdp2", "fsdp2_tp", "tp"}),
+        (2, "capacity", 8, {"fsdp2", "fsdp2_tp", "tp"}),
+        (3, "speed", 9, {"dp", "zero", "fsdp2"}),  # 3 ranks: tp cannot split 8 channels or 4 heads
+    ],
+)
+def test_auto_choice_table(plugins, family, world, prefer, batch, expected):
+    plan = prepare(auto(world, prefer, family, batch), world, plugins).plan
+    assert plan.strategy in expected
+    assert plan.rationale[0].startswith(f"auto, prefer {prefer}: chose {plan.strategy}")
+    assert plan.config.parallel.strategy == plan.strategy
+
+
+def test_infeasible_candidates_are_listed_with_reasons(plugins):
+    plan = prepare(auto(3, "speed", batch=9), 3, plugins).plan
+    text = "\n".join(plan.rationale)
+    assert "candidate none: cannot run: it runs on one rank, not 3" in text
+    assert "candidate tp: cannot run:" in text and "not divisible by tp=3" in text
+
+
+def test_no_feasible_strategy_fails_with_every_reason(plugins):
+    with pytest.raises(PlanError, match="auto found no strategy that can run on 3 rank\\(s\\):.*not divisible"):
+        prepare(auto(3, "speed", batch=8), 3, plugins)
+
+
+class EchoStrategy:
+    """A strategy from a test plugin: cheap on paper, so auto must pick it."""
+
+    @hookimpl
+    def snnfw_register_strategies(self, register):
+        register("echo", None, "test strategy")
+
+    @hookimpl
+    def snnfw_plan(self, request):
+        if not request.asks_for("echo"):
+            return None
+        world = request.topology.world_size
+        cost = estimate(request, samples=0.001, parameter_shards=1e6)
+        return Proposal("echo", mesh=(("dp", world),), dp_dims=("dp",), rationale=("echo",), estimate=cost)
+
+
+def test_a_strategy_from_a_plugin_takes_part_in_auto():
+    plugins = Plugins(extra=(("echo", EchoStrategy()),))
+    for prefer in ("speed", "memory", "capacity"):
+        assert prepare(auto(2, prefer), 2, plugins).plan.strategy == "echo"
