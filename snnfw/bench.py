@@ -17,6 +17,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+import attrs
+
 import snnfw
 from snnfw.config import load_config
 from snnfw.errors import UserError
@@ -34,7 +36,7 @@ def config_key(record: dict[str, Any]) -> str:
     cfg, plan = record["config"], record["plan"]
     return json.dumps(
         [cfg["model"], cfg["data"]["batch_size"], plan["strategy"], plan["mesh"], plan["microbatches"], record["nproc"],
-         cfg["parallel"], record.get("label")],
+         cfg["parallel"], cfg.get("pipeline"), record.get("label")],
         sort_keys=True,
     )
 
@@ -88,14 +90,24 @@ def _change(new: float, old: float) -> str:
     return f"{(new - old) / old:+.1%}" if old else "n/a"
 
 
-def bench(config_path, nproc: int, overrides: list[str], warmup: int, steps: int, results: Path, regime: str, label) -> int:
+def bench(
+    config_path, nproc: int, overrides: list[str], warmup: int, steps: int, results: Path, regime: str, label,
+    baseline: bool = False,
+) -> int:
+    """Runs and records one benchmark; ``baseline`` times the plain PyTorch loop (snnfw.baseline) instead."""
     if regime not in REGIMES:
         raise UserError(f"unknown benchmark regime {regime!r}; regimes: {', '.join(REGIMES)}")
     overrides = [*overrides, f"train.steps={warmup + steps}", f"train.log_every={warmup + steps}"]
     config = load_config(config_path, overrides)
+    if baseline:
+        strategy = "baseline-ddp" if nproc > 1 else "baseline-plain"
+        config = attrs.evolve(config, parallel=attrs.evolve(config.parallel, strategy="dp" if nproc > 1 else "none", mesh=None))
     plan = prepare(config, nproc, Plugins()).plan
+    if baseline:
+        plan = attrs.evolve(plan, strategy=strategy)
     with tempfile.TemporaryDirectory(prefix="snnfw-bench-") as tmp:
-        status = launch(config_path, nproc, Path(tmp), overrides, config.parallel.timeout_s)
+        module = "snnfw.baseline" if baseline else "snnfw.train"
+        status = launch(config_path, nproc, Path(tmp), overrides, config.parallel.timeout_s, module)
         if status:
             return status
         metrics = [json.loads(line) for line in (Path(tmp) / "metrics.jsonl").read_text().splitlines()]

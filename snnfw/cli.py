@@ -76,8 +76,17 @@ def _cmd_train(args) -> int:
 
 def _cmd_bench(args) -> int:
     from snnfw.bench import bench
+    from snnfw.errors import ConfigError
+    from snnfw.report import report
 
-    return bench(args.config, args.nproc, args.overrides, args.warmup, args.steps, Path(args.results), args.regime, args.label)
+    if args.report:
+        return report(Path(args.results), Path(args.chart or Path(args.results).with_suffix(".png")))
+    if args.config is None:
+        raise ConfigError("snnfw bench needs a CONFIG (or --report to summarise a results file)")
+    return bench(
+        args.config, args.nproc, args.overrides, args.warmup, args.steps, Path(args.results), args.regime, args.label,
+        args.baseline,
+    )
 
 
 def parser() -> argparse.ArgumentParser:
@@ -105,13 +114,16 @@ def parser() -> argparse.ArgumentParser:
     p.set_defaults(run=_cmd_train)
 
     p = sub.add_parser("bench", help="time a config: warm-up, timed steps, one JSON record appended")
-    p.add_argument("config")
+    p.add_argument("config", nargs="?")
     p.add_argument("--nproc", type=int, default=1)
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--steps", type=int, default=5)
     p.add_argument("--regime", default="throughput", help="throughput, latency or memory (a label for the record)")
     p.add_argument("--label", help="free text stored with the record and part of its comparison key")
     p.add_argument("--results", default="benchmark/results/bench.jsonl")
+    p.add_argument("--baseline", action="store_true", help="time the plain PyTorch loop (one process, or DDP) instead")
+    p.add_argument("--report", action="store_true", help="print a table and write a chart of the latest records")
+    p.add_argument("--chart", help="where --report writes its PNG (default: beside the results file)")
     p.add_argument("--set", **overrides)
     p.set_defaults(run=_cmd_bench)
     return top

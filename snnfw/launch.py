@@ -14,8 +14,10 @@ from pathlib import Path
 from snnfw.train import DONE_DIR
 
 
-def launch(config_path: str, nproc: int, run_dir: Path, overrides: list[str], timeout_s: float) -> int:
-    """Runs the job and returns the exit status for the CLI."""
+def launch(
+    config_path: str, nproc: int, run_dir: Path, overrides: list[str], timeout_s: float, module: str = "snnfw.train"
+) -> int:
+    """Runs ``module`` (the worker entry) on every rank and returns the exit status for the CLI."""
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
@@ -34,7 +36,7 @@ def launch(config_path: str, nproc: int, run_dir: Path, overrides: list[str], ti
         max_restarts=0,
         monitor_interval=0.1,
     )
-    args = ["-u", "-m", "snnfw.train", config_path, "--run-dir", str(run_dir)]
+    args = ["-u", "-m", module, config_path, "--run-dir", str(run_dir)]
     for item in overrides:
         args += ["--set", item]
     try:

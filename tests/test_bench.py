@@ -1,0 +1,35 @@
+"""The benchmark harness: one record per run, compared with the last; the plain PyTorch baseline; the report."""
+
+import json
+import subprocess
+import sys
+
+SMALL = ["--set", "data.test_samples=16", "--set", "data.batch_size=8", "--warmup", "1", "--steps", "2"]
+
+
+def bench(results, *extra):
+    cmd = [sys.executable, "-m", "snnfw", "bench", "examples/quickstart.toml", "--nproc", "1",
+           "--results", str(results), "--set", "parallel.strategy=none", *SMALL, *extra]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=180)
+
+
+def test_bench_records_compares_and_reports(tmp_path):
+    results = tmp_path / "results.jsonl"
+    first, second, base = bench(results), bench(results), bench(results, "--baseline")
+    for done in (first, second, base):
+        assert done.returncode == 0, done.stderr
+    assert "vs last: step" in second.stdout and "vs last" not in first.stdout
+    records = [json.loads(line) for line in results.read_text().splitlines()]
+    assert [r["plan"]["strategy"] for r in records] == ["none", "none", "baseline-plain"]
+    for key in ("regime", "global_batch", "per_rank_batch", "data_replicas", "step_ms", "global_samples_per_s",
+                "per_device_samples_per_s", "peak_mem_mb_per_rank", "torch", "snnfw", "device", "plan", "config"):
+        assert key in records[0], key
+    assert records[0]["timed_steps"] == 2 and records[0]["global_batch"] == 8
+    chart = tmp_path / "chart.png"
+    done = subprocess.run([sys.executable, "-m", "snnfw", "bench", "--report", "--results", str(results), "--chart", str(chart)],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    row = next(line for line in done.stdout.splitlines() if "| none |" in line)
+    ratio = float(row.rstrip(" |").rsplit("|", 1)[1])
+    assert ratio > 0
+    assert chart.stat().st_size > 1000
