@@ -1,11 +1,12 @@
-"""Fallbacks every run needs: the plain optimizer, SpikingJelly's state reset, and
-the microbatch loop of every strategy that does not bring its own (pipelines do)."""
+"""Fallbacks every run needs: the plain optimizer, SpikingJelly's state reset, whole-tensor
+checkpoint state, and the microbatch loop of every strategy that does not bring its own (pipelines do)."""
 
 import contextlib
 
 import torch
 
 from snnfw import hookimpl
+from snnfw.errors import CheckpointError
 from snnfw.step import StepOutput, classification_loss, count_correct
 
 
@@ -20,6 +21,45 @@ def optimizer_spec(train):
 def snnfw_build_optimizer(model, plan, mesh):
     optimizer_class, kwargs = optimizer_spec(plan.config.train)
     return optimizer_class([p for p in model.parameters() if p.requires_grad], **kwargs)
+
+
+def full_state(model, optimizer) -> dict:
+    """Model and optimizer state as whole tensors by parameter name, DTensors gathered (a collective)."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, get_optimizer_state_dict
+
+    options = StateDictOptions(full_state_dict=True)
+    return {
+        "model": get_model_state_dict(model, options=options),
+        "optimizer": get_optimizer_state_dict(model, optimizer, options=options),
+    }
+
+
+def load_full_state(model, optimizer, state) -> None:
+    """Loads whole tensors by name; a model holding part of the whole takes the names it has."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, set_model_state_dict
+    from torch.distributed.checkpoint.state_dict import set_optimizer_state_dict
+
+    own = get_model_state_dict(model)
+    missing = [name for name in own if name not in state["model"]]
+    if missing:
+        raise CheckpointError(
+            f"the checkpoint has no model state named {', '.join(missing[:3])}; a strategy that renames the "
+            "model's state must implement snnfw_load_state_dict"
+        )
+    options = StateDictOptions(full_state_dict=True)
+    set_model_state_dict(model, {name: state["model"][name] for name in own}, options=options)
+    set_optimizer_state_dict(model, optimizer, state["optimizer"], options=options)
+
+
+@hookimpl(trylast=True)
+def snnfw_state_dict(model, optimizer, plan):
+    return full_state(model, optimizer)
+
+
+@hookimpl(trylast=True)
+def snnfw_load_state_dict(model, optimizer, plan, state):
+    load_full_state(model, optimizer, state)
+    return True
 
 
 @hookimpl(trylast=True)

@@ -59,3 +59,22 @@ def analyze(model: nn.Module, family: str, plugins) -> Analysis:
         stage_units=tuple(units),
         tp_plan=tuple(tp_plan),
     )
+
+
+WRAPPED = "_checkpoint_wrapped_module"  # where torch's checkpoint wrapper keeps the module it wraps
+
+
+def submodule(model: nn.Module, name: str) -> nn.Module:
+    """The module the analysis named ``name``, found through checkpoint wrappers on the way.
+
+    A wrapper put around a named module is returned in its place, so hooks
+    and sharding applied to it act on every call.
+    """
+    module = model
+    for part in name.split(".") if name else ():
+        while part not in module._modules and WRAPPED in module._modules:
+            module = module._modules[WRAPPED]
+        if part not in module._modules:
+            raise AttributeError(f"{type(model).__name__} has no submodule {name!r} (missing {part!r})")
+        module = module._modules[part]
+    return module

@@ -74,16 +74,22 @@ def example_batch(spec, samples: int = 2) -> tuple[torch.Tensor, torch.Tensor]:
     return frames, torch.zeros(samples, dtype=torch.long)
 
 
+def ranked_candidates(request, plugins) -> tuple[list[Candidate], list[Candidate]]:
+    """(runnable candidates, best first under ``parallel.prefer``; refused candidates)."""
+    topology = request.topology
+    feasible, refused = candidates(request, [p for p in plugins.propose(request) if p.strategy != AUTO])
+    if not feasible:
+        reasons = "; ".join(c.describe(topology.device_type) for c in refused) or "no strategy plugin proposed a plan"
+        raise PlanError(f"auto found no strategy that can run on {topology.world_size} rank(s): {reasons}")
+    memory = device_memory_bytes(topology.device_type, topology.world_size)
+    return rank(feasible, request.config.parallel.prefer or "speed", topology.device_type, memory), refused
+
+
 def choose(config: Config, request, plugins) -> tuple[Config, tuple[str, ...]]:
     """Resolves ``auto`` into a concrete strategy and mesh; returns the config and the rationale."""
     prefer = config.parallel.prefer or "speed"
-    topology = request.topology
-    feasible, refused = candidates(request, [p for p in plugins.propose(request) if p.strategy != AUTO])
-    device = topology.device_type
-    if not feasible:
-        reasons = "; ".join(c.describe(device) for c in refused) or "no strategy plugin proposed a plan"
-        raise PlanError(f"auto found no strategy that can run on {topology.world_size} rank(s): {reasons}")
-    ranked = rank(feasible, prefer, device, device_memory_bytes(device, topology.world_size))
+    device = request.topology.device_type
+    ranked, refused = ranked_candidates(request, plugins)
     best = ranked[0]
     parallel = attrs.evolve(config.parallel, strategy=best.strategy, mesh=tuple(best.mesh.items()))
     rationale = (
@@ -98,3 +104,25 @@ def measure(model, spec, plugins):
     """The per-sample cost of ``model`` that estimates scale from."""
     frames, labels = example_batch(spec)
     return measure_cost(model, frames, labels, plugins.reset_state)
+
+
+def measure_top(config_path, overrides: list[str], world: int, ranked: list[Candidate], steps: int = 4) -> list[tuple[Candidate, float]]:
+    """Runs a few real steps of each candidate on ``world`` local ranks; (candidate, median step ms), fastest first."""
+    import json
+    import statistics
+    import tempfile
+    from pathlib import Path
+
+    from snnfw.launch import launch
+
+    timed = []
+    for candidate in ranked:
+        mesh = "{" + ", ".join(f"{d} = {n}" for d, n in candidate.mesh.items()) + "}"
+        extra = [*overrides, f"parallel.strategy={candidate.strategy}", f"parallel.mesh={mesh}",
+                 f"train.steps={steps}", f"train.log_every={steps}", f"data.test_samples={world}"]
+        with tempfile.TemporaryDirectory(prefix="snnfw-measure-") as tmp:
+            if launch(config_path, world, Path(tmp), extra, 300.0):
+                continue
+            lines = (Path(tmp) / "metrics.jsonl").read_text().splitlines()
+        timed.append((candidate, statistics.median(json.loads(line)["step_ms"] for line in lines[1:])))
+    return sorted(timed, key=lambda item: item[1])

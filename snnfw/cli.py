@@ -47,7 +47,10 @@ def _cmd_plan(args) -> int:
     from snnfw.runtime import prepare
 
     config = load_config(args.config, args.overrides)
-    prepared = prepare(config, args.world_size, Plugins())
+    plugins = Plugins()
+    if args.measure:
+        return _measure(args, config, plugins)
+    prepared = prepare(config, args.world_size, plugins)
     plan, analysis = prepared.plan, prepared.analysis
     if args.json:
         print(json.dumps({"plan": plan.to_dict(), "config": config.to_dict()}, indent=2))
@@ -62,16 +65,52 @@ def _cmd_plan(args) -> int:
     return 0
 
 
+def _measure(args, config, plugins) -> int:
+    """``snnfw plan --measure K``: time the top K auto candidates for real and name the fastest."""
+    from snnfw.auto import AUTO, measure, measure_top, ranked_candidates
+    from snnfw.errors import ConfigError
+    from snnfw.plan import PlanRequest, Topology
+    from snnfw.runtime import build_model
+    from snnfw.analysis import analyze
+
+    if config.parallel.strategy != AUTO:
+        raise ConfigError("--measure compares auto's candidates; set parallel.strategy = \"auto\"")
+    model, spec = build_model(config, plugins)
+    request = PlanRequest(
+        config=config, topology=Topology.detect(args.world_size), analysis=analyze(model, config.model.family, plugins),
+        model=model, plugins=plugins, cost=measure(model, spec, plugins),
+    )
+    ranked, _ = ranked_candidates(request, plugins)
+    timed = measure_top(args.config, args.overrides, args.world_size, ranked[: args.measure])
+    for candidate, step_ms in timed:
+        print(f"{candidate.strategy} {candidate.mesh}: {step_ms:.1f} ms/step measured")
+    if timed:
+        print(f"fastest measured: {timed[0][0].strategy}; set parallel.strategy = \"{timed[0][0].strategy}\"")
+    return 0
+
+
 def _cmd_train(args) -> int:
     from snnfw.config import load_config
+    from snnfw.errors import ConfigError
     from snnfw.launch import launch
     from snnfw.plugins import Plugins
-    from snnfw.runtime import prepare
+    from snnfw.runtime import build_datasets, prepare
 
+    if args.nnodes > 1 and not (args.rdzv_endpoint and args.run_dir):
+        raise ConfigError("--nnodes 2 or more needs --rdzv-endpoint HOST:PORT (node rank 0's host) and a shared --run-dir")
+    if not 0 <= args.node_rank < args.nnodes:
+        raise ConfigError(f"--node-rank must be from 0 to {args.nnodes - 1}, got {args.node_rank}")
+    if args.resume and not args.run_dir:
+        raise ConfigError("--resume continues the run in --run-dir; name it")
     config = load_config(args.config, args.overrides)
-    prepare(config, args.nproc, Plugins())  # refuse a bad config before starting any process
+    plugins = Plugins()
+    prepared = prepare(config, args.nproc * args.nnodes, plugins)  # refuse a bad config before starting any process
+    build_datasets(config, prepared.spec, plugins)
     run_dir = Path(args.run_dir or f"runs/{config.model.family}-{config.parallel.strategy}-{time.strftime('%Y%m%d-%H%M%S')}")
-    return launch(args.config, args.nproc, run_dir, args.overrides, config.parallel.timeout_s)
+    return launch(
+        args.config, args.nproc, run_dir, args.overrides, config.parallel.timeout_s, nnodes=args.nnodes,
+        node_rank=args.node_rank, rdzv_endpoint=args.rdzv_endpoint, max_restarts=args.max_restarts, resume=args.resume,
+    )
 
 
 def _cmd_bench(args) -> int:
@@ -102,6 +141,7 @@ def parser() -> argparse.ArgumentParser:
     p = sub.add_parser("plan", help="show the plan for a config and world size, starting no process")
     p.add_argument("config")
     p.add_argument("--world-size", type=int, default=1)
+    p.add_argument("--measure", type=int, metavar="K", help="with strategy auto: run a few steps of the top K candidates")
     p.add_argument("--json", action="store_true")
     p.add_argument("--set", **overrides)
     p.set_defaults(run=_cmd_plan)
@@ -111,6 +151,11 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--nproc", type=int, default=1)
     p.add_argument("--run-dir", help="where metrics.jsonl and summary.json go (default runs/FAMILY-STRATEGY-TIME)")
     p.add_argument("--set", **overrides)
+    p.add_argument("--resume", action="store_true", help="continue from the newest checkpoint in --run-dir")
+    p.add_argument("--max-restarts", type=int, default=0, help="restart the group this often when a rank dies")
+    p.add_argument("--nnodes", type=int, default=1, help="nodes in the job, each running one snnfw train")
+    p.add_argument("--node-rank", type=int, default=0, help="this node's rank; node 0 hosts the rendezvous")
+    p.add_argument("--rdzv-endpoint", metavar="HOST:PORT", help="where the nodes meet (c10d rendezvous)")
     p.set_defaults(run=_cmd_train)
 
     p = sub.add_parser("bench", help="time a config: warm-up, timed steps, one JSON record appended")

@@ -1,9 +1,10 @@
 """The run configuration: TOML loaded into frozen attrs classes.
 
 Every key lives in one section (``[model]``, ``[data]``, ``[parallel]``,
-``[pipeline]``, ``[train]``); unknown keys are refused by name. ``--set
-section.key=value`` overrides any key, with the value read as TOML (so ``--set
-train.lr=0.01`` is a float and ``--set model.flavor=full`` a string).
+``[pipeline]``, ``[train]``, ``[checkpoint]``, ``[memopt]``, ``[compile]``);
+unknown keys are refused by name. ``--set section.key=value`` overrides any
+key, with the value read as TOML (so ``--set train.lr=0.01`` is a float and
+``--set model.flavor=full`` a string).
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ class ModelConfig:
     family: str = attrs.field(default="cifar10dvs_vgg", validator=v.instance_of(str))
     flavor: str = attrs.field(default="tiny", validator=v.instance_of(str))
     time_steps: int = attrs.field(default=4, validator=_positive)
+    neuron_backend: str = attrs.field(default="torch", validator=v.in_(("torch", "cuda", "triton", "inductor")))
 
 
 @attrs.frozen
@@ -82,12 +84,39 @@ class TrainConfig:
 
 
 @attrs.frozen
+class CheckpointConfig:
+    every: int = attrs.field(default=0, validator=[v.instance_of(int), v.ge(0)])
+    keep: int = attrs.field(default=2, validator=_positive)
+
+
+@attrs.frozen
+class MemoptConfig:
+    level: int = attrs.field(default=0, validator=[v.instance_of(int), v.in_(range(5))])
+    budget: str = attrs.field(default="memory", validator=v.in_(("speed", "balanced", "memory")))
+    compress: bool = attrs.field(default=True, validator=v.instance_of(bool))
+    stage_ratio: float = attrs.field(default=1.0, converter=float, validator=[v.gt(0), v.le(1)])
+
+
+@attrs.frozen
+class CompileConfig:
+    enable: bool = attrs.field(default=False, validator=v.instance_of(bool))
+    backend: str = attrs.field(default="inductor", validator=v.instance_of(str))
+    mode: str = attrs.field(
+        default="default", validator=v.in_(("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"))
+    )
+    fullgraph: bool = attrs.field(default=False, validator=v.instance_of(bool))
+
+
+@attrs.frozen
 class Config:
     model: ModelConfig = ModelConfig()
     data: DataConfig = DataConfig()
     parallel: ParallelConfig = ParallelConfig()
     pipeline: PipelineConfig = PipelineConfig()
     train: TrainConfig = TrainConfig()
+    checkpoint: CheckpointConfig = CheckpointConfig()
+    memopt: MemoptConfig = MemoptConfig()
+    compile: CompileConfig = CompileConfig()
 
     def to_dict(self) -> dict[str, Any]:
         out = attrs.asdict(self)
@@ -98,6 +127,7 @@ class Config:
 
 _SECTION_CLASSES = {
     "model": ModelConfig, "data": DataConfig, "parallel": ParallelConfig, "pipeline": PipelineConfig, "train": TrainConfig,
+    "checkpoint": CheckpointConfig, "memopt": MemoptConfig, "compile": CompileConfig,
 }
 
 
@@ -141,6 +171,18 @@ def build_config(data: dict[str, Any], overrides: list[str] = ()) -> Config:
             reason = err.args[0] if err.args else err
             raise ConfigError(f"invalid value in [{section}]: {reason}") from None
     return Config(**sections)
+
+
+def with_settings(config: Config, settings: dict[str, Any]) -> tuple[Config, list[str]]:
+    """Applies ``{"section.key": value}`` where the config still holds the default; returns what changed."""
+    changed = []
+    for key, value in settings.items():
+        section, name = key.split(".", 1)
+        current = getattr(config, section)
+        if getattr(current, name) == attrs.fields_dict(type(current))[name].default and getattr(current, name) != value:
+            config = attrs.evolve(config, **{section: attrs.evolve(current, **{name: value})})
+            changed.append(f"{key} = {value!r}")
+    return config, changed
 
 
 def load_config(path: str | Path | None, overrides: list[str] = ()) -> Config:

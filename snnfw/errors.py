@@ -22,3 +22,15 @@ class PlanError(UserError):
 
 class PluginError(UserError):
     """Plugins failed to load, clash, or differ between ranks."""
+
+
+class DataError(UserError):
+    """A data set folder is missing or not in the layout its plugin reads."""
+
+
+class CheckpointError(UserError):
+    """A checkpoint cannot be written or resumed from as asked."""
+
+
+class DivergedError(UserError):
+    """Training produced a non-finite loss."""

@@ -38,7 +38,10 @@ def snnfw_register_datasets(register):
 
 @hookspec
 def snnfw_register_schedules(register):
-    """Register pipeline schedules by name; the behaviour lives in :func:`snnfw_schedule`."""
+    """Register pipeline schedules: ``register(name, snnfw.pipeline.ScheduleSpec(...))``.
+
+    The behaviour lives in :func:`snnfw_schedule`, which answers for the name.
+    """
 
 
 # The flow: analyze -> plan -> apply (parallelize, optimizer) -> run.
@@ -55,12 +58,34 @@ def snnfw_analyze(model, family):
 
 
 @hookspec
+def snnfw_preference_defaults(config):
+    """Settings that ``config.parallel.prefer`` implies for the chosen strategy.
+
+    Return a dict like ``{"parallel.zero": True}`` or None. Called once the
+    strategy is known (explicit, or chosen by ``auto``); a setting applies only
+    where the config still holds that key's default.
+    """
+
+
+@hookspec
 def snnfw_plan(request):
     """Propose how to run ``request`` (:class:`snnfw.plan.PlanRequest`).
 
     Return an :class:`snnfw.plan.Proposal` for each strategy this plugin owns
     (a refusal with its reason if it cannot run), or None. The core picks the
     proposal of ``request.strategy`` and validates it against the world.
+    """
+
+
+@hookspec
+def snnfw_transform_model(model, plan, example, hooks):
+    """Change the unparallelized ``model`` in place before :func:`snnfw_parallelize`.
+
+    ``example`` is one training microbatch of frames, the same on every rank.
+    Called on every rank, inside the process group, by every implementation
+    in turn; the return value is ignored. A transform may put wrappers around
+    modules (memory optimisation's checkpoint wrappers): strategies find the
+    analysis's names through them with :func:`snnfw.analysis.submodule`.
     """
 
 
@@ -72,6 +97,19 @@ def snnfw_parallelize(model, plan, mesh, hooks):
     hooks (``hooks.shard_neuron(...)``). Return the model to train (wrapped or
     changed in place), or None to decline a plan whose strategy is not this
     plugin's. Stops at the first non-None result.
+
+    A strategy calls ``hooks.compile(model, plan)`` once its model is ready
+    for compilation: after tensor parallel, before FSDP2, DDP or pipeline
+    stage wrappers.
+    """
+
+
+@hookspec
+def snnfw_compile(model, plan):
+    """Apply ``torch.compile`` where ``plan`` asks for it, in place; the return value is ignored.
+
+    Called by strategy plugins from :func:`snnfw_parallelize` (after tensor
+    parallel, before FSDP2 or DDP), by every implementation in turn.
     """
 
 
@@ -112,6 +150,37 @@ def snnfw_step_metrics(plan):
     """
 
 
+@hookspec
+def snnfw_summary(plan):
+    """Return a dict of extra numbers for ``summary.json`` (seconds spent optimising, ...) or None.
+
+    Called on every rank after training, which must return the same keys on
+    every rank; the summary holds each value's maximum over ranks.
+    """
+
+
+@hookspec(firstresult=True)
+def snnfw_state_dict(model, optimizer, plan):
+    """Return the unsharded training state ``{"model": ..., "optimizer": ...}`` for a checkpoint.
+
+    ``"model"`` maps the unparallelized model's parameter and buffer names to
+    whole tensors; ``"optimizer"`` is keyed by parameter names as
+    ``torch.distributed.checkpoint.state_dict.get_optimizer_state_dict``
+    returns it with ``full_state_dict``. Equal on every rank that holds a
+    name. A collective: every rank calls it. Return None to decline; stops at
+    the first non-None result, the default gathering DTensors.
+    """
+
+
+@hookspec(firstresult=True)
+def snnfw_load_state_dict(model, optimizer, plan, state):
+    """Load ``state`` (as :func:`snnfw_state_dict` returns it, perhaps under another
+    strategy or world size) into ``model`` and ``optimizer``, each rank taking its part.
+
+    Return True when done, or None to decline. Stops at the first non-None result.
+    """
+
+
 @hookspec(firstresult=True)
 def snnfw_reset_state(model):
     """Reset all neuron state of ``model`` before an independent microbatch.
@@ -131,17 +200,25 @@ def snnfw_shard_neuron(module, placement, mesh):
 
 @hookspec(firstresult=True)
 def snnfw_split_stages(model, plan, example):
-    """Split ``model`` into pipeline stages for ``plan``; ``example`` is one microbatch.
+    """Split ``model`` into its pipeline units; ``example`` is one microbatch of input.
 
-    Return the list of stage modules in order, or None to decline. Stops at
-    the first non-None result; family plugins answer before the generic splitter.
+    Return the modules, in forward order, whose composition computes
+    ``model(example)``: one per ``stage_units`` entry of the analysis, with the
+    family's glue (layout changes, flatten, pooling) inside them, made of the
+    model's own submodules. A pipeline stage runs a consecutive range of them.
+    Return None to decline. Stops at the first non-None result; family
+    plugins answer before the generic splitter of ``nn.Sequential`` models.
     """
 
 
 @hookspec(firstresult=True)
 def snnfw_schedule(stages, plan, loss_fn):
-    """Build the pipeline schedule named by ``plan`` for this rank's ``stages``.
+    """Build the pipeline schedule named by ``plan.config.pipeline.schedule``.
 
-    Return a schedule object with ``step(*args, target=..., losses=...)``, or
-    None when the schedule is not this plugin's. Stops at the first non-None result.
+    ``stages`` are this rank's ``torch.distributed.pipelining.PipelineStage``
+    objects in forward order, placed as the schedule's registered
+    :class:`snnfw.pipeline.ScheduleSpec` says; ``loss_fn(output, target)`` is
+    the loss of one microbatch. Return a schedule object with ``step(*args,
+    target=..., losses=...)`` for ``plan.microbatches`` microbatches, or None
+    when the schedule is not this plugin's. Stops at the first non-None result.
     """

@@ -3,10 +3,17 @@
 The same as ``torchrun --nproc_per_node=N -m snnfw.train CONFIG ...``, plus
 one honest distinction: a rank that aborts at process exit after finishing all
 its work (seen with gloo on CPU) is reported as such, not as a failed run.
+With ``nnodes`` > 1 the launchers of all nodes meet through the c10d
+rendezvous at ``rdzv_endpoint``, hosted by node rank 0. With ``max_restarts``
+the group restarts when a rank dies, and restarted ranks resume from the
+newest checkpoint; the workers then keep their own store
+(``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1``), since with the agent's shared store
+a restarted group can read its predecessor's addresses (pytorch/pytorch#135712).
 """
 
 from __future__ import annotations
 
+import os
 import sys
 import uuid
 from pathlib import Path
@@ -15,7 +22,8 @@ from snnfw.train import DONE_DIR
 
 
 def launch(
-    config_path: str, nproc: int, run_dir: Path, overrides: list[str], timeout_s: float, module: str = "snnfw.train"
+    config_path: str, nproc: int, run_dir: Path, overrides: list[str], timeout_s: float, module: str = "snnfw.train",
+    *, nnodes: int = 1, node_rank: int = 0, rdzv_endpoint: str | None = None, max_restarts: int = 0, resume: bool = False,
 ) -> int:
     """Runs ``module`` (the worker entry) on every rank and returns the exit status for the CLI."""
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
@@ -25,18 +33,21 @@ def launch(
     if done_dir.exists():
         for marker in done_dir.iterdir():
             marker.unlink()
+    if max_restarts:
+        os.environ.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
     config = LaunchConfig(
-        min_nodes=1,
-        max_nodes=1,
+        min_nodes=nnodes,
+        max_nodes=nnodes,
         nproc_per_node=nproc,
-        run_id=f"snnfw-{uuid.uuid4().hex[:8]}",
+        run_id="snnfw" if rdzv_endpoint else f"snnfw-{uuid.uuid4().hex[:8]}",
         rdzv_backend="c10d",
-        rdzv_endpoint="localhost:0",
+        rdzv_endpoint=rdzv_endpoint or "localhost:0",
+        rdzv_configs={"is_host": node_rank == 0} if rdzv_endpoint else {},
         rdzv_timeout=int(timeout_s),
-        max_restarts=0,
+        max_restarts=max_restarts,
         monitor_interval=0.1,
     )
-    args = ["-u", "-m", module, config_path, "--run-dir", str(run_dir)]
+    args = ["-u", "-m", module, config_path, "--run-dir", str(run_dir)] + (["--resume"] if resume else [])
     for item in overrides:
         args += ["--set", item]
     try:

@@ -13,7 +13,11 @@ from torch import nn
 
 
 class SpikeCounter:
-    """Counts the spikes and output elements of every neuron module through forward hooks."""
+    """Counts the spikes and output elements of every neuron module through forward hooks.
+
+    Spikes add up as a tensor, read once per ``take()``: no host sync per
+    neuron, and no graph break where a neuron runs inside a compiled block.
+    """
 
     def __init__(self, model: nn.Module, neuron_names: tuple[str, ...]):
         modules = dict(model.named_modules())
@@ -22,12 +26,12 @@ class SpikeCounter:
         self._handles = [modules[name].register_forward_hook(self._count) for name in neuron_names]
 
     def _count(self, module, inputs, output) -> None:
-        self.spikes += float(output.detach().sum())
+        self.spikes = self.spikes + output.detach().sum()
         self.elements += output.numel()
 
     def take(self) -> tuple[float, int]:
         """Returns and clears the counts since the last call."""
-        out = (self.spikes, self.elements)
+        out = (float(self.spikes), self.elements)
         self.spikes, self.elements = 0.0, 0
         return out
 
@@ -40,16 +44,22 @@ def peak_memory_mb(device: torch.device) -> float:
 
 
 class MetricsLog:
-    """Appends one JSON object per step to ``run_dir/metrics.jsonl`` (rank 0 only)."""
+    """Appends one JSON object per step to ``run_dir/metrics.jsonl`` (rank 0 only).
 
-    def __init__(self, run_dir: Path | None, enabled: bool, total_steps: int):
+    A run resumed after step ``start`` keeps the file's records up to that step.
+    """
+
+    def __init__(self, run_dir: Path | None, enabled: bool, total_steps: int, start: int = 0):
         self.enabled = enabled and run_dir is not None
         self.total_steps = total_steps
         self.records: list[dict[str, Any]] = []
         self._file = None
         if self.enabled:
             run_dir.mkdir(parents=True, exist_ok=True)
-            self._file = open(run_dir / "metrics.jsonl", "w")
+            path = run_dir / "metrics.jsonl"
+            kept = path.read_text().splitlines() if start and path.exists() else []
+            self._file = open(path, "w")
+            self._file.writelines(line + "\n" for line in kept if json.loads(line)["step"] <= start)
 
     def write(self, record: dict[str, Any], show: bool) -> None:
         self.records.append(record)

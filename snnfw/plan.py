@@ -8,7 +8,7 @@ from typing import Any
 import attrs
 
 from snnfw.analysis import Analysis
-from snnfw.config import Config
+from snnfw.config import Config, with_settings
 from snnfw.errors import PlanError
 
 Mesh = tuple[tuple[str, int], ...]
@@ -123,6 +123,9 @@ def make_plan(config: Config, topology: Topology, analysis: Analysis, plugins, m
         request = PlanRequest(config=config, topology=topology, analysis=analysis, model=model, plugins=plugins, cost=cost)
         config, chosen = choose(config, request, plugins)
     plugins.strategies.entry(config.parallel.strategy)  # unknown names list the registered ones
+    if config.parallel.prefer:
+        config, changed = with_settings(config, plugins.preference_defaults(config))
+        chosen += tuple(f"prefer {config.parallel.prefer}: {change}" for change in changed)
     request = PlanRequest(config=config, topology=topology, analysis=analysis, model=model, plugins=plugins)
     answers = [p for p in plugins.propose(request) if p.strategy == request.strategy]
     refusals = [p.refusal for p in answers if p.refusal]

@@ -143,8 +143,20 @@ class Plugins:
     def analyze_parts(self, model, family: str) -> list:
         return self.pm.hook.snnfw_analyze(model=model, family=family)
 
+    def preference_defaults(self, config) -> dict:
+        merged: dict = {}
+        for part in self.pm.hook.snnfw_preference_defaults(config=config):
+            merged.update(part)
+        return merged
+
     def propose(self, request) -> list:
         return self.pm.hook.snnfw_plan(request=request)
+
+    def transform_model(self, model, plan, example) -> None:
+        self.pm.hook.snnfw_transform_model(model=model, plan=plan, example=example, hooks=self)
+
+    def compile(self, model, plan) -> None:
+        self.pm.hook.snnfw_compile(model=model, plan=plan)
 
     def parallelize(self, model, plan, mesh):
         result = self.pm.hook.snnfw_parallelize(model=model, plan=plan, mesh=mesh, hooks=self)
@@ -166,6 +178,18 @@ class Plugins:
         for part in self.pm.hook.snnfw_step_metrics(plan=plan):
             merged.update(part)
         return merged
+
+    def summary(self, plan) -> dict[str, float]:
+        merged: dict[str, float] = {}
+        for part in self.pm.hook.snnfw_summary(plan=plan):
+            merged.update(part)
+        return merged
+
+    def state_dict(self, model, optimizer, plan) -> dict:
+        return self.pm.hook.snnfw_state_dict(model=model, optimizer=optimizer, plan=plan)
+
+    def load_state_dict(self, model, optimizer, plan, state) -> None:
+        self.pm.hook.snnfw_load_state_dict(model=model, optimizer=optimizer, plan=plan, state=state)
 
     def reset_state(self, model) -> None:
         if not self.pm.hook.snnfw_reset_state(model=model):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gc
 import json
+import math
 import os
 import time
 from pathlib import Path
@@ -13,7 +14,9 @@ import attrs
 import torch
 
 from snnfw import data as datalib
+from snnfw import faults
 from snnfw.analysis import Analysis, analyze
+from snnfw.checkpoint import Checkpoints
 from snnfw.config import Config
 from snnfw.distributed import RankEnv, all_reduce, device_for, dp_coordinate, process_group
 from snnfw.metrics import MetricsLog, SpikeCounter, peak_memory_mb
@@ -50,6 +53,12 @@ def prepare(config: Config, world_size: int, plugins: Plugins) -> Prepared:
     return Prepared(plan, model, spec, analysis)
 
 
+def build_datasets(config: Config, spec: datalib.InputSpec, plugins: Plugins) -> tuple:
+    """The train and test splits of the configured data set."""
+    dataset = plugins.datasets.get(config.data.name)
+    return tuple(dataset.build(config.data, spec, split, config.train.seed) for split in ("train", "test"))
+
+
 def _set_cpu_threads(env: RankEnv) -> None:
     if "OMP_NUM_THREADS" not in os.environ:
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // env.local_world_size))
@@ -61,12 +70,20 @@ class Trainer:
     def __init__(self, config: Config, prepared: Prepared, plugins: Plugins, mesh, device):
         self.config, self.plan, self.plugins, self.device = config, prepared.plan, plugins, device
         self.counter = SpikeCounter(prepared.model, prepared.analysis.neurons)
-        self.model = plugins.parallelize(prepared.model.to(device), self.plan, mesh)
+        self.state_names = frozenset(prepared.model.state_dict())
+        self.train_set, self.test_set = build_datasets(config, prepared.spec, plugins)
+        model = prepared.model.to(device)
+        plugins.transform_model(model, self.plan, self.example())
+        self.counter.take()  # spikes of the transforms' own forward passes
+        self.model = plugins.parallelize(model, self.plan, mesh)
         self.optimizer = plugins.build_optimizer(self.model, self.plan, mesh)
         self.replica = dp_coordinate(self.plan, mesh)
-        dataset = plugins.datasets.get(config.data.name)
-        self.train_set = dataset.build(config.data, prepared.spec, "train", config.train.seed)
-        self.test_set = dataset.build(config.data, prepared.spec, "test", config.train.seed)
+
+    def example(self) -> torch.Tensor:
+        """The frames of step 0's first microbatch of replica 0: the same on every rank."""
+        plan = self.plan
+        indices = datalib.global_batch_indices(0, plan.global_batch, len(self.train_set), self.config.train.seed)
+        return datalib.load(self.train_set, indices[: plan.microbatch_size], self.device)[0]
 
     def step(self, step: int) -> dict[str, float]:
         plan, cfg = self.plan, self.config
@@ -96,7 +113,7 @@ class Trainer:
         share = len(self.test_set) // self.plan.dp_size
         mine = torch.arange(self.replica * share, (self.replica + 1) * share)
         correct = samples = 0
-        for chunk in mine.split(self.plan.replica_batch):
+        for chunk in mine.split(self.plan.replica_batch) if len(mine) else ():
             out = self.plugins.evaluate(self.model, *datalib.load(self.test_set, chunk, self.device), self.plan)
             correct, samples = correct + out.correct, samples + out.samples
         correct, samples = all_reduce([float(correct), float(samples)])
@@ -108,13 +125,16 @@ def run_training(
     run_dir: str | Path | None = None,
     plugins: Plugins | None = None,
     on_finish: Callable[[Trainer], Any] | None = None,
+    resume: bool = False,
 ) -> dict[str, Any]:
     """Runs one rank of a training job described by ``config``; returns the summary.
 
     Rank 0 writes ``metrics.jsonl`` and ``summary.json`` into ``run_dir``.
     ``on_finish(trainer)``, if given, runs before the process group closes and
     its result is the summary's ``"inspect"`` entry (tests use it to look at
-    parameters and neuron state).
+    parameters and neuron state). ``resume`` continues from the newest
+    checkpoint in ``run_dir`` (from step 0 when there is none); checkpoints are
+    written every ``checkpoint.every`` steps.
     """
     env = RankEnv.from_environ()
     plugins = plugins or Plugins()
@@ -130,8 +150,11 @@ def run_training(
         if device.type == "cpu":
             _set_cpu_threads(env)
         trainer = Trainer(config, prepared, plugins, mesh, device)
-        log = MetricsLog(run_dir, is_main, config.train.steps)
-        for step in range(config.train.steps):
+        checkpoints = Checkpoints(run_dir, config, env.rank)
+        resumed = checkpoints.begin(trainer, resume)
+        log = MetricsLog(run_dir, is_main, config.train.steps, resumed["step"])
+        for step in range(resumed["step"], config.train.steps):
+            faults.inject(step + 1, env.rank)
             t0 = time.perf_counter()
             record = {"step": step + 1, **trainer.step(step)}
             elapsed = time.perf_counter() - t0
@@ -145,12 +168,20 @@ def run_training(
                 peak_mem_mb_per_rank=peaks,
             )
             log.write(record, show=is_main and ((step + 1) % config.train.log_every == 0 or step + 1 == config.train.steps))
+            if not math.isfinite(record["loss"]):
+                log.close()
+                del trainer
+                gc.collect()
+                raise checkpoints.diverged(step + 1, record["loss"])
+            if checkpoints.due(step + 1):
+                checkpoints.save(trainer, step + 1, record["loss"])
         log.close()
         accuracy = trainer.evaluate()
         timed = log.records[1:] or log.records
         summary = {
             "steps": config.train.steps,
-            "final_loss": log.records[-1]["loss"] if log.records else None,
+            "final_loss": log.records[-1]["loss"] if log.records else resumed["loss"],
+            "resumed_from": resumed["step"],
             "test_accuracy": accuracy,
             "mean_step_ms": sum(r["step_ms"] for r in timed) / max(len(timed), 1),
             "wall_s": time.perf_counter() - started,
@@ -159,6 +190,8 @@ def run_training(
             "losses": [r["loss"] for r in log.records],
             "spike_rates": [r["spike_rate"] for r in log.records],
         }
+        extra = plugins.summary(plan)
+        summary.update(zip(extra, all_reduce(list(extra.values()), op="max")))
         if on_finish is not None:
             summary["inspect"] = on_finish(trainer)
         if is_main and run_dir is not None:

@@ -19,6 +19,7 @@ import torch
 import torch.multiprocessing as mp
 from torch.distributed.tensor import DTensor
 
+from snnfw import data as datalib
 from snnfw.config import Config, build_config
 from snnfw.runtime import Trainer, run_training
 
@@ -65,20 +66,42 @@ def state_bytes(trainer: Trainer) -> dict[str, int]:
     }
 
 
+def tracked_peak_bytes(trainer: Trainer) -> int:
+    """Peak bytes on this rank's device during the forward and backward passes of one training step.
+
+    Counted by torch's MemTracker (parameters, gradients, optimizer state and
+    activations), so deterministic, unlike resident memory. The step is step
+    0 of this rank's replica, its microbatches as in training; its gradients
+    are dropped and the optimizer does not step.
+    """
+    from torch.distributed._tools.mem_tracker import MemTracker
+
+    plan = trainer.plan
+    indices = datalib.global_batch_indices(0, plan.global_batch, len(trainer.train_set), trainer.config.train.seed)
+    local = datalib.replica_chunk(indices, trainer.replica, plan.dp_size)
+    batches = [datalib.load(trainer.train_set, chunk, trainer.device) for chunk in local.chunk(plan.microbatches)]
+    tracker = MemTracker()
+    tracker.track_external(trainer.model, trainer.optimizer)
+    with tracker:
+        trainer.plugins.forward_backward(trainer.model, batches, plan)
+    trainer.optimizer.zero_grad(set_to_none=True)
+    return tracker.get_tracker_snapshot("peak")[trainer.device]["Total"]
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
 
 
-def _worker(rank, world, port, config_dict, run_dir, env, inspect, results):
+def _worker(rank, world, port, config_dict, run_dir, env, inspect, resume, results):
     os.environ.update(
         RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world), LOCAL_WORLD_SIZE=str(world),
         MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), OMP_NUM_THREADS="1",
     )
     os.environ.update(env.get(rank, {}))
     try:
-        summary = run_training(build_config(config_dict), run_dir, on_finish=inspect)
+        summary = run_training(build_config(config_dict), run_dir, on_finish=inspect, resume=resume)
         buffer = io.BytesIO()
         torch.save(summary, buffer)  # by value: shared-memory tensors would die with this process
         results.put((rank, "ok", buffer.getvalue()))
@@ -102,16 +125,18 @@ def run_on_ranks(
     timeout_s: float = 180,
     env: dict[int, dict[str, str]] | None = None,
     inspect: Callable[[Trainer], Any] | None = None,
+    resume: bool = False,
 ) -> list[dict[str, Any]]:
     """Trains ``config`` on ``nproc`` spawned CPU ranks; returns each rank's summary in rank order.
 
     ``env`` adds environment variables per rank; ``inspect(trainer)`` runs on
-    every rank at the end and its result lands in ``summary["inspect"]``.
+    every rank at the end and its result lands in ``summary["inspect"]``;
+    ``resume`` continues from the newest checkpoint in ``run_dir``.
     Raises :class:`RankFailure` if any rank raised, TimeoutError past ``timeout_s``.
     """
     ctx = mp.get_context("spawn")
     results = ctx.Queue()
-    args = (nproc, _free_port(), config.to_dict(), run_dir, env or {}, inspect, results)
+    args = (nproc, _free_port(), config.to_dict(), run_dir, env or {}, inspect, resume, results)
     procs = [ctx.Process(target=_worker, args=(rank, *args), daemon=True) for rank in range(nproc)]
     for p in procs:
         p.start()

@@ -1,7 +1,10 @@
-"""Worker entry point: ``torchrun --nproc_per_node=N -m snnfw.train CONFIG [--run-dir DIR] [--set k=v ...]``.
+"""Worker entry point: ``torchrun --nproc_per_node=N -m snnfw.train CONFIG [--run-dir DIR] [--set k=v ...] [--resume]``.
 
 ``snnfw train`` launches this module on every rank; it also runs under a
-plain torchrun. Rank 0 prints progress and writes the run directory.
+plain torchrun. Rank 0 prints progress and writes the run directory. A
+restarted attempt (``TORCHELASTIC_RESTART_COUNT`` > 0) resumes from the newest
+checkpoint, unless an earlier attempt stopped on a user error, which a
+restart would only repeat.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from snnfw.errors import UserError
 from snnfw.runtime import run_training
 
 DONE_DIR = ".ranks"
+STOPPED = "stopped"
 
 
 def mark_done(run_dir: Path, rank: int) -> None:
@@ -30,12 +34,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("config")
     parser.add_argument("--run-dir", default="runs/latest")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
+    parser.add_argument("--resume", action="store_true", help="continue from the newest checkpoint in the run directory")
     args = parser.parse_args(argv)
     run_dir = Path(args.run_dir)
+    restarted = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0
+    if restarted and (run_dir / DONE_DIR / STOPPED).exists():
+        return 2
     try:
-        summary = run_training(load_config(args.config, args.overrides), run_dir)
+        summary = run_training(load_config(args.config, args.overrides), run_dir, resume=args.resume or restarted)
     except UserError as err:
         print(f"snnfw: error: {err}", file=sys.stderr)
+        (run_dir / DONE_DIR).mkdir(parents=True, exist_ok=True)
+        (run_dir / DONE_DIR / STOPPED).write_text(f"{err}\n")
         return 2
     rank = int(os.environ.get("RANK", "0"))
     if rank == 0:

@@ -74,3 +74,11 @@ def test_a_strategy_from_a_plugin_takes_part_in_auto():
     plugins = Plugins(extra=(("echo", EchoStrategy()),))
     for prefer in ("speed", "memory", "capacity"):
         assert prepare(auto(2, prefer), 2, plugins).plan.strategy == "echo"
+
+
+def test_explicit_strategy_with_prefer_keeps_it_and_fills_defaults(plugins):
+    plan = prepare(tiny_config("dp", parallel={"prefer": "memory"}), 2, plugins).plan
+    assert plan.strategy == "dp" and plan.config.parallel.zero is True
+    assert "prefer memory: parallel.zero = True" in plan.rationale
+    speed = prepare(tiny_config("dp", parallel={"prefer": "speed"}), 2, plugins).plan
+    assert speed.config.parallel.zero is False

@@ -15,6 +15,7 @@ from torch import nn
 from snnfw import hookimpl
 from snnfw.analysis import AnalysisPart
 from snnfw.families import Flavor, ModelFamily
+from snnfw.pipeline import TimeMajor
 
 NAME = "cifar10dvs_vgg"
 POOL_BEFORE = (2, 4, 6)
@@ -76,3 +77,18 @@ def snnfw_analyze(model, family):
         stage_units=blocks + ("classifier",),
         tp_plan=tuple((block, "conv_bn_neuron") for block in blocks),
     )
+
+
+@hookimpl
+def snnfw_split_stages(model, plan):
+    """One unit per block, the time-major transpose before the first, the last pooling
+    after the last block, and the flatten before the classifier."""
+    if plan.config.model.family != NAME:
+        return None
+    *blocks, pool = model.features
+    return [
+        nn.Sequential(TimeMajor(), blocks[0]),
+        *blocks[1:-1],
+        nn.Sequential(blocks[-1], pool),
+        nn.Sequential(nn.Flatten(2), model.classifier),
+    ]

@@ -17,6 +17,7 @@ from torch import nn
 from snnfw import hookimpl
 from snnfw.analysis import AnalysisPart
 from snnfw.families import Flavor, ModelFamily
+from snnfw.pipeline import TimeMajor
 
 NAME = "spikformer"
 
@@ -34,16 +35,26 @@ class SpikformerNet(nn.Module):
         return self.net(frames.transpose(0, 1).contiguous())
 
 
+class MeanOverTokens(nn.Module):
+    """``[T, N, C, H, W]`` -> ``[T, N, C]``: the zoo's pooling before the head."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x.flatten(3).mean(dim=-1)
+
+
 TI = dict(in_channels=3, img_size_h=224, img_size_w=224, patch_size=16, num_classes=1000,
           embed_dims=256, num_heads=8, mlp_ratio=4.0, depths=4)
 TINY = dict(in_channels=2, img_size_h=32, img_size_w=32, patch_size=4, num_classes=10,
             embed_dims=32, num_heads=4, mlp_ratio=4.0, depths=2, v_threshold=0.5)
+CIFAR10 = dict(in_channels=3, img_size_h=32, img_size_w=32, patch_size=4, num_classes=10,
+               embed_dims=384, num_heads=12, mlp_ratio=4.0, depths=4)
 
 FAMILY = ModelFamily(
     name=NAME,
     flavors={
         "ti": Flavor((3, 224, 224), 1000, partial(SpikformerNet, **TI), "Spikformer-ti, ImageNet 224x224, 4.4M parameters"),
         "tiny": Flavor((2, 32, 32), 10, partial(SpikformerNet, **TINY), "two blocks on 32x32 DVS frames, for tests"),
+        "cifar10": Flavor((3, 32, 32), 10, partial(SpikformerNet, **CIFAR10), "Spikformer-4-384 on 32x32 images (data set cifar10)"),
     },
 )
 
@@ -64,3 +75,12 @@ def snnfw_analyze(model, family):
     for block in blocks:
         tp_plan += [(f"{block}.attn", "self_attention_heads"), (f"{block}.mlp", "conv_mlp")]
     return AnalysisPart(blocks=(stem, *blocks), stage_units=(stem, *blocks, "net.head"), tp_plan=tuple(tp_plan))
+
+
+@hookimpl
+def snnfw_split_stages(model, plan):
+    """The stem after the time-major transpose, one unit per block, the token mean with the head."""
+    if plan.config.model.family != NAME:
+        return None
+    net = model.net
+    return [nn.Sequential(TimeMajor(), net.patch_embed), *net.blocks, nn.Sequential(MeanOverTokens(), net.head)]

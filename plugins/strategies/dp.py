@@ -51,4 +51,7 @@ def wrap_ddp(model, plan, mesh):
 
 @hookimpl
 def snnfw_parallelize(model, plan, mesh, hooks):
-    return wrap_ddp(model, plan, mesh) if plan.strategy == NAME else None
+    if plan.strategy != NAME:
+        return None
+    hooks.compile(model, plan)
+    return wrap_ddp(model, plan, mesh)

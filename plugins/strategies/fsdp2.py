@@ -9,6 +9,7 @@ fp32 parameters, matching their fp32 running statistics.
 """
 
 from snnfw import hookimpl
+from snnfw.analysis import submodule
 from snnfw.estimate import estimate, ring_bytes
 from snnfw.plan import Proposal
 
@@ -87,11 +88,22 @@ def _estimate(request, shards: int, world: int):
     )
 
 
+def _scalars_to_vectors(model) -> None:
+    """FSDP2 cannot shard 0-dim parameters (a parametric LIF's ``w``): make them one-element vectors."""
+    import torch
+
+    for module in model.modules():
+        for name, param in list(module.named_parameters(recurse=False)):
+            if param.dim() == 0:
+                setattr(module, name, torch.nn.Parameter(param.detach().reshape(1), requires_grad=param.requires_grad))
+
+
 def apply_fully_shard(model, plan, mesh):
     """``fully_shard`` on each family block, then the root, with the plan's FSDP2 options."""
     import torch
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
+    _scalars_to_vectors(model)
     parallel = plan.config.parallel
     options = {"mesh": mesh, "reshard_after_forward": parallel.reshard_after_forward}
     root_options = options
@@ -102,10 +114,13 @@ def apply_fully_shard(model, plan, mesh):
         options = {**options, "mp_policy": MixedPrecisionPolicy(**bf16)}
         root_options = {**options, "mp_policy": MixedPrecisionPolicy(**bf16, output_dtype=torch.float32)}
     for name in plan.analysis.blocks:
-        fully_shard(model.get_submodule(name), **options)
+        fully_shard(submodule(model, name), **options)
     return fully_shard(model, **root_options)
 
 
 @hookimpl
 def snnfw_parallelize(model, plan, mesh, hooks):
-    return apply_fully_shard(model, plan, mesh) if plan.strategy == NAME else None
+    if plan.strategy != NAME:
+        return None
+    hooks.compile(model, plan)
+    return apply_fully_shard(model, plan, mesh)

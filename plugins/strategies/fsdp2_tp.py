@@ -49,4 +49,5 @@ def snnfw_parallelize(model, plan, mesh, hooks):
     if plan.strategy != NAME:
         return None
     apply_tensor_parallel(model, plan.analysis, mesh["tp"], hooks)
+    hooks.compile(model, plan)
     return apply_fully_shard(model, plan, mesh["dp"])

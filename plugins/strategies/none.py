@@ -31,4 +31,7 @@ def snnfw_plan(request):
 
 @hookimpl
 def snnfw_parallelize(model, plan, mesh, hooks):
-    return model if plan.strategy == NAME else None
+    if plan.strategy != NAME:
+        return None
+    hooks.compile(model, plan)
+    return model

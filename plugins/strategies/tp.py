@@ -7,6 +7,7 @@ went wrong fails by name instead of silently re-creating full-size state.
 """
 
 from snnfw import hookimpl
+from snnfw.analysis import submodule
 from snnfw.estimate import estimate, ring_bytes
 from snnfw.plan import Proposal
 from snnfw_plugins.strategies.tp_comm import COUNTER
@@ -45,11 +46,10 @@ def tp_estimate(request, tp: int, replicas: int = 1):
 
 def apply_tensor_parallel(model, analysis, tp_mesh, hooks) -> None:
     """Shards every module of the family's tp_plan over ``tp_mesh`` (1-D), in place."""
-    modules = dict(model.named_modules())
-    names = {id(m): name for name, m in modules.items()}
+    names = {id(m): name for name, m in model.named_modules()}
     shard = Shard(tp_mesh, tp_mesh.get_group(), tp_mesh.get_local_rank(), tp_mesh.size(), hooks, names)
     for name, style in analysis.tp_plan:
-        STYLES[style].apply(modules[name], shard)
+        STYLES[style].apply(submodule(model, name), shard)
 
 
 @hookimpl
@@ -85,6 +85,7 @@ def snnfw_parallelize(model, plan, mesh, hooks):
     if plan.strategy != NAME:
         return None
     apply_tensor_parallel(model, plan.analysis, mesh, hooks)
+    hooks.compile(model, plan)
     return model
 
 

@@ -14,6 +14,9 @@ which then only ever see (and keep) their local channels.
   holds whole heads of q, k and v, the projection is row-parallel.
 - ``linear_mlp``: Linear-neuron-Linear through torch's DTensor
   ``ColwiseParallel`` and ``RowwiseParallel``.
+
+Every sliced parameter and buffer is noted in its module's ``snnfw_slices``
+(a :class:`TensorSlice` per name), so checkpoints can gather and re-slice it.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from torch import nn
 from snnfw_plugins.strategies.tp_comm import copy_in, gather_out, reduce_out
 
 CHANNEL_DIM = 2  # multi-step activations are [T, N, C, ...]
+SLICES = "snnfw_slices"
 _CONV = (nn.Conv1d, nn.Conv2d)
 _BN = (nn.BatchNorm1d, nn.BatchNorm2d)
 
@@ -58,6 +62,21 @@ class Shard:
         return torch.arange(self.rank * local, (self.rank + 1) * local)
 
 
+@attrs.frozen
+class TensorSlice:
+    """A module's tensor holds entries ``index`` of dim ``dim`` of the whole, split over ``group``."""
+
+    dim: int
+    index: torch.Tensor
+    group: object
+
+
+def _note(module: nn.Module, names: tuple[str, ...], dim: int, index: torch.Tensor, shard: Shard) -> None:
+    slices = module.__dict__.setdefault(SLICES, {})
+    for name in names:
+        slices[name] = TensorSlice(dim, index, shard.group)
+
+
 def _find(module: nn.Module, kinds) -> list[nn.Module]:
     return [m for m in module.modules() if isinstance(m, kinds)]
 
@@ -78,6 +97,7 @@ def column_conv(conv: nn.Module, index: torch.Tensor, shard: Shard) -> None:
     if conv.bias is not None:
         conv.bias = _param(conv.bias[index])
     conv.out_channels = len(index)
+    _note(conv, ("weight", "bias") if conv.bias is not None else ("weight",), 0, index, shard)
     conv.register_forward_pre_hook(lambda m, args: (copy_in(args[0], shard.group), *args[1:]))
 
 
@@ -85,6 +105,7 @@ def row_conv(conv: nn.Module, index: torch.Tensor, shard: Shard) -> None:
     """Keeps input channels ``index``; partial outputs are all-reduced, the bias added once."""
     conv.weight = _param(conv.weight[:, index])
     conv.in_channels = len(index)
+    _note(conv, ("weight",), 1, index, shard)
 
     def reduce(m, args, out):
         if m.bias is None:
@@ -95,11 +116,12 @@ def row_conv(conv: nn.Module, index: torch.Tensor, shard: Shard) -> None:
     conv.register_forward_hook(reduce)
 
 
-def shard_batch_norm(bn: nn.Module, index: torch.Tensor) -> None:
+def shard_batch_norm(bn: nn.Module, index: torch.Tensor, shard: Shard) -> None:
     bn.weight, bn.bias = _param(bn.weight[index]), _param(bn.bias[index])
     bn.running_mean = bn.running_mean[index].clone()
     bn.running_var = bn.running_var[index].clone()
     bn.num_features = len(index)
+    _note(bn, ("weight", "bias", "running_mean", "running_var"), 0, index, shard)
 
 
 def shard_neuron(neuron: nn.Module, local: int, total: int, shard: Shard) -> None:
@@ -131,7 +153,7 @@ def apply_conv_bn_neuron(module: nn.Module, shard: Shard) -> None:
     index = shard.block(total)
     column_conv(conv, index, shard)
     for bn in _find(module, _BN):
-        shard_batch_norm(bn, index)
+        shard_batch_norm(bn, index, shard)
     for neuron in _neurons(module):
         shard_neuron(neuron, len(index), total, shard)
     module.register_forward_hook(lambda m, args, out: gather_out(out, shard.group, CHANNEL_DIM))
@@ -152,7 +174,7 @@ def apply_conv_mlp(module: nn.Module, shard: Shard) -> None:
     index = shard.block(hidden)
     column_conv(fc1, index, shard)
     for bn in _find(module.fc1, _BN):
-        shard_batch_norm(bn, index)
+        shard_batch_norm(bn, index, shard)
     shard_neuron(module.neuron1, len(index), hidden, shard)
     row_conv(fc2, index, shard)
 
@@ -177,7 +199,7 @@ def apply_self_attention(module: nn.Module, shard: Shard) -> None:
     (qkv,), (proj,) = _find(module.qkv_conv_bn, _CONV), _find(module.proj_conv_bn, _CONV)
     column_conv(qkv, qkv_index, shard)
     for bn in _find(module.qkv_conv_bn, _BN):
-        shard_batch_norm(bn, qkv_index)
+        shard_batch_norm(bn, qkv_index, shard)
     shard_neuron(module.qkv_lif, len(qkv_index), 3 * dim, shard)
     shard_neuron(module.attn_lif, local_heads, heads, shard)
     module.num_heads = local_heads

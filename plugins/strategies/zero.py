@@ -2,12 +2,13 @@
 
 ``strategy = "zero"`` is DDP plus the sharded optimizer; ``parallel.zero =
 true`` adds the sharded optimizer to ``dp``. Strategies that already shard
-optimizer state, or whose ranks hold different parameters, refuse it.
+optimizer state, or whose ranks hold different parameters, refuse it. Checkpoints
+gather the optimizer shards into one whole state, so they resume under any strategy.
 """
 
 from snnfw import hookimpl
 from snnfw.plan import Proposal
-from snnfw_plugins.defaults import optimizer_spec
+from snnfw_plugins.defaults import load_full_state, optimizer_spec
 from snnfw_plugins.strategies.dp import propose_replicas, wrap_ddp
 
 NAME = "zero"
@@ -38,8 +39,18 @@ def snnfw_plan(request):
 
 
 @hookimpl
+def snnfw_preference_defaults(config):
+    if config.parallel.strategy == "dp" and config.parallel.prefer in ("memory", "capacity"):
+        return {"parallel.zero": True}
+    return None
+
+
+@hookimpl
 def snnfw_parallelize(model, plan, mesh, hooks):
-    return wrap_ddp(model, plan, mesh) if plan.strategy == NAME else None
+    if plan.strategy != NAME:
+        return None
+    hooks.compile(model, plan)
+    return wrap_ddp(model, plan, mesh)
 
 
 @hookimpl
@@ -55,3 +66,33 @@ def snnfw_build_optimizer(model, plan, mesh):
         process_group=mesh.get_group("dp"),
         **kwargs,
     )
+
+
+def merge_optimizer_states(parts: list[dict]) -> dict:
+    """One optimizer state from every rank's shard: the union of states, each group's parameter names joined."""
+    groups = [
+        dict(group, params=[name for part in parts for name in part["param_groups"][i]["params"]])
+        for i, group in enumerate(parts[0]["param_groups"])
+    ]
+    return {"state": {name: value for part in parts for name, value in part["state"].items()}, "param_groups": groups}
+
+
+@hookimpl
+def snnfw_state_dict(model, optimizer, plan):
+    if not _wanted(plan):
+        return None
+    import torch.distributed as dist
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, get_optimizer_state_dict
+
+    options = StateDictOptions(full_state_dict=True)
+    parts = [None] * dist.get_world_size(optimizer.process_group)
+    dist.all_gather_object(parts, get_optimizer_state_dict(model, optimizer.optim, options=options), group=optimizer.process_group)
+    return {"model": get_model_state_dict(model, options=options), "optimizer": merge_optimizer_states(parts)}
+
+
+@hookimpl
+def snnfw_load_state_dict(model, optimizer, plan, state):
+    if not _wanted(plan):
+        return None
+    load_full_state(model, optimizer.optim, state)
+    return True

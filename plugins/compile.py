@@ -1,0 +1,121 @@
+"""``[compile]``: ``torch.compile`` of the family's blocks, and what compiling costs.
+
+With ``compile.enable``, the forward of every block in ``analysis.blocks`` is
+compiled (``compile.backend``, ``compile.mode``, ``compile.fullgraph``) for static
+shapes, each block with recompiles of its own (blocks share their code, and
+sizes seen in one block would otherwise make the next one's dynamic). Strategies ask for it at one fixed point of
+``snnfw_parallelize``: after tensor parallel, before FSDP2, DDP or pipeline
+stage wrappers (as torchtitan orders them), so hooks those put on a block stay
+outside its graph. Whenever anything is compiled (this, or the ``inductor``
+neuron backend), each step's metrics hold ``compile_s`` (compiling time
+within the step), ``compiles``, ``recompiles`` and ``graph_breaks``, and the
+summary holds their totals over the run, evaluation included.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from snnfw import hookimpl
+from snnfw.analysis import submodule
+from snnfw.plan import Proposal
+
+
+def inductor_refusal(device_type: str) -> str | None:
+    """Why Inductor cannot generate code on ``device_type`` here, or None."""
+    from importlib.util import find_spec
+
+    if device_type == "cuda":
+        return None if find_spec("triton") else "Inductor on CUDA generates Triton kernels, and triton is not installed"
+    try:
+        from torch._inductor.cpp_builder import get_cpp_compiler
+
+        get_cpp_compiler()
+    except Exception as err:
+        return f"Inductor on CPU needs a C++ compiler (g++ or clang++, or $CXX): {err}"
+    return None
+
+
+def compiling(plan) -> bool:
+    return plan.config.compile.enable or plan.config.model.neuron_backend == "inductor"
+
+
+@hookimpl
+def snnfw_plan(request):
+    options = request.config.compile
+    if not options.enable:
+        return None
+    if options.mode != "default" and options.backend != "inductor":
+        return Proposal.refuse(request.strategy, f"compile.mode {options.mode!r} is an Inductor mode; set compile.backend = \"inductor\"")
+    if options.backend == "inductor" and (reason := inductor_refusal(request.topology.device_type)):
+        return Proposal.refuse(request.strategy, f"compile.enable: {reason}")
+    return None
+
+
+class CompileStats:
+    """Compiling time, graphs, recompiles and graph breaks since it was made, from dynamo's process-wide records."""
+
+    def __init__(self):
+        self.seen_us, self.recompiles = self._latest_us(), 0
+        self.start = self.last = self._totals()
+
+    def _latest_us(self) -> int:
+        from torch._dynamo.utils import get_compilation_metrics
+
+        return max((m.start_time_us or 0 for m in get_compilation_metrics()), default=0)
+
+    def _totals(self) -> dict[str, float]:
+        from torch._dynamo.utils import calculate_time_spent, counters, get_compilation_metrics
+
+        new = [m for m in get_compilation_metrics() if (m.start_time_us or 0) > self.seen_us]
+        self.seen_us = max([self.seen_us, *(m.start_time_us or 0 for m in new)])
+        self.recompiles += sum(m.recompile_reason is not None for m in new)
+        return {
+            "compile_s": calculate_time_spent().get("total_wall_time", 0.0),
+            "compiles": float(counters["stats"]["unique_graphs"]),
+            "recompiles": float(self.recompiles),
+            "graph_breaks": float(sum(counters["graph_break"].values())),
+        }
+
+    def take(self) -> dict[str, float]:
+        """The increase since the last call."""
+        now = self._totals()
+        out = {key: now[key] - self.last[key] for key in now}
+        self.last = now
+        return out
+
+    def total(self) -> dict[str, float]:
+        """The increase since it was made."""
+        now = self._totals()
+        return {key: now[key] - self.start[key] for key in now}
+
+
+_stats: list[CompileStats] = []
+
+
+@hookimpl(tryfirst=True)
+def snnfw_compile(model, plan):
+    _stats[:] = [CompileStats()]
+    options = plan.config.compile
+    if not options.enable:
+        return
+    for name in plan.analysis.blocks:
+        block = submodule(model, name)
+        block.forward = torch.compile(
+            block.forward,
+            backend=options.backend,
+            mode=None if options.mode == "default" else options.mode,
+            fullgraph=options.fullgraph,
+            dynamic=False,
+            isolate_recompiles=True,
+        )
+
+
+@hookimpl
+def snnfw_step_metrics(plan):
+    return _stats[0].take() if compiling(plan) and _stats else None
+
+
+@hookimpl
+def snnfw_summary(plan):
+    return _stats[0].total() if compiling(plan) and _stats else None

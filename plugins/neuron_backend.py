@@ -1,0 +1,76 @@
+"""``model.neuron_backend``: which implementation runs SpikingJelly's neurons, for every family.
+
+SpikingJelly 2.0 neurons have no per-module backend; its neuron operators
+pick an implementation per device and process. ``torch`` (the default) is its
+Torch reference (the only one on CPU); ``cuda`` (its native CUDA kernels) and
+``triton`` (its Triton kernels) need CUDA, and are set for every neuron
+operator before the first forward. ``inductor`` compiles every neuron's
+forward with ``torch.compile`` (one dynamic-shape graph per neuron kind),
+at the point where strategies compile (see ``compile``). A backend that
+cannot run here is refused when planning, with the reason.
+"""
+
+from __future__ import annotations
+
+import importlib
+from importlib.util import find_spec
+
+import torch
+
+from snnfw import hookimpl
+from snnfw.plan import Proposal
+from snnfw_plugins.compile import inductor_refusal
+
+NEURON_OPERATORS = ("if_", "lif", "plif", "qif", "eif", "izhikevich", "ilif", "activation_aware_if", "stbif", "clif")
+KERNELS = {"cuda": "native CUDA", "triton": "Triton"}
+
+
+def refusal(backend: str, device_type: str) -> str | None:
+    """Why ``backend`` cannot run the neurons on ``device_type`` here, or None."""
+    if backend == "torch":
+        return None
+    if backend == "inductor":
+        return inductor_refusal(device_type)
+    if device_type != "cuda":
+        return f"it runs SpikingJelly's {KERNELS[backend]} neuron kernels, which need CUDA; use \"torch\" or \"inductor\" on CPU"
+    if backend == "triton" and find_spec("triton") is None:
+        return "triton is not installed"
+    if backend == "cuda" and find_spec("spikingjelly._ops.lif._C") is None:
+        return "SpikingJelly's native CUDA operators are not built (install it from source with SJ_BUILD_NATIVE_CUDA=1)"
+    return None
+
+
+@hookimpl
+def snnfw_plan(request):
+    backend = request.config.model.neuron_backend
+    if reason := refusal(backend, request.topology.device_type):
+        return Proposal.refuse(request.strategy, f"model.neuron_backend = {backend!r}: {reason}")
+    return None
+
+
+def select_cuda_implementation(name: str) -> None:
+    """Makes every SpikingJelly neuron operator use implementation ``name`` on CUDA from now on."""
+    for package in NEURON_OPERATORS:
+        selection = importlib.import_module(f"spikingjelly._ops.{package}")._selection
+        if selection._requested != name:
+            selection._requested = name
+            selection._selections.clear()
+            selection._compiled_selections.clear()
+
+
+@hookimpl(tryfirst=True)
+def snnfw_transform_model(model, plan, example, hooks):
+    backend = plan.config.model.neuron_backend
+    if plan.device_type == "cuda" and backend != "inductor":
+        select_cuda_implementation(backend)
+
+
+@hookimpl
+def snnfw_compile(model, plan):
+    if plan.config.model.neuron_backend != "inductor":
+        return
+    from spikingjelly.activation_based.neuron import BaseNode
+
+    neurons = [m for m in model.modules() if isinstance(m, BaseNode)]
+    for neuron in neurons:
+        neuron.forward = torch.compile(neuron.forward, backend="inductor", dynamic=True, recompile_limit=2 * len(neurons) + 8)

@@ -1,0 +1,187 @@
+"""``pp``: pipeline parallel on torch.distributed.pipelining, the schedule chosen by name.
+
+Mesh ``{pp = P}`` (the default) or ``{dp = D, pp = P}`` for data parallel over
+pipeline replicas. The model's units (``snnfw_split_stages``) are grouped into
+P x ``pipeline.virtual_stages`` stages: by ``pipeline.layout`` if given, else
+balanced by the forward+backward time that rank 0 measures in a short dry run.
+Every stage resets its neurons before each microbatch. Microbatches split the
+batch, never the time axis: torch's default chunking takes dim 0 of the frames
+``[N, T, ...]`` and of the labels; activations cross stages as ``[T, N, ...]``
+whole microbatches, and the last stage's loss function also counts correct
+predictions, so outputs are not merged.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from snnfw import hookimpl
+from snnfw.errors import PluginError
+from snnfw.plan import Proposal
+from snnfw.pipeline import parse_layout
+from snnfw_plugins.strategies.pp_model import STEP_TIMES, PipelineModel, ScoredLoss
+from snnfw_plugins.strategies.pp_stages import Stage, Stopwatch, decide_split, pipeline_stage
+
+NAME = "pp"
+EXAMPLE_FIRING = 0.2  # share of active pixels in the dry run's frames
+
+
+@hookimpl
+def snnfw_register_strategies(register):
+    register(NAME, None, "pipeline parallel: consecutive stages on ranks, schedules by name (pipeline.schedule)")
+
+
+def _unit_names(request) -> tuple[str, ...]:
+    if request.analysis.stage_units:
+        return request.analysis.stage_units
+    if isinstance(request.model, nn.Sequential):
+        return tuple(name for name, _ in request.model.named_children())
+    return ()
+
+
+def _microbatch_refusal(count: int, stages: int, pp: int, spec, schedule: str) -> str | None:
+    if count < stages:
+        return f"train.microbatches {count} is fewer than the {stages} stages; set at least {stages}"
+    if spec.check_microbatches and (reason := spec.check_microbatches(count, pp)):
+        return f"schedule {schedule}: {reason}"
+    return None
+
+
+def choose_microbatches(replica_batch: int, stages: int, pp: int, spec) -> int | None:
+    """The smallest divisor of ``replica_batch``, at least ``stages``, that the schedule accepts."""
+    divisors = (count for count in range(stages, replica_batch + 1) if replica_batch % count == 0)
+    return next((count for count in divisors if not _microbatch_refusal(count, stages, pp, spec, "")), None)
+
+
+def _mesh_refusal(mesh) -> str | None:
+    names = sorted(name for name, _ in mesh)
+    if names not in (["pp"], ["dp", "pp"]):
+        return f"its mesh is {{pp = P}} or {{dp = D, pp = P}}, got {dict(mesh)}"
+    if dict(mesh)["pp"] < 2:
+        return f"it needs at least 2 pipeline ranks, got pp = {dict(mesh)['pp']}"
+    return None
+
+
+def _layout_refusal(text: str | None, units: tuple[str, ...], stages: int, shape: str) -> str | None:
+    if text is None:
+        return None
+    layout = parse_layout(text)
+    if len(layout) != stages:
+        return f"pipeline.layout {text} has {len(layout)} stages, but {shape}"
+    if sum(layout) != len(units):
+        return f"pipeline.layout {text} sums to {sum(layout)} units, but the model has {len(units)} ({', '.join(units)})"
+    return None
+
+
+def _propose(request) -> Proposal:
+    config, pipeline = request.config, request.config.pipeline
+    mesh = config.parallel.mesh or (("pp", request.topology.world_size),)
+    if reason := _mesh_refusal(mesh):
+        return Proposal.refuse(NAME, reason)
+    pp, dp, virtual = dict(mesh)["pp"], dict(mesh).get("dp", 1), pipeline.virtual_stages
+    spec = request.plugins.schedules.get(pipeline.schedule)  # an unknown name lists the registered ones
+    if reason := spec.virtual_refusal(pipeline.schedule, virtual):
+        return Proposal.refuse(NAME, reason)
+    stages, units = pp * virtual, _unit_names(request)
+    shape = f"pp {pp} x virtual_stages {virtual} = {stages} stages"
+    if not units:
+        return Proposal.refuse(NAME, f"model family {config.model.family!r} declares no stage_units and is no nn.Sequential")
+    if len(units) < stages:
+        return Proposal.refuse(NAME, f"the model has {len(units)} units ({', '.join(units)}), fewer than {shape}")
+    if reason := _layout_refusal(pipeline.layout, units, stages, shape):
+        return Proposal.refuse(NAME, reason)
+    replica_batch = config.data.batch_size // dp
+    micro = config.train.microbatches or choose_microbatches(replica_batch, stages, pp, spec)
+    if micro is None:
+        return Proposal.refuse(
+            NAME, f"no divisor of the per-replica batch {replica_batch} is at least the {stages} stages and suits "
+            f"schedule {pipeline.schedule}; raise data.batch_size or set train.microbatches"
+        )
+    if reason := _microbatch_refusal(micro, stages, pp, spec, pipeline.schedule):
+        return Proposal.refuse(NAME, reason)
+    placement = "; ".join(f"pp rank {r} holds stages {list(spec.stage_indices(r, pp, virtual))}" for r in range(pp))
+    split = f"units per stage {pipeline.layout}" if pipeline.layout else "units balanced by measured forward+backward time"
+    rationale = (
+        f"schedule {pipeline.schedule} over {shape}; {placement}",
+        f"{len(units)} units, {split}",
+        f"{dp} pipeline replicas, stage gradients averaged over them" if dp > 1 else "one pipeline replica",
+    )
+    dp_dims = ("dp",) if "dp" in dict(mesh) else ()
+    return Proposal(NAME, mesh=mesh, dp_dims=dp_dims, rationale=rationale, microbatches=micro)
+
+
+@hookimpl
+def snnfw_plan(request):
+    return _propose(request) if request.strategy == NAME else None
+
+
+def example_frames(plan, hooks, device) -> torch.Tensor:
+    """One microbatch of sparse random event frames ``[N, T, C, H, W]`` for splitting and the dry run."""
+    config = plan.config
+    shape = hooks.families.get(config.model.family).flavor(config.model.flavor).input_shape
+    generator = torch.Generator().manual_seed(config.train.seed)
+    frames = torch.rand(plan.microbatch_size, config.model.time_steps, *shape, generator=generator) < EXAMPLE_FIRING
+    return frames.float().to(device)
+
+
+def build_pipeline(model: nn.Module, plan, mesh, hooks) -> PipelineModel:
+    """This rank's stages of ``model``, their torch PipelineStages and the schedule."""
+    pipeline, pp_mesh = plan.config.pipeline, mesh["pp"]
+    spec = hooks.schedules.get(pipeline.schedule)
+    pp, pp_rank, group = pp_mesh.size(), pp_mesh.get_local_rank(), pp_mesh.get_group()
+    device = next(model.parameters()).device
+    example = example_frames(plan, hooks, device)
+    units = hooks.split_stages(model, plan, example) or []
+    declared = plan.analysis.stage_units
+    if not units or (declared and len(units) != len(declared)):
+        raise PluginError(
+            f"splitting {plan.config.model.family!r} into pipeline units gave {len(units)} units for the "
+            f"{len(declared)} stage_units it declares; its plugin must implement snnfw_split_stages"
+        )
+    split = decide_split(model, plan, hooks, example, pp * pipeline.virtual_stages)
+    indices = spec.stage_indices(pp_rank, pp, pipeline.virtual_stages)
+    stages = {index: Stage(*(units[u] for u in split.unit_range(index))) for index in indices}
+    local_units = {u for index in indices for u in split.unit_range(index)}
+    for u, unit in enumerate(units):
+        if u not in local_units:
+            unit.to("meta")  # frees what other ranks hold
+    for stage in stages.values():
+        stage.register_forward_pre_hook(lambda module, args: hooks.reset_state(module))
+    stopwatch, loss = Stopwatch(), ScoredLoss()
+    torch_stages = [pipeline_stage(stages[i], i, split, device, group, stopwatch) for i in indices]
+    schedule = hooks.schedule(torch_stages, plan, loss)
+    if schedule is None:
+        raise PluginError(f"no plugin builds schedule {pipeline.schedule!r}; its plugin must implement snnfw_schedule")
+    owner = {index: rank for rank in range(pp) for index in spec.stage_indices(rank, pp, pipeline.virtual_stages)}
+    owners = tuple(owner[index] for index in range(len(split.layout)))
+    dp_group = mesh.get_group("dp") if "dp" in mesh.mesh_dim_names else None
+    return PipelineModel(stages, schedule, loss, split, owners, device, group, dp_group, stopwatch)
+
+
+@hookimpl
+def snnfw_parallelize(model, plan, mesh, hooks):
+    return build_pipeline(model, plan, mesh, hooks) if plan.strategy == NAME else None
+
+
+@hookimpl
+def snnfw_forward_backward(model, batches, plan, hooks):
+    if plan.strategy != NAME:
+        return None
+    return model.train_step(torch.cat([frames for frames, _ in batches]), torch.cat([labels for _, labels in batches]))
+
+
+@hookimpl
+def snnfw_evaluate(model, frames, labels, plan, hooks):
+    return model.evaluate(frames, labels) if plan.strategy == NAME else None
+
+
+@hookimpl
+def snnfw_step_metrics(plan):
+    return STEP_TIMES.take() if plan.strategy == NAME else None
+
+
+@hookimpl(trylast=True)
+def snnfw_split_stages(model, plan):
+    """Any ``nn.Sequential`` model: one unit per child."""
+    return list(model) if isinstance(model, nn.Sequential) else None

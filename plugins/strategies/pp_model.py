@@ -1,0 +1,118 @@
+"""What one pipeline rank trains: its stages, the schedule that runs them, and a forward-only evaluation."""
+
+from __future__ import annotations
+
+import time
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from snnfw.step import StepOutput, classification_loss, count_correct
+
+HEADER_LENGTH = 8  # ndim and up to 7 sizes, sent before an activation in evaluation
+
+
+class ScoredLoss:
+    """The loss of one microbatch (``classification_loss``), counting correct predictions on the way."""
+
+    def __init__(self):
+        self.correct = 0
+
+    def __call__(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        self.correct += count_correct(logits.detach(), labels)
+        return classification_loss(logits, labels)
+
+
+class StepTimes:
+    """Per-step pipeline timings since the last ``take()``: compute time and schedule wall time."""
+
+    def __init__(self):
+        self.busy_s = self.schedule_s = 0.0
+
+    def add(self, busy_s: float, schedule_s: float) -> None:
+        self.busy_s += busy_s
+        self.schedule_s += schedule_s
+
+    def take(self) -> dict[str, float]:
+        out = {
+            "pp_busy_ms": self.busy_s * 1e3,
+            "pp_schedule_ms": self.schedule_s * 1e3,
+            "pp_bubble": 1.0 - self.busy_s / self.schedule_s if self.schedule_s else 0.0,
+        }
+        self.busy_s = self.schedule_s = 0.0
+        return out
+
+
+STEP_TIMES = StepTimes()
+
+
+class PipelineModel(nn.Module):
+    """This rank's pipeline stages (made of the model's own submodules) and their schedule.
+
+    ``parameters()`` are the local stages' parameters. ``owners[s]`` is the pp
+    rank holding stage ``s``. With a ``dp_group``, gradients are averaged over
+    the replicas of each stage after the schedule step.
+    """
+
+    def __init__(self, stages: dict[int, nn.Module], schedule, loss: ScoredLoss, split, owners: tuple[int, ...],
+                 device: torch.device, pp_group, dp_group, stopwatch):
+        super().__init__()
+        self.stage_indices = tuple(stages)
+        self.stages = nn.ModuleList(stages.values())
+        self.schedule, self.loss, self.split, self.owners, self.device = schedule, loss, split, owners, device
+        self.pp_group, self.dp_group, self.stopwatch = pp_group, dp_group, stopwatch
+        self.holds_last = len(owners) - 1 in self.stage_indices
+
+    def train_step(self, frames: torch.Tensor, labels: torch.Tensor) -> StepOutput:
+        """One schedule step over the replica's batch; loss and samples on the rank holding the last stage."""
+        losses: list[torch.Tensor] = []
+        self.loss.correct = 0
+        busy, start = self.stopwatch.total, time.perf_counter()
+        self.schedule.step(frames, target=labels, losses=losses)
+        STEP_TIMES.add(self.stopwatch.total - busy, time.perf_counter() - start)
+        self._average_gradients_over_replicas()
+        if not self.holds_last:
+            return StepOutput(loss=0.0, correct=0, samples=0)
+        return StepOutput(loss=float(torch.stack(losses).detach().mean()), correct=self.loss.correct, samples=len(labels))
+
+    @torch.no_grad()
+    def evaluate(self, frames: torch.Tensor, labels: torch.Tensor) -> StepOutput:
+        """The whole batch through the stages in order, activations sent between pp ranks."""
+        me, x = dist.get_rank(self.pp_group), frames
+        for index, stage in zip(self.stage_indices, self.stages):
+            if index > 0 and self.owners[index - 1] != me:
+                x = self._receive(self.owners[index - 1], self.split.boundaries[self.split.unit_range(index).start][1])
+            x = stage(x)
+            if index < len(self.owners) - 1 and self.owners[index + 1] != me:
+                self._send(x, self.owners[index + 1])
+        if not self.holds_last:
+            return StepOutput(loss=0.0, correct=0, samples=0)
+        return StepOutput(loss=0.0, correct=count_correct(x, labels), samples=len(labels))
+
+    def _send(self, tensor: torch.Tensor, peer: int) -> None:
+        header = torch.zeros(HEADER_LENGTH, dtype=torch.int64)
+        header[0] = tensor.dim()
+        header[1 : 1 + tensor.dim()] = torch.tensor(tensor.shape)
+        dist.send(header.to(tensor.device), group=self.pp_group, group_dst=peer)
+        dist.send(tensor.contiguous(), group=self.pp_group, group_dst=peer)
+
+    def _receive(self, peer: int, dtype: torch.dtype) -> torch.Tensor:
+        header = torch.empty(HEADER_LENGTH, dtype=torch.int64, device=self.device)
+        dist.recv(header, group=self.pp_group, group_src=peer)
+        shape = header[1 : 1 + int(header[0])].tolist()
+        tensor = torch.empty(shape, dtype=dtype, device=self.device)
+        dist.recv(tensor, group=self.pp_group, group_src=peer)
+        return tensor
+
+    def _average_gradients_over_replicas(self) -> None:
+        if self.dp_group is None:
+            return
+        grads = [p.grad for p in self.parameters() if p.grad is not None]
+        flat = torch.cat([g.reshape(-1) for g in grads])
+        dist.all_reduce(flat, group=self.dp_group)
+        flat /= dist.get_world_size(self.dp_group)
+        offset = 0
+        for grad in grads:
+            grad.copy_(flat[offset : offset + grad.numel()].view_as(grad))
+            offset += grad.numel()

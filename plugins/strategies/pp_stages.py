@@ -1,0 +1,145 @@
+"""Stages of a pipeline: units grouped by a measured (or given) layout, wrapped for torch's schedules."""
+
+from __future__ import annotations
+
+import copy
+import statistics
+import time
+
+import attrs
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.pipelining import PipelineStage
+
+from snnfw.pipeline import balanced_layout, parse_layout
+
+TIMED_PASSES = 3
+Meta = tuple[tuple[int, ...], torch.dtype]
+
+
+class Stage(nn.Sequential):
+    """Consecutive pipeline units run as one stage.
+
+    The output is never a view: zero-bubble schedules detach stage outputs in place.
+    """
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = super().forward(x)
+        return out.clone() if out._base is not None else out
+
+
+class Stopwatch:
+    """Adds the seconds spent inside ``with stopwatch:`` blocks to ``total``."""
+
+    def __init__(self):
+        self.total = 0.0
+
+    def __enter__(self):
+        self._start = time.perf_counter()
+
+    def __exit__(self, *exc):
+        self.total += time.perf_counter() - self._start
+
+
+class TimedStage(PipelineStage):
+    """A PipelineStage whose forward, backward and weight-backward compute time goes to ``stopwatch``."""
+
+    def __init__(self, *args, stopwatch: Stopwatch, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.stopwatch = stopwatch
+
+    def forward_one_chunk(self, *args, **kwargs):
+        with self.stopwatch:
+            return super().forward_one_chunk(*args, **kwargs)
+
+    def backward_one_chunk(self, *args, **kwargs):
+        with self.stopwatch:
+            return super().backward_one_chunk(*args, **kwargs)
+
+    def backward_weight_one_chunk(self, *args, **kwargs):
+        with self.stopwatch:
+            return super().backward_weight_one_chunk(*args, **kwargs)
+
+
+@attrs.frozen
+class Split:
+    """Units per stage, the (shape, dtype) at every unit boundary for one microbatch, and measured unit costs.
+
+    ``boundaries[i]`` is the input of unit ``i`` (``boundaries[-1]`` the model's
+    output); ``unit_ms`` is empty when the layout was given.
+    """
+
+    layout: tuple[int, ...]
+    boundaries: tuple[Meta, ...]
+    unit_ms: tuple[float, ...] = ()
+
+    def unit_range(self, stage: int) -> range:
+        start = sum(self.layout[:stage])
+        return range(start, start + self.layout[stage])
+
+
+def _meta(tensor: torch.Tensor) -> Meta:
+    return tuple(tensor.shape), tensor.dtype
+
+
+def _forward_backward_seconds(unit: nn.Module, x: torch.Tensor, reset) -> float:
+    reset(unit)
+    start = time.perf_counter()
+    unit(x).sum().backward()
+    return time.perf_counter() - start
+
+
+def measure_units(units: list[nn.Module], example: torch.Tensor, reset, passes: int) -> tuple[tuple[Meta, ...], tuple[float, ...]]:
+    """Runs ``example`` through ``units``: the boundary metas, and each unit's forward+backward
+    milliseconds (median of ``passes`` after one warm-up; none when ``passes`` is 0)."""
+    x, boundaries, unit_ms = example, [_meta(example)], []
+    for unit in units:
+        x = x.detach().requires_grad_(x.is_floating_point())
+        if passes:
+            seconds = [_forward_backward_seconds(unit, x, reset) for _ in range(passes + 1)][1:]
+            unit_ms.append(1e3 * statistics.median(seconds))
+        reset(unit)
+        with torch.no_grad():
+            x = unit(x)
+        boundaries.append(_meta(x))
+    return tuple(boundaries), tuple(unit_ms)
+
+
+def decide_split(model: nn.Module, plan, hooks, example: torch.Tensor, stages: int) -> Split:
+    """Rank 0 runs a copy of ``model`` (its buffers, gradients and hooks stay untouched),
+    balances the measured unit costs over ``stages`` unless ``pipeline.layout`` is given,
+    and broadcasts the split, so every rank uses the same one."""
+    payload: list[Split | None] = [None]
+    if dist.get_rank() == 0:
+        units = hooks.split_stages(copy.deepcopy(model), plan, example)
+        given = plan.config.pipeline.layout
+        boundaries, unit_ms = measure_units(units, example, hooks.reset_state, 0 if given else TIMED_PASSES)
+        layout = parse_layout(given) if given else balanced_layout(unit_ms, stages)
+        payload = [Split(layout, boundaries, unit_ms)]
+    dist.broadcast_object_list(payload, src=0)
+    return payload[0]
+
+
+def pipeline_stage(module: Stage, index: int, split: Split, device, group, stopwatch: Stopwatch) -> TimedStage:
+    """A torch PipelineStage with static example input and output for one microbatch.
+
+    Examples that require grad make torch receive activations that require
+    grad, so every stage gets gradients (torch 2.13 takes it from them).
+    """
+    units = split.unit_range(index)
+
+    def example(meta: Meta, requires_grad: bool) -> torch.Tensor:
+        shape, dtype = meta
+        return torch.empty(shape, dtype=dtype, device=device, requires_grad=requires_grad and dtype.is_floating_point)
+
+    return TimedStage(
+        module,
+        index,
+        len(split.layout),
+        device,
+        input_args=example(split.boundaries[units.start], requires_grad=index > 0),
+        output_args=example(split.boundaries[units.stop], requires_grad=True),
+        group=group,
+        stopwatch=stopwatch,
+    )

@@ -1,0 +1,214 @@
+"""pp: every schedule trains to the per-step losses of one process with the same microbatches.
+
+Multi-rank runs: all seven schedules on the VGG; on Spikformer one schedule
+per stage placement (1f1b single, interleaved looped, zbv V-shaped with split
+input and weight gradients); and a 4-rank pp x dp run. Each also checks the
+test accuracy (forward-only evaluation across stages), that every parameter
+of every stage moved from its initial value (so gradients reached it), and
+that all ranks use the one split rank 0 measured.
+"""
+
+import functools
+import json
+from types import SimpleNamespace
+
+import pytest
+import torch
+from torch import nn
+
+from snnfw.config import ConfigError, build_config
+from snnfw.errors import PlanError, UnknownNameError
+from snnfw.pipeline import balanced_layout
+from snnfw.plugins import Plugins
+from snnfw.runtime import build_model, prepare, run_training
+from snnfw.testing import local_parameters, run_on_ranks
+from snnfw_plugins.strategies.pp_stages import measure_units
+
+from conftest import tiny_config
+from test_equivalence import assert_same_losses
+
+SPIKFORMER = {"family": "spikformer"}
+
+
+@pytest.fixture(scope="module")
+def plugins():
+    return Plugins()
+
+
+def pp_config(schedule="1f1b", virtual=1, microbatches=None, layout=None, **sections):
+    pipeline = {"schedule": schedule, "virtual_stages": virtual} | ({"layout": layout} if layout else {})
+    return tiny_config("pp", microbatches, pipeline=pipeline, **sections)
+
+
+@functools.cache
+def reference_run(family: str, microbatches: int) -> dict:
+    summary = run_training(tiny_config("none", microbatches, model={"family": family}))
+    return {"losses": summary["losses"], "test_accuracy": summary["test_accuracy"]}
+
+
+def pipeline_report(trainer):
+    """This rank's stages, the split, and the local parameters still equal to their initial values."""
+    pipe = trainer.model
+    fresh, _ = build_model(trainer.config, trainer.plugins)
+    units = trainer.plugins.split_stages(fresh, trainer.plan, None)
+    unchanged, count = [], 0
+    for index, stage in zip(pipe.stage_indices, pipe.stages):
+        initial = [p for u in pipe.split.unit_range(index) for p in units[u].parameters()]
+        for (name, param), start in zip(stage.named_parameters(), initial, strict=True):
+            count += 1
+            if torch.equal(param.detach(), start):
+                unchanged.append(f"stage {index} {name}")
+    return {
+        "stages": pipe.stage_indices,
+        "layout": pipe.split.layout,
+        "unit_ms": pipe.split.unit_ms,
+        "parameters": count,
+        "unchanged": unchanged,
+        "values": local_parameters(trainer),
+    }
+
+
+def check_pipeline_run(config, nproc, run_dir=None, replicas=1):
+    """Runs ``config``; asserts losses equal none's with replicas x microbatches, and a complete, shared, trained split."""
+    plan = prepare(config, nproc, Plugins()).plan
+    reference = reference_run(config.model.family, replicas * plan.microbatches)
+    summaries = run_on_ranks(config, nproc, run_dir, inspect=pipeline_report, timeout_s=150)
+    for summary in summaries:
+        assert_same_losses(reference, summary)
+        assert summary["test_accuracy"] == reference["test_accuracy"]
+    reports = [s["inspect"] for s in summaries]
+    assert len({r["layout"] for r in reports}) == 1, "ranks use different splits"
+    first = reports[0]
+    if first["unit_ms"]:
+        assert first["layout"] == balanced_layout(first["unit_ms"], len(first["layout"]))
+    pipeline_ranks = nproc // replicas
+    replica = reports[:pipeline_ranks]
+    assert sorted(i for r in replica for i in r["stages"]) == list(range(len(first["layout"])))
+    model, _ = build_model(config, Plugins())
+    assert sum(r["parameters"] for r in replica) == len(list(model.parameters()))
+    for rank, report in enumerate(reports):
+        assert not report["unchanged"], f"rank {rank}: no gradient reached {report['unchanged']}"
+    return reports
+
+
+SCHEDULES = [("gpipe", 1), ("1f1b", 1), ("interleaved", 2), ("zero_bubble", 2), ("looped_bfs", 2), ("zbv", 2), ("dualpipev", 2)]
+
+
+@pytest.mark.parametrize("schedule, virtual", SCHEDULES)
+def test_vgg_schedule_matches_none(schedule, virtual, tmp_path):
+    check_pipeline_run(pp_config(schedule, virtual), 2, tmp_path)
+    record = json.loads((tmp_path / "metrics.jsonl").read_text().splitlines()[-1])
+    assert record["pp_busy_ms"] > 0 and 0 <= record["pp_bubble"] < 1
+
+
+@pytest.mark.parametrize("schedule, virtual", [("1f1b", 1), ("interleaved", 2), ("zbv", 2)])
+def test_spikformer_schedule_matches_none(schedule, virtual):
+    check_pipeline_run(pp_config(schedule, virtual, model=SPIKFORMER), 2)
+
+
+def test_pp_by_dp_matches_none_and_keeps_stage_replicas_equal():
+    config = pp_config("1f1b", parallel={"mesh": {"dp": 2, "pp": 2}})
+    reports = check_pipeline_run(config, 4, replicas=2)
+    for rank in (0, 1):
+        mine, peer = reports[rank]["values"], reports[rank + 2]["values"]
+        for name, tensor in mine.items():
+            assert torch.equal(tensor, peer[name]), f"pp rank {rank}: replicas differ in {name}"
+
+
+def test_given_layout_is_used_on_every_rank():
+    reports = check_pipeline_run(pp_config("gpipe", microbatches=2, layout="2|7"), 2)
+    assert [r["layout"] for r in reports] == [(2, 7), (2, 7)] and reports[0]["unit_ms"] == ()
+
+
+def test_balanced_layout_minimises_the_slowest_stage():
+    assert balanced_layout([1, 1, 100, 1, 1, 1], 3) == (2, 1, 3)
+    assert balanced_layout([5, 1, 1, 1, 1, 5], 2) == (3, 3)
+    assert max(map(sum, _stages([1.0] * 9, balanced_layout([1.0] * 9, 4)))) == 3
+    assert balanced_layout([2, 2, 2], 3) == (1, 1, 1)
+    with pytest.raises(ValueError, match="cannot split 2 units into 3"):
+        balanced_layout([1, 1], 3)
+
+
+def _stages(costs, layout):
+    out, start = [], 0
+    for count in layout:
+        out.append(costs[start : start + count])
+        start += count
+    return out
+
+
+def test_dry_run_times_uneven_units_and_the_split_isolates_the_heavy_one():
+    light = [nn.Linear(16, 16) for _ in range(5)]
+    heavy = nn.Sequential(nn.Linear(16, 1024), nn.Linear(1024, 1024), nn.Linear(1024, 1024), nn.Linear(1024, 16))
+    units = light[:2] + [heavy] + light[2:]
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # as on a rank: no thread-pool waits on a busy machine
+    try:
+        boundaries, unit_ms = measure_units(units, torch.rand(4, 8, 16), lambda unit: None, passes=3)
+    finally:
+        torch.set_num_threads(threads)
+    assert boundaries == tuple(((4, 8, 16), torch.float32) for _ in range(7))
+    assert unit_ms[2] > 5 * max(unit_ms[:2] + unit_ms[3:])
+    assert balanced_layout(unit_ms, 3) == (2, 1, 3)
+
+
+def test_any_sequential_model_splits_into_its_children(plugins):
+    model = nn.Sequential(nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 2))
+    plan = SimpleNamespace(config=build_config({"model": {"family": "an_unknown_sequential_family"}}))
+    assert plugins.split_stages(model, plan, None) == list(model)
+
+
+def test_microbatches_are_chosen_when_absent_and_checked_when_given(plugins):
+    def plan(config, world=2):
+        return prepare(config, world, plugins).plan
+
+    assert plan(pp_config("1f1b")).microbatches == 2
+    assert plan(pp_config("interleaved", 2)).microbatches == 4
+    assert plan(pp_config("1f1b", parallel={"mesh": {"dp": 2, "pp": 2}}), 4).microbatches == 2
+    assert plan(pp_config("gpipe", microbatches=8)).microbatches == 8
+    assert plan(tiny_config("none", microbatches=None), 1).microbatches == 1
+    interleaved = plan(pp_config("interleaved", 2))
+    assert interleaved.dp_dims == () and interleaved.mesh == (("pp", 2),)
+    assert "pp rank 0 holds stages [0, 2]; pp rank 1 holds stages [1, 3]" in interleaved.rationale[0]
+    assert "pp rank 0 holds stages [0, 3]" in plan(pp_config("zbv", 2)).rationale[0]
+
+
+@pytest.mark.parametrize(
+    "config, world, message",
+    [
+        (pp_config(layout="2|2|5"), 2,
+         "pipeline.layout 2|2|5 has 3 stages, but pp 2 x virtual_stages 1 = 2 stages"),
+        (pp_config(layout="2|6"), 2,
+         "pipeline.layout 2|6 sums to 8 units, but the model has 9 (features.0,"),
+        (pp_config("interleaved", 1), 2, "schedule interleaved runs 2 or more stages per rank; set pipeline.virtual_stages = 2"),
+        (pp_config("zbv", 3), 2, "schedule zbv runs two stages per rank in a V; set pipeline.virtual_stages = 2, not 3"),
+        (pp_config("gpipe", 2), 2, "schedule gpipe runs one stage per rank"),
+        (pp_config("looped_bfs", 3, model=SPIKFORMER), 2,
+         "the model has 4 units (net.patch_embed, net.blocks.0, net.blocks.1, net.head), fewer than pp 2 x virtual_stages 3 = 6 stages"),
+        (pp_config(microbatches=1), 2, "train.microbatches 1 is fewer than the 2 stages"),
+        (pp_config("interleaved", 2, microbatches=5, data={"batch_size": 10}), 2,
+         "schedule interleaved: 5 microbatches do not form 2 equal rounds; use a multiple of pp = 2"),
+        (pp_config("interleaved", 2, data={"batch_size": 3}), 2, "no divisor of the per-replica batch 3 is at least the 4 stages"),
+        (pp_config(parallel={"mesh": {"tp": 2}}), 2, "its mesh is {pp = P} or {dp = D, pp = P}, got {'tp': 2}"),
+        (pp_config(parallel={"mesh": {"dp": 2, "pp": 1}}), 2, "at least 2 pipeline ranks, got pp = 1"),
+        (pp_config(parallel={"mesh": {"pp": 4}}), 2, "mesh pp=4 has 4 ranks but the world has 2"),
+    ],
+)
+def test_impossible_pipelines_fail_in_plan(plugins, config, world, message):
+    with pytest.raises(PlanError) as err:
+        prepare(config, world, plugins)
+    assert message in str(err.value)
+
+
+def test_unknown_schedule_lists_the_registered_ones(plugins):
+    with pytest.raises(UnknownNameError) as err:
+        prepare(pp_config("zb2"), 2, plugins)
+    names = plugins.schedules.names()
+    assert {"gpipe", "1f1b", "interleaved", "zero_bubble", "looped_bfs", "zbv", "dualpipev"} <= set(names)
+    assert str(err.value) == f"unknown schedule 'zb2'; registered schedule names: {', '.join(names)}"
+
+
+@pytest.mark.parametrize("layout", ["1,2", "0|3", "a"])
+def test_malformed_layout_is_refused_by_config(layout):
+    with pytest.raises(ConfigError, match="'layout' must be units per stage"):
+        build_config({"pipeline": {"layout": layout}})

@@ -1,0 +1,66 @@
+"""An out-of-tree family, installed with pip the way a user would, trains under snnfw's strategies."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from snnfw.runtime import run_training
+from snnfw.testing import full_parameters, run_on_ranks
+
+from conftest import tiny_config
+from test_equivalence import assert_same_losses
+
+EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "spiking_mlp_plugin"
+
+
+@pytest.fixture(scope="module")
+def installed(tmp_path_factory):
+    """pip-installs the example package into a folder put on sys.path (spawned ranks inherit it)."""
+    target = tmp_path_factory.mktemp("site")
+    subprocess.run(
+        [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation", "--target", str(target), str(EXAMPLE)],
+        check=True, timeout=180,
+    )
+    sys.path.insert(0, str(target))
+    yield target
+    sys.path.remove(str(target))
+
+
+def mlp(strategy, **sections):
+    return tiny_config(strategy, model={"family": "spiking_mlp"}, **sections)
+
+
+def test_installed_plugin_is_listed(installed):
+    env = {**os.environ, "PYTHONPATH": f"{installed}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    done = subprocess.run([sys.executable, "-m", "snnfw", "plugins", "--json"], capture_output=True, text=True, env=env, timeout=60)
+    rows = {row["name"]: row for row in json.loads(done.stdout)}
+    assert rows["spiking_mlp"]["distribution"] == "snnfw-spiking-mlp"
+    assert rows["spiking_mlp"]["registers"] == {"model family": ["spiking_mlp"]}
+    assert "snnfw_shard_neuron" in rows["spiking_mlp"]["hooks"]
+
+
+def w_and_shards(trainer):
+    model = trainer.model
+    plif = [m for m in model.modules() if hasattr(m, "w") and hasattr(m, "snnfw_shard")]
+    return {"params": full_parameters(trainer), "sharded": len(plif)}
+
+
+@pytest.mark.parametrize("strategy, nproc, micro", [("dp", 2, 2), ("fsdp2", 2, 2), ("tp", 2, 1)])
+def test_out_of_tree_family_matches_none(installed, tmp_path, strategy, nproc, micro):
+    reference = run_training(mlp("none", microbatches=micro))
+    summaries = run_on_ranks(mlp(strategy), nproc, tmp_path, inspect=w_and_shards)
+    for summary in summaries:
+        assert_same_losses(reference, summary)
+    first, second = (s["inspect"] for s in summaries)
+    if strategy == "tp":
+        assert first["sharded"] == 2, "the PLIF neurons between the column and row layers are sharded"
+        for name in ("blocks.0.lif1.w", "blocks.1.lif1.w"):
+            assert torch.equal(first["params"][name], second["params"][name]), f"{name} drifted between tp ranks"
+    else:
+        for name, tensor in first["params"].items():
+            assert torch.equal(tensor, second["params"][name]), name
