@@ -170,7 +170,7 @@ class Checkpoints:
             )
         return self.load(trainer, done[-1]) if done else {"step": 0, "loss": None}
 
-    def save(self, trainer, step: int, loss: float) -> Path:
+    def save(self, trainer, step: int, loss: float) -> None:
         """Writes ``step-N`` (all ranks into a temporary folder, then rank 0 renames it) and prunes old ones."""
         final, temp = self.root / f"{PREFIX}{step}", self.root / f"{TEMP}{PREFIX}{step}"
         if self.rank == 0:
@@ -198,7 +198,6 @@ class Checkpoints:
             for old in self.complete()[: -self.config.checkpoint.keep]:
                 shutil.rmtree(old)
         _barrier()
-        return final
 
     def load(self, trainer, path: Path) -> dict:
         """Restores model, optimizer (with the config's ``train.lr``) and this rank's RNG from ``path``; returns its meta."""

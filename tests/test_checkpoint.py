@@ -1,0 +1,114 @@
+"""Checkpoints: a run resumed from one equals the uninterrupted run, under the same or another strategy."""
+
+import json
+import pickle
+import shutil
+
+import pytest
+
+import snnfw.checkpoint
+from snnfw.errors import CheckpointError
+from snnfw.runtime import run_training
+from snnfw.testing import run_on_ranks
+
+from conftest import tiny_config
+
+TOL = 1e-5
+
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+def config(strategy="none", steps=6, every=3, microbatches=1, **sections):
+    return tiny_config(strategy, microbatches, train={"steps": steps}, checkpoint={"every": every}, **sections)
+
+
+@pytest.fixture(scope="module")
+def reference():
+    """Six steps of ``none`` with 2 microbatches: what 2 data-parallel ranks compute."""
+    return run_training(config(microbatches=2, every=0))["losses"]
+
+
+def assert_losses(expected, got, tol=TOL):
+    assert len(expected) == len(got)
+    for step, (want, have) in enumerate(zip(expected, got), start=1):
+        assert abs(want - have) <= tol, f"step {step}: loss {have}, expected {want}"
+
+
+def steps_in(run_dir):
+    return [p.name for p in sorted((run_dir / "checkpoints").iterdir())]
+
+
+def test_none_resumed_equals_uninterrupted_and_keeps_the_last(tmp_path, reference):
+    first = run_training(config(steps=3, every=1, microbatches=2), tmp_path)
+    assert first["losses"] == reference[:3]
+    assert steps_in(tmp_path) == ["step-2", "step-3"]
+    with pytest.raises(CheckpointError, match="pass --resume to continue it"):
+        run_training(config(microbatches=2), tmp_path)
+    resumed = run_training(config(every=1, microbatches=2), tmp_path, resume=True)
+    assert resumed["resumed_from"] == 3 and resumed["losses"] == reference[3:]
+    assert steps_in(tmp_path) == ["step-5", "step-6"]
+    logged = [json.loads(line)["loss"] for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert logged == reference
+
+
+class Killed(BaseException):
+    pass
+
+
+def test_a_crash_while_saving_leaves_the_previous_checkpoint(tmp_path, reference, monkeypatch):
+    save = snnfw.checkpoint.dcp.save
+
+    def crash_on_step_2(state, storage_writer, **kwargs):
+        if storage_writer.path.name.endswith("step-2"):
+            raise Killed
+        save(state, storage_writer=storage_writer, **kwargs)
+
+    monkeypatch.setattr(snnfw.checkpoint.dcp, "save", crash_on_step_2)
+    with pytest.raises(Killed):
+        run_training(config(steps=3, every=1, microbatches=2), tmp_path)
+    monkeypatch.undo()
+    assert steps_in(tmp_path) == [".tmp-step-2", "step-1"]
+    resumed = run_training(config(steps=3, every=1, microbatches=2), tmp_path, resume=True)
+    assert resumed["resumed_from"] == 1 and resumed["losses"] == reference[1:3]
+    assert steps_in(tmp_path) == ["step-2", "step-3"]
+
+
+def test_loading_runs_no_code_from_the_checkpoint(tmp_path):
+    run_training(config(steps=1, every=1), tmp_path)
+    marker = tmp_path / "owned"
+
+    class Exploit:
+        def __reduce__(self):
+            return (shutil.copy, (str(tmp_path / "metrics.jsonl"), str(marker)))
+
+    (tmp_path / "checkpoints" / "step-1" / ".metadata").write_bytes(pickle.dumps(Exploit()))
+    with pytest.raises(CheckpointError, match="shutil.copy, which is not allowed"):
+        run_training(config(steps=2, every=1), tmp_path, resume=True)
+    assert not marker.exists()
+
+
+def test_dp_two_ranks_resumed_equals_uninterrupted(tmp_path, reference):
+    """Saved with ZeRO's sharded optimizer (gathered into one whole state), resumed with a plain one."""
+    first = run_on_ranks(config("dp", steps=3, parallel={"zero": True}), 2, tmp_path)
+    resumed = run_on_ranks(config("dp"), 2, tmp_path, resume=True)
+    for summary in first:
+        assert_losses(reference[:3], summary["losses"])
+    for summary in resumed:
+        assert summary["resumed_from"] == 3
+        assert_losses(reference[3:], summary["losses"])
+
+
+def test_fsdp2_checkpoint_resumes_under_tp_and_under_none(tmp_path):
+    """fsdp2 (2 microbatches' worth) for 3 steps, then whole batches: tp and none from its checkpoint agree,
+    and equal none saving and resuming itself."""
+    saved = run_on_ranks(config("fsdp2", steps=3), 2, tmp_path / "fsdp2")
+    shutil.copytree(tmp_path / "fsdp2", tmp_path / "tp")
+    tp = run_on_ranks(config("tp"), 2, tmp_path / "tp", resume=True)
+    none = run_training(config(), tmp_path / "fsdp2", resume=True)
+    own = run_training(config(steps=3, microbatches=2), tmp_path / "none")
+    own_resumed = run_training(config(), tmp_path / "none", resume=True)
+    assert_losses(own["losses"], saved[0]["losses"])
+    assert_losses(own_resumed["losses"], none["losses"])
+    for summary in tp:
+        assert_losses(none["losses"], summary["losses"])

@@ -1,0 +1,133 @@
+"""On-disk data sets: tiny files in each set's layout, read as frames of model.time_steps; clear errors."""
+
+import numpy as np
+import pytest
+import torch
+
+from snnfw.cli import main
+from snnfw.config import DataConfig
+from snnfw.data import InputSpec
+from snnfw.plugins import Plugins
+from snnfw.runtime import run_training
+
+from conftest import tiny_config
+
+SPEC = InputSpec(4, (2, 32, 32), 10)
+QUICKSTART = "examples/quickstart.toml"
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+@pytest.fixture(scope="module")
+def plugins():
+    return Plugins()
+
+
+def write_frames(folder, names, shape=(4, 2, 40, 40), seed=0):
+    folder.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(seed)
+    for name in names:
+        np.savez(folder / f"{name}.npz", frames=rng.poisson(0.3, shape).astype(np.float32))
+
+
+def split_layout(root, classes=("0", "1", "10"), per_class=2, time_steps=4):
+    """DVS128 Gesture's and N-MNIST's layout: frames_number_T_split_by_number/{train,test}/<class>/*.npz."""
+    frames = root / f"frames_number_{time_steps}_split_by_number"
+    for split in ("train", "test"):
+        for c in classes:
+            write_frames(frames / split / c, [f"user{i}" for i in range(per_class)], shape=(time_steps, 2, 40, 40))
+    return root
+
+
+def cifar10_dvs_layout(root, samples=30):
+    """CIFAR10-DVS as SpikingJelly integrates it, unsplit: frames_number_4_split_by_number/<class>/*.npz."""
+    for c in ("airplane", "automobile"):
+        write_frames(root / "frames_number_4_split_by_number" / c, [f"cifar10_{c}_{i}" for i in range(samples)])
+    return root
+
+
+@pytest.mark.parametrize("name", ["dvs128_gesture", "n_mnist"])
+def test_split_sets_number_classes_as_sorted_folders_and_resize(tmp_path, plugins, name):
+    root = split_layout(tmp_path)
+    dataset = plugins.datasets.get(name)
+    train = dataset.build(DataConfig(name=name, root=str(root)), SPEC, "train", 0)
+    test = dataset.build(DataConfig(name=name, root=str(root)), SPEC, "test", 0)
+    assert len(train) == len(test) == 6
+    frames, label = train[4]
+    assert frames.shape == (4, 2, 32, 32) and frames.dtype == torch.float32
+    assert label == 2 and train.samples[4][0].parent.name == "10"  # folders sorted as strings: 0, 1, 10
+
+
+def test_cifar10_dvs_splits_each_class_as_tebn_and_trains(tmp_path, plugins):
+    root = cifar10_dvs_layout(tmp_path / "data")
+    data = DataConfig(name="cifar10_dvs", root=str(root))
+    test = plugins.datasets.get("cifar10_dvs").build(data, SPEC, "test", 0)
+    assert sorted(p.stem for p, _ in test.samples) == [f"cifar10_{c}_{i}" for c in ("airplane", "automobile") for i in range(3)]
+    config = tiny_config(data={"name": "cifar10_dvs", "root": str(root), "batch_size": 4}, train={"steps": 2})
+    summary = run_training(config, tmp_path / "run")
+    assert len(summary["losses"]) == 2 and all(np.isfinite(summary["losses"]))
+
+
+def write_cifar10(root, records=4):
+    root.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(0)
+    for i, name in enumerate([f"data_batch_{k}.bin" for k in range(1, 6)] + ["test_batch.bin"]):
+        batch = np.concatenate([rng.integers(0, 10, (records, 1)), rng.integers(0, 256, (records, 3072))], axis=1)
+        batch[0, 1:] = 255 * (i % 2)  # one white or black image per batch
+        batch.astype(np.uint8).tofile(root / name)
+    return root
+
+
+def test_cifar10_images_are_rate_coded_deterministically(tmp_path, plugins):
+    root = write_cifar10(tmp_path)
+    spec = InputSpec(8, (3, 16, 16), 10)
+    build = plugins.datasets.get("cifar10").build
+    train = build(DataConfig(name="cifar10", root=str(root)), spec, "train", 5)
+    assert len(train) == 20 and len(build(DataConfig(name="cifar10", root=str(root)), spec, "test", 5)) == 4
+    black, white = train[0][0], train[4][0]
+    assert black.shape == (8, 3, 16, 16) and black.sum() == 0 and white.min() == 1
+    spikes, label = train[5]
+    assert set(spikes.unique().tolist()) <= {0.0, 1.0} and 0 <= label < 10
+    assert torch.equal(spikes, train[5][0])
+    assert 0.3 < spikes.mean() < 0.7  # uniform random pixels spike half of the time
+
+
+def test_spikformer_trains_on_rate_coded_cifar10(tmp_path):
+    root = write_cifar10(tmp_path / "data")
+    config = tiny_config(
+        model={"family": "spikformer", "flavor": "cifar10", "time_steps": 2},
+        data={"name": "cifar10", "root": str(root), "batch_size": 2},
+        train={"steps": 1},
+    )
+    assert np.isfinite(run_training(config)["losses"][0])
+
+
+def train_error(capsys, *settings):
+    args = ["train", QUICKSTART, "--nproc", "2"] + [arg for item in settings for arg in ("--set", item)]
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err
+    return err
+
+
+def test_missing_or_malformed_data_fails_before_launch_saying_what_was_expected(tmp_path, capsys):
+    err = train_error(capsys, "data.name=\"dvs128_gesture\"")
+    assert "reads SpikingJelly's frames from data.root" in err
+    err = train_error(capsys, "data.name=\"n_mnist\"", f"data.root=\"{tmp_path}\"")
+    assert f"{tmp_path}/frames_number_4_split_by_number does not exist" in err and "NMNIST(root" in err
+    split_layout(tmp_path / "t8", time_steps=8)
+    err = train_error(capsys, "data.name=\"n_mnist\"", f"data.root=\"{tmp_path / 't8'}\"")
+    assert "frames of model.time_steps = 4" in err
+    root = split_layout(tmp_path / "bad")
+    (root / "frames_number_4_split_by_number" / "train" / "0" / "user0.npz").write_text("not an archive")
+    err = train_error(capsys, "data.name=\"dvs128_gesture\"", f"data.root=\"{root}\"")
+    assert "user0.npz is not a frames file" in err
+    err = train_error(capsys, "data.name=\"cifar10\"", f"data.root=\"{tmp_path}\"", "model.family=\"spikformer\"",
+                      "model.flavor=\"cifar10\"")
+    assert "data_batch_1.bin does not exist" in err
+    (write_cifar10(tmp_path / "c") / "test_batch.bin").write_bytes(b"\0" * 100)
+    err = train_error(capsys, "data.name=\"cifar10\"", f"data.root=\"{tmp_path / 'c'}\"", "model.family=\"spikformer\"",
+                      "model.flavor=\"cifar10\"")
+    assert "test_batch.bin is not a CIFAR-10 binary batch" in err
+    err = train_error(capsys, "data.name=\"cifar10\"", f"data.root=\"{tmp_path / 'c'}\"")
+    assert "the model takes 2 channels" in err

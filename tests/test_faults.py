@@ -1,0 +1,100 @@
+"""Faults: a rank that dies, a loss that diverges, a rank that stops answering, and two launchers as two nodes."""
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+from snnfw import train
+from snnfw.config import load_config
+from snnfw.runtime import run_training
+from snnfw.testing import RankFailure, run_on_ranks
+
+from conftest import tiny_config
+
+TINY = ["data.batch_size=8", "data.train_samples=64", "data.test_samples=16", "train.lr=0.01", "train.seed=3",
+        "train.log_every=1"]
+QUICKSTART = "examples/quickstart.toml"
+
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+def overrides(*extra):
+    return [arg for item in (*TINY, *extra) for arg in ("--set", item)]
+
+
+def reference_losses(steps, microbatches):
+    """What data parallel over ``microbatches`` replicas computes, from one process."""
+    config = load_config(QUICKSTART, [*TINY, f"train.steps={steps}", "parallel.strategy=none", f"train.microbatches={microbatches}"])
+    return run_training(config)["losses"]
+
+
+def logged_losses(run_dir):
+    return [json.loads(line)["loss"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def snnfw_train(*args, env=None):
+    cmd = [sys.executable, "-m", "snnfw", "train", QUICKSTART, *args]
+    return subprocess.Popen(cmd, env={**os.environ, **(env or {})}, stderr=subprocess.PIPE, text=True)
+
+
+def test_a_killed_rank_restarts_the_group_from_the_last_checkpoint(tmp_path):
+    run = snnfw_train("--nproc", "2", "--max-restarts", "1", "--run-dir", str(tmp_path),
+                      *overrides("train.steps=6", "checkpoint.every=2"), env={"SNNFW_TEST_CRASH_AT_STEP": "5"})
+    _, err = run.communicate(timeout=240)
+    assert run.returncode == 0, err
+    assert "test fault: rank 1 exits before step 5" in err
+    expected = reference_losses(6, 2)
+    got = logged_losses(tmp_path)
+    assert len(got) == 6 and all(abs(a - b) <= 1e-5 for a, b in zip(expected, got)), (expected, got)
+    assert json.loads((tmp_path / "summary.json").read_text())["resumed_from"] == 4
+
+
+def test_a_non_finite_loss_stops_with_the_step_and_keeps_the_last_good_checkpoint(tmp_path, capsys):
+    sgd = overrides("checkpoint.every=1", "checkpoint.keep=3", "parallel.strategy=none", "train.optimizer=\"sgd\"")
+    args = [QUICKSTART, "--run-dir", str(tmp_path), *sgd]
+    assert train.main([*args, "--set", "train.steps=2"]) == 0
+    assert train.main([*args, "--set", "train.steps=4", "--set", "train.lr=1e38", "--resume"]) == 2
+    err = capsys.readouterr().err
+    assert f"snnfw: error: step 4: the loss is nan; training stopped, the last good checkpoint, {tmp_path}/checkpoints/step-2, is kept" in err
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["step-1", "step-2"]
+    assert train.main([*args, "--set", "train.steps=4", "--set", "train.optimizer=\"adam\"", "--resume"]) == 2
+    assert "train.optimizer 'sgd' (now 'adam'); resuming needs the same model, optimizer" in capsys.readouterr().err
+    assert train.main([*args, "--set", "train.steps=4", "--resume"]) == 0
+    records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records] == [1, 2, 3, 4] and all(r["loss"] < 10 for r in records)
+
+
+def test_a_rank_that_stops_answering_fails_the_others_within_the_timeout():
+    config = tiny_config("dp", parallel={"timeout_s": 10})
+    started = time.monotonic()
+    with pytest.raises(RankFailure) as failure:
+        run_on_ranks(config, 2, timeout_s=150, env={1: {"SNNFW_TEST_HANG_AT_STEP": "2"}})
+    assert 0 in failure.value.errors and "timed out" in failure.value.errors[0].lower()
+    assert time.monotonic() - started < 120
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_two_launchers_make_one_job_through_the_c10d_rendezvous(tmp_path):
+    endpoint = f"127.0.0.1:{_free_port()}"
+    nodes = [
+        snnfw_train("--nproc", "2", "--nnodes", "2", "--node-rank", str(rank), "--rdzv-endpoint", endpoint,
+                    "--run-dir", str(tmp_path), *overrides("train.steps=3"))
+        for rank in (0, 1)
+    ]
+    errors = [node.communicate(timeout=240)[1] for node in nodes]
+    assert [node.returncode for node in nodes] == [0, 0], errors
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["plan"]["world_size"] == 4
+    expected, got = reference_losses(3, 4), logged_losses(tmp_path)
+    assert all(abs(a - b) <= 1e-5 for a, b in zip(expected, got)) and len(got) == 3, (expected, got)
