@@ -1,15 +1,16 @@
 """``[compile]``: ``torch.compile`` of the family's blocks, and what compiling costs.
 
 With ``compile.enable``, the forward of every block in ``analysis.blocks`` is
-compiled (``compile.backend``, ``compile.mode``, ``compile.fullgraph``) for static
-shapes, each block with recompiles of its own (blocks share their code, and
-sizes seen in one block would otherwise make the next one's dynamic). Strategies ask for it at one fixed point of
-``snnfw_parallelize``: after tensor parallel, before FSDP2, DDP or pipeline
-stage wrappers (as torchtitan orders them), so hooks those put on a block stay
-outside its graph. Whenever anything is compiled (this, or the ``inductor``
-neuron backend), each step's metrics hold ``compile_s`` (compiling time
-within the step), ``compiles``, ``recompiles`` and ``graph_breaks``, and the
-summary holds their totals over the run, evaluation included.
+compiled (``compile.backend``, ``compile.mode``, ``compile.fullgraph``) for
+static shapes, each block with recompiles of its own (blocks share their
+code, and sizes seen in one block would otherwise make the next one's
+dynamic). Strategies ask for it at one fixed point of ``snnfw_parallelize``:
+after tensor parallel, before FSDP2, DDP or pipeline stage wrappers (as
+torchtitan orders them), so hooks those put on a block stay outside its
+graph. Whenever anything is compiled (this, or the ``inductor`` neuron
+backend), each step's metrics hold ``compile_s`` (compiling time within the
+step), ``compiles``, ``recompiles`` and ``graph_breaks``, and the summary
+holds their totals over the run, evaluation included.
 """
 
 from __future__ import annotations
@@ -46,7 +47,8 @@ def snnfw_plan(request):
     if not options.enable:
         return None
     if options.mode != "default" and options.backend != "inductor":
-        return Proposal.refuse(request.strategy, f"compile.mode {options.mode!r} is an Inductor mode; set compile.backend = \"inductor\"")
+        reason = f"compile.mode {options.mode!r} is an Inductor mode; set compile.backend = \"inductor\""
+        return Proposal.refuse(request.strategy, reason)
     if options.backend == "inductor" and (reason := inductor_refusal(request.topology.device_type)):
         return Proposal.refuse(request.strategy, f"compile.enable: {reason}")
     return None
@@ -93,9 +95,13 @@ class CompileStats:
 _stats: list[CompileStats] = []
 
 
-@hookimpl(tryfirst=True)
+@hookimpl
+def snnfw_transform_model(model, plan, example, hooks):
+    _stats[:] = [CompileStats()] if compiling(plan) else []
+
+
+@hookimpl
 def snnfw_compile(model, plan):
-    _stats[:] = [CompileStats()]
     options = plan.config.compile
     if not options.enable:
         return
@@ -113,9 +119,9 @@ def snnfw_compile(model, plan):
 
 @hookimpl
 def snnfw_step_metrics(plan):
-    return _stats[0].take() if compiling(plan) and _stats else None
+    return _stats[0].take() if _stats else None
 
 
 @hookimpl
 def snnfw_summary(plan):
-    return _stats[0].total() if compiling(plan) and _stats else None
+    return _stats[0].total() if _stats else None

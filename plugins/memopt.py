@@ -5,20 +5,20 @@
 ``memopt.budget`` share of them with the largest inputs first, and stores
 spike inputs as bits when ``memopt.compress``; levels 2 to 4 add its spatial
 split, temporal split and greedy unwrapping, searched by measured CUDA peak
-memory. Only the blocks of the pipeline stages that ``memopt.stage_ratio``
-selects take part (see ``memopt_stages``). The wrappers chosen are cached as
-JSON in ``$SNNFW_CACHE_DIR/memopt`` (default ``~/.cache/snnfw/memopt``),
-keyed by model, input shape and options, and reapplied without a search on
-the next run. ``memopt_s`` in the summary is the time it took.
+memory. In a pipeline (a ``pp`` mesh dimension) it acts once the split is
+decided, on the blocks of the ``memopt.stage_ratio`` share of all stages
+whose blocks take the most input bytes, each rank on its own stages. The
+wrappers chosen are cached as JSON in ``$SNNFW_CACHE_DIR/memopt`` (default
+``~/.cache/snnfw/memopt``), keyed by module, input shape and options, and
+reapplied without a search on the next run. The summary holds the seconds it
+took (``memopt_s``), whether any rank searched (``memopt_searched``) and the
+most wrappers a rank holds (``memopt_wrappers``).
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
-import os
+import math
 import time
-from pathlib import Path
 
 import torch
 from torch import nn
@@ -27,13 +27,10 @@ from snnfw import hookimpl
 from snnfw.analysis import submodule
 from snnfw.distributed import all_reduce
 from snnfw.plan import Proposal
+from snnfw_plugins.memopt_cache import cache_dir, cache_key, load, reapply, save, wrappers
 
 SEARCHING_LEVELS = (2, 3, 4)
 _last_run: dict[str, float] = {}
-
-
-def cache_dir() -> Path:
-    return Path(os.environ.get("SNNFW_CACHE_DIR", Path.home() / ".cache" / "snnfw")) / "memopt"
 
 
 @hookimpl
@@ -61,87 +58,35 @@ def _no_batch_norm(module: nn.Module) -> bool:
     return not any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in module.modules())
 
 
-def cache_key(model: nn.Module, example: torch.Tensor, memopt, blocks: tuple[str, ...]) -> str:
-    from importlib.metadata import version
+def optimize(module: nn.Module, blocks: list[nn.Module], example: torch.Tensor, plan, hooks, collective: bool) -> bool:
+    """Runs SpikingJelly's optimize_memory on ``blocks`` of ``module``, or reapplies its cached choice.
 
-    text = json.dumps([
-        repr(model), list(example.shape), str(example.dtype), example.device.type, memopt.level, memopt.budget,
-        memopt.compress, list(blocks), torch.__version__, version("spikingjelly"),
-    ])
-    return hashlib.sha256(text.encode()).hexdigest()[:32]
-
-
-def wrappers(model: nn.Module) -> list[dict]:
-    """The checkpoint wrappers in ``model``, outermost first, with their options."""
-    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointWrapper
-
-    out = []
-    for path, module in model.named_modules():
-        if isinstance(module, CheckpointWrapper):
-            options = module.checkpoint_fn.keywords
-            compressor = options["compressor"]
-            out.append({
-                "path": path,
-                "compressor": type(compressor).__name__ if compressor is not None else None,
-                "chunks": options["chunks"],
-                "chunked_args": list(options["chunked_args"]),
-                "time_dim": options["time_dim"],
-            })
-    return out
-
-
-def reapply(model: nn.Module, chosen: list[dict]) -> None:
-    """Wraps the modules a search chose, as it wrapped them."""
-    from spikingjelly.activation_based import memopt
-
-    for entry in chosen:
-        module = model.get_submodule(entry["path"])
-        compressor = getattr(memopt, entry["compressor"])() if entry["compressor"] else None
-        wrapped = memopt.checkpoint_module(
-            module, compressor=compressor, chunks=entry["chunks"],
-            chunked_args=tuple(entry["chunked_args"]), time_dim=entry["time_dim"],
-        )
-        model.set_submodule(entry["path"], wrapped)
-
-
-def _load(path: Path) -> list[dict] | None:
-    try:
-        return json.loads(path.read_text())["wrappers"]
-    except (OSError, ValueError, KeyError):
-        return None
-
-
-def _save(path: Path, chosen: list[dict]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    partial = path.with_suffix(f".{os.getpid()}.tmp")
-    partial.write_text(json.dumps({"wrappers": chosen}, indent=1) + "\n")
-    os.replace(partial, path)
-
-
-def optimize(model: nn.Module, plan, example: torch.Tensor, hooks, blocks: tuple[str, ...]) -> bool:
-    """Runs SpikingJelly's optimize_memory on ``blocks``, or reapplies its cached choice; True on a cache hit."""
+    ``collective``: every rank optimises the same module alike, searching
+    together unless all of them hold the choice. True on a cache hit.
+    """
     import torch.distributed as dist
     from spikingjelly.activation_based.memopt import optimize_memory
 
     memopt = plan.config.memopt
-    path = cache_dir() / f"{cache_key(model, example, memopt, blocks)}.json"
-    chosen = _load(path)
-    hits = all_reduce([float(chosen is not None)])[0]
-    if hits == plan.world_size:
-        reapply(model, chosen)
+    names = [name for name, m in module.named_modules() if any(m is block for block in blocks)]
+    path = cache_dir() / f"{cache_key(module, example, memopt, names)}.json"
+    chosen = load(path)
+    missing = all_reduce([float(chosen is None)], op="max")[0] if collective else float(chosen is None)
+    if not missing:
+        reapply(module, chosen)
         return True
 
     def forward(m):
         hooks.reset_state(m)
         return m(example)
 
+    group = dist.group.WORLD if collective and dist.is_initialized() else None
     optimize_memory(
-        model, instances_of(submodule(model, name) for name in blocks), forward, level=memopt.level,
-        checkpoint_budget=memopt.budget, compress=memopt.compress, split_fn=lambda m: list(m.children()),
-        can_chunk=_no_batch_norm, process_group=dist.group.WORLD if dist.is_initialized() else None,
+        module, instances_of(blocks), forward, level=memopt.level, checkpoint_budget=memopt.budget,
+        compress=memopt.compress, split_fn=lambda m: list(m.children()), can_chunk=_no_batch_norm, process_group=group,
     )
-    if not dist.is_initialized() or dist.get_rank() == 0:
-        _save(path, wrappers(model))
+    if group is None or dist.get_rank() == 0:
+        save(path, wrappers(module))
     return False
 
 
@@ -156,16 +101,55 @@ def instances_of(modules) -> type:
     return Members("Blocks", (), {})
 
 
+def _pipelined(plan) -> bool:
+    return "pp" in dict(plan.mesh)
+
+
 @hookimpl
 def snnfw_transform_model(model, plan, example, hooks):
     _last_run.clear()
-    if plan.config.memopt.level == 0:
+    if plan.config.memopt.level == 0 or _pipelined(plan):
         return
     start = time.perf_counter()
-    blocks = plan.analysis.blocks
-    hit = optimize(model, plan, example, hooks, blocks)
-    _last_run.update(memopt_s=time.perf_counter() - start, memopt_cache_hit=float(hit),
+    blocks = [submodule(model, name) for name in plan.analysis.blocks]
+    searched = not optimize(model, blocks, example, plan, hooks, collective=True)
+    _last_run.update(memopt_s=time.perf_counter() - start, memopt_searched=float(searched),
                      memopt_wrappers=float(len(wrappers(model))))
+
+
+def input_bytes(module: nn.Module, blocks: list[nn.Module], example: torch.Tensor, hooks) -> int:
+    """Bytes of the inputs that ``blocks`` receive while ``module`` runs ``example``: what checkpointing can save."""
+    seen = [0]
+
+    def count(m, args):
+        seen[0] += args[0].numel() * args[0].element_size()
+
+    handles = [block.register_forward_pre_hook(count) for block in blocks]
+    try:
+        with torch.no_grad():
+            hooks.reset_state(module)
+            module(example)
+    finally:
+        for handle in handles:
+            handle.remove()
+    return seen[0]
+
+
+@hookimpl
+def snnfw_transform_stages(model, stages, local, plan, hooks):
+    """The ``memopt.stage_ratio`` share of all stages, those whose blocks take the most input bytes first."""
+    memopt = plan.config.memopt
+    if memopt.level == 0:
+        return
+    start = time.perf_counter()
+    ids = {id(submodule(model, name)) for name in plan.analysis.blocks}
+    blocks = [[m for m in module.modules() if id(m) in ids] for module, _ in stages]
+    costs = [input_bytes(module, members, example, hooks) for (module, example), members in zip(stages, blocks)]
+    ranked = sorted(range(len(stages)), key=lambda index: (-costs[index], index))
+    chosen = sorted(set(ranked[: math.ceil(memopt.stage_ratio * len(stages))]) & set(local))
+    hits = [optimize(stages[i][0], blocks[i], stages[i][1], plan, hooks, collective=False) for i in chosen]
+    _last_run.update(memopt_s=time.perf_counter() - start, memopt_searched=float(not all(hits)),
+                     memopt_wrappers=float(sum(len(wrappers(stages[i][0])) for i in local)))
 
 
 @hookimpl

@@ -32,7 +32,8 @@ def refusal(backend: str, device_type: str) -> str | None:
     if backend == "inductor":
         return inductor_refusal(device_type)
     if device_type != "cuda":
-        return f"it runs SpikingJelly's {KERNELS[backend]} neuron kernels, which need CUDA; use \"torch\" or \"inductor\" on CPU"
+        kernels = KERNELS[backend]
+        return f"it runs SpikingJelly's {kernels} neuron kernels, which need CUDA; use \"torch\" or \"inductor\" on CPU"
     if backend == "triton" and find_spec("triton") is None:
         return "triton is not installed"
     if backend == "cuda" and find_spec("spikingjelly._ops.lif._C") is None:
@@ -72,5 +73,6 @@ def snnfw_compile(model, plan):
     from spikingjelly.activation_based.neuron import BaseNode
 
     neurons = [m for m in model.modules() if isinstance(m, BaseNode)]
+    limit = 2 * len(neurons) + 8  # the neurons share their class's code and its recompile budget
     for neuron in neurons:
-        neuron.forward = torch.compile(neuron.forward, backend="inductor", dynamic=True, recompile_limit=2 * len(neurons) + 8)
+        neuron.forward = torch.compile(neuron.forward, backend="inductor", dynamic=True, recompile_limit=limit)

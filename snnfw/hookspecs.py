@@ -211,6 +211,20 @@ def snnfw_split_stages(model, plan, example):
     """
 
 
+@hookspec
+def snnfw_transform_stages(model, stages, local, plan, hooks):
+    """Change this rank's pipeline stages in place once the split is decided, before they run.
+
+    ``stages`` lists every stage of the pipeline in order as ``(module, example)``:
+    its consecutive units (submodules of ``model``) and one microbatch of its
+    input, so that every rank can rank all stages alike; ``local`` holds the
+    indices of the stages this rank runs, the only ones to change. Called by
+    pipeline strategies on every rank, after :func:`snnfw_transform_model`
+    has seen the whole model; transforms that choose by stage act here. The
+    return value is ignored.
+    """
+
+
 @hookspec(firstresult=True)
 def snnfw_schedule(stages, plan, loss_fn):
     """Build the pipeline schedule named by ``plan.config.pipeline.schedule``.

@@ -15,24 +15,24 @@ from torch import nn
 class SpikeCounter:
     """Counts the spikes and output elements of every neuron module through forward hooks.
 
-    Spikes add up as a tensor, read once per ``take()``: no host sync per
-    neuron, and no graph break where a neuron runs inside a compiled block.
+    Both add up as tensors, read once per ``take()``: no host sync per neuron,
+    and neither graph breaks nor recompiles where a neuron runs inside a
+    compiled block.
     """
 
     def __init__(self, model: nn.Module, neuron_names: tuple[str, ...]):
         modules = dict(model.named_modules())
-        self.spikes = 0.0
-        self.elements = 0
+        self.spikes, self.elements = torch.zeros(()), torch.zeros((), dtype=torch.int64)
         self._handles = [modules[name].register_forward_hook(self._count) for name in neuron_names]
 
     def _count(self, module, inputs, output) -> None:
         self.spikes = self.spikes + output.detach().sum()
-        self.elements += output.numel()
+        self.elements = self.elements + output.numel()
 
     def take(self) -> tuple[float, int]:
         """Returns and clears the counts since the last call."""
-        out = (float(self.spikes), self.elements)
-        self.spikes, self.elements = 0.0, 0
+        out = (float(self.spikes), int(self.elements))
+        self.spikes, self.elements = torch.zeros(()), torch.zeros((), dtype=torch.int64)
         return out
 
 

@@ -201,6 +201,9 @@ class Plugins:
     def split_stages(self, model, plan, example):
         return self.pm.hook.snnfw_split_stages(model=model, plan=plan, example=example)
 
+    def transform_stages(self, model, stages, local, plan) -> None:
+        self.pm.hook.snnfw_transform_stages(model=model, stages=stages, local=local, plan=plan, hooks=self)
+
     def schedule(self, stages, plan, loss_fn):
         return self.pm.hook.snnfw_schedule(stages=stages, plan=plan, loss_fn=loss_fn)
 

@@ -74,8 +74,8 @@ class Trainer:
         self.train_set, self.test_set = build_datasets(config, prepared.spec, plugins)
         model = prepared.model.to(device)
         plugins.transform_model(model, self.plan, self.example())
-        self.counter.take()  # spikes of the transforms' own forward passes
         self.model = plugins.parallelize(model, self.plan, mesh)
+        self.counter.take()  # spikes of the transforms' and strategies' own forward passes
         self.optimizer = plugins.build_optimizer(self.model, self.plan, mesh)
         self.replica = dp_coordinate(self.plan, mesh)
 

@@ -76,11 +76,19 @@ def tracked_peak_bytes(trainer: Trainer) -> int:
     """
     from torch.distributed._tools.mem_tracker import MemTracker
 
+    class Tracker(MemTracker):
+        """Forgets a module's stats when a new forward calls it again: microbatches repeat top-level calls."""
+
+        def _pre_fw_hook(self, module, inputs):
+            if not self._mod_tracker.is_bw:
+                self.memory_tracking.pop(module, None)
+            super()._pre_fw_hook(module, inputs)
+
     plan = trainer.plan
     indices = datalib.global_batch_indices(0, plan.global_batch, len(trainer.train_set), trainer.config.train.seed)
     local = datalib.replica_chunk(indices, trainer.replica, plan.dp_size)
     batches = [datalib.load(trainer.train_set, chunk, trainer.device) for chunk in local.chunk(plan.microbatches)]
-    tracker = MemTracker()
+    tracker = Tracker()
     tracker.track_external(trainer.model, trainer.optimizer)
     with tracker:
         trainer.plugins.forward_backward(trainer.model, batches, plan)

@@ -4,7 +4,8 @@ Mesh ``{pp = P}`` (the default) or ``{dp = D, pp = P}`` for data parallel over
 pipeline replicas. The model's units (``snnfw_split_stages``) are grouped into
 P x ``pipeline.virtual_stages`` stages: by ``pipeline.layout`` if given, else
 balanced by the forward+backward time that rank 0 measures in a short dry run.
-Every stage resets its neurons before each microbatch. Microbatches split the
+Then the stages go through ``snnfw_transform_stages`` (memory optimisation)
+and the blocks through ``hooks.compile``. Every stage resets its neurons before each microbatch. Microbatches split the
 batch, never the time axis: torch's default chunking takes dim 0 of the frames
 ``[N, T, ...]`` and of the labels; activations cross stages as ``[T, N, ...]``
 whole microbatches, and the last stage's loss function also counts correct
@@ -125,6 +126,17 @@ def example_frames(plan, hooks, device) -> torch.Tensor:
     return frames.float().to(device)
 
 
+def stage_inputs(stages: list[nn.Module], example: torch.Tensor, hooks) -> list[torch.Tensor]:
+    """One microbatch of input for every stage: ``example`` through the stages before it."""
+    inputs, x = [], example
+    with torch.no_grad():
+        for stage in stages:
+            inputs.append(x)
+            hooks.reset_state(stage)
+            x = stage(x)
+    return inputs
+
+
 def build_pipeline(model: nn.Module, plan, mesh, hooks) -> PipelineModel:
     """This rank's stages of ``model``, their torch PipelineStages and the schedule."""
     pipeline, pp_mesh = plan.config.pipeline, mesh["pp"]
@@ -141,7 +153,10 @@ def build_pipeline(model: nn.Module, plan, mesh, hooks) -> PipelineModel:
         )
     split = decide_split(model, plan, hooks, example, pp * pipeline.virtual_stages)
     indices = spec.stage_indices(pp_rank, pp, pipeline.virtual_stages)
-    stages = {index: Stage(*(units[u] for u in split.unit_range(index))) for index in indices}
+    every = [Stage(*(units[u] for u in split.unit_range(index))) for index in range(len(split.layout))]
+    hooks.transform_stages(model, list(zip(every, stage_inputs(every, example, hooks))), tuple(indices), plan)
+    hooks.compile(model, plan)
+    stages = {index: every[index] for index in indices}
     local_units = {u for index in indices for u in split.unit_range(index)}
     for u, unit in enumerate(units):
         if u not in local_units:

@@ -1,0 +1,81 @@
+"""Compiled blocks and the inductor neuron backend train to the eager torch backend's losses.
+
+Each strategy runs with both (the neurons' graphs then inline into their
+blocks'); one run has only the neuron backend. Compiled runs use T = 1 and
+the microbatch shape of the 2-rank runs, so that Inductor's on-disk cache
+serves the later runs; the 2-rank runs get one test sample, which leaves
+their replicas none to evaluate (no-grad graphs would compile too).
+"""
+
+import pytest
+import torch
+
+from snnfw.errors import PlanError
+from snnfw.plugins import Plugins
+from snnfw.runtime import Trainer, prepare, run_training
+from snnfw.testing import run_on_ranks
+
+from conftest import tiny_config
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+NEURONS = {"time_steps": 1, "neuron_backend": "inductor"}
+FEATURES = {
+    "both": {"model": NEURONS, "compile": {"enable": True}},
+    "neurons": {"model": NEURONS},
+    "eager": {"model": {"time_steps": 1}},
+}
+STRATEGIES = {"none": 1, "dp": 2, "fsdp2": 2}
+
+
+def config(strategy, feature):
+    micro = 2 if strategy == "none" else 1
+    return tiny_config(strategy, micro, train={"steps": 2}, data={"test_samples": 1}, **FEATURES[feature])
+
+
+@pytest.fixture(autouse=True)
+def one_compile_thread(monkeypatch):
+    monkeypatch.setenv("TORCHINDUCTOR_COMPILE_THREADS", "1")
+
+
+@pytest.fixture(scope="module")
+def eager():
+    return run_training(config("none", "eager"))
+
+
+def train_in_process(config):
+    """The step records of one process, without the evaluation."""
+    plugins = Plugins()
+    trainer = Trainer(config, prepare(config, 1, plugins), plugins, None, torch.device("cpu"))
+    return [trainer.step(step) for step in range(config.train.steps)]
+
+
+@pytest.mark.parametrize("strategy, feature", [("none", "neurons"), *((strategy, "both") for strategy in STRATEGIES)])
+def test_compiled_training_matches_eager(strategy, feature, eager):
+    if strategy == "none":
+        records = train_in_process(config(strategy, feature))
+        losses = [r["loss"] for r in records]
+        first, second = records
+        assert first["compiles"] > 0 and first["compile_s"] > 0
+        assert (second["compiles"], second["recompiles"], second["graph_breaks"]) == (0, 0, 0)
+        summaries = [{"losses": losses}]
+    else:
+        summaries = run_on_ranks(config(strategy, feature), STRATEGIES[strategy])
+        for summary in summaries:
+            assert summary["compile_s"] > 0 and summary["compiles"] > 0
+            assert (summary["recompiles"], summary["graph_breaks"]) == (0, 0)
+    for summary in summaries:
+        assert summary["losses"] == pytest.approx(eager["losses"], abs=1e-5)
+
+
+@pytest.mark.parametrize(
+    "sections, reason",
+    [
+        ({"model": {"neuron_backend": "triton"}}, "model.neuron_backend = 'triton': it runs SpikingJelly's Triton neuron kernels, which need CUDA"),
+        ({"model": {"neuron_backend": "cuda"}}, "native CUDA neuron kernels, which need CUDA"),
+        ({"compile": {"enable": True, "backend": "aot_eager", "mode": "max-autotune"}}, "is an Inductor mode"),
+    ],
+)
+def test_unavailable_choices_are_refused_when_planning(sections, reason):
+    with pytest.raises(PlanError, match=reason):
+        prepare(tiny_config("none", **sections), 1, Plugins())
