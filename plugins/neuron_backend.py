@@ -1,13 +1,16 @@
 """``model.neuron_backend``: which implementation runs SpikingJelly's neurons, for every family.
 
 SpikingJelly 2.0 neurons have no per-module backend; its neuron operators
-pick an implementation per device and process. ``torch`` (the default) is its
-Torch reference (the only one on CPU); ``cuda`` (its native CUDA kernels) and
-``triton`` (its Triton kernels) need CUDA, and are set for every neuron
-operator before the first forward. ``inductor`` compiles every neuron's
-forward with ``torch.compile`` (one dynamic-shape graph per neuron kind),
-at the point where strategies compile (see ``compile``). A backend that
-cannot run here is refused when planning, with the reason.
+pick an implementation per device and process. ``torch`` (the default) runs
+them eagerly as SpikingJelly dispatches them: its Torch reference on CPU; on
+CUDA its own pick (native CUDA, else Triton, else the reference; its
+``SJ_<NEURON>_CUDA_IMPLEMENTATION`` variables pin one). ``cuda`` (its native
+CUDA kernels) and ``triton`` (its Triton kernels) need CUDA and pin that
+implementation for every neuron operator before the first forward.
+``inductor`` compiles every neuron's forward with ``torch.compile`` (one
+dynamic-shape graph per neuron kind) at the point where strategies compile
+(see ``compile``). A backend that cannot run here is refused when planning,
+with the reason.
 """
 
 from __future__ import annotations
@@ -62,7 +65,7 @@ def select_cuda_implementation(name: str) -> None:
 @hookimpl(tryfirst=True)
 def snnfw_transform_model(model, plan, example, hooks):
     backend = plan.config.model.neuron_backend
-    if plan.device_type == "cuda" and backend != "inductor":
+    if plan.device_type == "cuda" and backend in KERNELS:
         select_cuda_implementation(backend)
 
 
