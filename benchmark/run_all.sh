@@ -5,7 +5,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 results=benchmark/results/all.jsonl
-run() { python -m snnfw bench examples/quickstart.toml --results "$results" --warmup 1 --steps 3 "$@" \
+run() { python -m snnfw bench examples/quickstart.toml --results "$results" --warmup 1 --steps 5 "$@" \
           --set data.test_samples=8 --set data.train_samples=256; }
 for model in "model.family=cifar10dvs_vgg model.flavor=full data.batch_size=8" \
              "model.family=spikformer model.flavor=tiny data.batch_size=32"; do

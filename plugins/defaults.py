@@ -7,6 +7,7 @@ import torch
 
 from snnfw import hookimpl
 from snnfw.errors import CheckpointError
+from snnfw.metrics import PHASES
 from snnfw.step import StepOutput, classification_loss, count_correct
 
 
@@ -97,10 +98,13 @@ def snnfw_forward_backward(model, batches, plan, hooks):
     loss_sum, correct, samples = 0.0, 0, 0
     for m, (frames, labels) in enumerate(batches):
         with gradient_sync(model, enabled=m == len(batches) - 1):
-            hooks.reset_state(model)
-            logits = model(frames)
-            loss = classification_loss(logits, labels)
-            (loss / len(batches)).backward()
+            with PHASES("reset"):
+                hooks.reset_state(model)
+            with PHASES("forward"):
+                logits = model(frames)
+                loss = classification_loss(logits, labels)
+            with PHASES("backward"):
+                (loss / len(batches)).backward()
         loss_sum += float(loss.detach())
         correct += count_correct(logits.detach(), labels)
         samples += len(labels)

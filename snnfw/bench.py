@@ -1,8 +1,10 @@
 """``snnfw bench``: warm-up steps, timed steps, one JSON record appended per run.
 
 Each record holds the resolved plan and config, versions and device, step
-latency, global and per-device samples/s, peak memory per rank and the
-strategies' own per-step metrics (TP communication, ...). A new record is
+latency, global and per-device samples/s, peak memory per rank, the
+plugins' per-step metrics averaged over the timed steps (TP communication,
+phase times, ...) and their whole-run totals under ``run_totals`` (memopt
+search and compile seconds, outside step time). A new record is
 compared with the last one of the same configuration in the results file.
 """
 
@@ -29,6 +31,8 @@ from snnfw.runtime import prepare
 DEFAULT_RESULTS = Path("benchmark/results/bench.jsonl")
 REGIMES = ("throughput", "latency", "memory")
 _CORE_METRICS = {"step", "loss", "train_acc", "spike_rate", "step_ms", "samples_per_s", "peak_mem_mb", "peak_mem_mb_per_rank"}
+_CORE_SUMMARY = {"steps", "final_loss", "resumed_from", "test_accuracy", "mean_step_ms", "wall_s", "plan", "config", "losses",
+                 "spike_rates"}
 
 
 def config_key(record: dict[str, Any]) -> str:
@@ -77,6 +81,7 @@ def make_record(config, plan, nproc: int, metrics: list[dict], summary: dict, wa
         "peak_mem_mb": max(peaks),
         "final_loss": summary["final_loss"],
         **extra,
+        "run_totals": {k: v for k, v in summary.items() if k not in _CORE_SUMMARY},
         "torch": torch.__version__,
         "snnfw": snnfw.__version__,
         "device": plan.device_type if plan.device_type == "cpu" else torch.cuda.get_device_name(),

@@ -19,7 +19,7 @@ from snnfw.analysis import Analysis, analyze
 from snnfw.checkpoint import Checkpoints
 from snnfw.config import Config
 from snnfw.distributed import RankEnv, all_reduce, device_for, dp_coordinate, process_group
-from snnfw.metrics import MetricsLog, SpikeCounter, peak_memory_mb
+from snnfw.metrics import PHASES, MetricsLog, SpikeCounter, peak_memory_mb
 from snnfw.auto import measure
 from snnfw.plan import AUTO, Plan, Topology, make_plan
 from snnfw.plugins import Plugins, check_same_plugins_on_all_ranks
@@ -68,7 +68,9 @@ class Trainer:
     """Trains a parallelized model with microbatches, neuron resets and per-step metrics."""
 
     def __init__(self, config: Config, prepared: Prepared, plugins: Plugins, mesh, device):
+        started = time.perf_counter()
         self.config, self.plan, self.plugins, self.device = config, prepared.plan, plugins, device
+        PHASES.synchronize = device.type == "cuda"
         self.counter = SpikeCounter(prepared.model, prepared.analysis.neurons)
         self.state_names = frozenset(prepared.model.state_dict())
         self.train_set, self.test_set = build_datasets(config, prepared.spec, plugins)
@@ -78,6 +80,7 @@ class Trainer:
         self.counter.take()  # spikes of the transforms' and strategies' own forward passes
         self.optimizer = plugins.build_optimizer(self.model, self.plan, mesh)
         self.replica = dp_coordinate(self.plan, mesh)
+        self.materialize_s = time.perf_counter() - started
 
     def example(self) -> torch.Tensor:
         """The frames of step 0's first microbatch of replica 0: the same on every rank."""
@@ -90,12 +93,15 @@ class Trainer:
         self.model.train()
         indices = datalib.global_batch_indices(step, plan.global_batch, len(self.train_set), cfg.train.seed)
         local = datalib.replica_chunk(indices, self.replica, plan.dp_size)
-        batches = [datalib.load(self.train_set, chunk, self.device) for chunk in local.chunk(plan.microbatches)]
-        out = self.plugins.forward_backward(self.model, batches, plan)
-        self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
+        with PHASES("data"):
+            batches = [datalib.load(self.train_set, chunk, self.device) for chunk in local.chunk(plan.microbatches)]
+        with PHASES("forward_backward"):
+            out = self.plugins.forward_backward(self.model, batches, plan)
+        with PHASES("optimizer"):
+            self.optimizer.step()
+            self.optimizer.zero_grad(set_to_none=True)
         spikes, elements = self.counter.take()
-        extra = self.plugins.step_metrics(plan)
+        extra = {**PHASES.take(), **self.plugins.step_metrics(plan)}
         loss, correct, samples, spikes, elements, *extra_totals = all_reduce(
             [out.loss * out.samples, out.correct, out.samples, spikes, float(elements), *extra.values()]
         )
@@ -185,6 +191,7 @@ def run_training(
             "test_accuracy": accuracy,
             "mean_step_ms": sum(r["step_ms"] for r in timed) / max(len(timed), 1),
             "wall_s": time.perf_counter() - started,
+            "materialize_s": trainer.materialize_s,
             "plan": plan.to_dict(),
             "config": config.to_dict(),
             "losses": [r["loss"] for r in log.records],

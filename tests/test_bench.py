@@ -25,6 +25,10 @@ def test_bench_records_compares_and_reports(tmp_path):
                 "per_device_samples_per_s", "peak_mem_mb_per_rank", "torch", "snnfw", "device", "plan", "config"):
         assert key in records[0], key
     assert records[0]["timed_steps"] == 2 and records[0]["global_batch"] == 8
+    phases = {key: records[0][f"{key}_ms"] for key in ("data", "reset", "forward", "backward", "optimizer")}
+    assert all(ms > 0 for ms in phases.values()), phases
+    assert sum(phases.values()) <= records[0]["step_ms_mean"] * 1.05, (phases, records[0]["step_ms_mean"])
+    assert records[0]["run_totals"]["materialize_s"] > 0
     chart = tmp_path / "chart.png"
     done = subprocess.run([sys.executable, "-m", "snnfw", "bench", "--report", "--results", str(results), "--chart", str(chart)],
                           capture_output=True, text=True, timeout=60)
