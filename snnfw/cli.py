@@ -12,7 +12,7 @@ import sys
 import time
 from pathlib import Path
 
-from snnfw.errors import UserError
+from snnfw.errors import UserError, explain
 
 
 def _cmd_plugins(args) -> int:
@@ -26,6 +26,7 @@ def _cmd_plugins(args) -> int:
             "version": p.version,
             "hooks": list(p.hooks),
             "registers": plugins.registered_names(p.name),
+            "overridden_by": list(p.overridden_by),
         }
         for p in plugins.info()
     ]
@@ -35,6 +36,9 @@ def _cmd_plugins(args) -> int:
     for row in rows:
         names = "; ".join(f"{kind}: {', '.join(n)}" for kind, n in row["registers"].items())
         print(f"{row['name']} ({row['distribution']} {row['version']})".rstrip())
+        if row["overridden_by"]:
+            print(f"    unloaded: overridden by {', '.join(row['overridden_by'])}")
+            continue
         print(f"    hooks: {', '.join(h.removeprefix('snnfw_') for h in row['hooks'])}")
         if names:
             print(f"    registers {names}")
@@ -181,7 +185,7 @@ def main(argv: list[str] | None = None) -> int:
     except UserError as err:
         if args.debug:
             raise
-        print(f"snnfw: error: {err}", file=sys.stderr)
+        print(f"snnfw: error: {explain(err)}", file=sys.stderr)
         return 2
 
 

@@ -34,3 +34,8 @@ class CheckpointError(UserError):
 
 class DivergedError(UserError):
     """Training produced a non-finite loss."""
+
+
+def explain(err: BaseException) -> str:
+    """The message with its notes (such as the plugin that raised it) on one line."""
+    return "; ".join([str(err), *getattr(err, "__notes__", ())])

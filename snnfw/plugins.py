@@ -3,6 +3,9 @@
 Plugins are found through the ``snnfw`` entry-point group. snnfw's own are
 always loaded; third-party ones too unless ``SNNFW_DISABLE_PLUGIN_AUTOLOAD=1``.
 ``SNNFW_BLOCK_PLUGINS=name,other`` keeps the named entry points from loading.
+A plugin whose every registered name another plugin overrides
+(``register(..., overrides=True)``) is unloaded. An exception that escapes a
+hook carries a note naming the plugin and distribution it came from.
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ class PluginInfo:
     distribution: str
     version: str
     hooks: tuple[str, ...]
+    overridden_by: tuple[str, ...] = ()
 
 
 def _blocked() -> set[str]:
@@ -72,6 +76,25 @@ def _load_entry_points(pm: pluggy.PluginManager) -> dict[str, metadata.Distribut
     return dists
 
 
+class _Hooks:
+    """``pm.hook`` whose calls add to an escaping exception the plugin it was raised in."""
+
+    def __init__(self, plugins: "Plugins"):
+        self._plugins = plugins
+
+    def __getattr__(self, hook_name: str):
+        caller = getattr(self._plugins.pm.hook, hook_name)
+
+        def call(**kwargs):
+            try:
+                return caller(**kwargs)
+            except Exception as err:
+                self._plugins.blame(err, hook_name, caller.get_hookimpls())
+                raise
+
+        return call
+
+
 class Plugins:
     """The loaded plugins, their registries, and one typed method per flow hook."""
 
@@ -91,11 +114,46 @@ class Plugins:
         except pluggy.PluginValidationError as err:
             name = self.pm.get_name(err.plugin)
             raise PluginError(f"plugin {name!r} implements a hook that does not exist: {err}") from None
+        self.hook = _Hooks(self)
         self.registries = {kind: Registry(kind) for kind in _REGISTRATION_HOOKS}
         for kind, hook_name in _REGISTRATION_HOOKS.items():
             registry = self.registries[kind]
-            for impl in getattr(self.pm.hook, hook_name).get_hookimpls():
-                impl.function(register=registry.registrar(impl.plugin_name))
+            impls = getattr(self.pm.hook, hook_name).get_hookimpls()
+            for impl in impls:
+                try:
+                    impl.function(register=registry.registrar(impl.plugin_name))
+                except Exception as err:
+                    self.blame(err, hook_name, impls)
+                    raise
+        self.overridden = self._unload_overridden()
+
+    def _unload_overridden(self) -> dict[str, tuple[str, ...]]:
+        """Unregisters plugins all of whose names were overridden; returns {plugin: plugins that override it}."""
+        entries = [e for registry in self.registries.values() for e in registry.entries()]
+        losers = [e for registry in self.registries.values() for e in registry.losers]
+        kept = {e.plugin for e in entries}
+        overridden: dict[str, tuple[str, ...]] = {}
+        for name in {e.plugin for e in losers} - kept:
+            overridden[name] = tuple(sorted({e.plugin for e in entries if e.replaced == name}))
+            self.pm.unregister(name=name)
+        return overridden
+
+    def describe(self, plugin: str) -> str:
+        """``'name' (distribution version)``, for messages."""
+        dist = self._dists.get(plugin)
+        return f"{plugin!r} ({dist.name} {dist.version})" if dist else f"{plugin!r} (registered in-process)"
+
+    def blame(self, err: Exception, hook_name: str, impls) -> None:
+        """Notes on ``err`` which plugin's ``hook_name`` raised it: the innermost implementation in its traceback."""
+        if any(note.startswith("raised in plugin") for note in getattr(err, "__notes__", ())):
+            return
+        codes = {getattr(impl.function, "__code__", None): impl.plugin_name for impl in impls}
+        culprit, frame = None, err.__traceback__
+        while frame is not None:
+            culprit = codes.get(frame.tb_frame.f_code, culprit)
+            frame = frame.tb_next
+        if culprit is not None:
+            err.add_note(f"raised in plugin {self.describe(culprit)}, hook {hook_name}")
 
     @property
     def strategies(self) -> Registry:
@@ -116,24 +174,24 @@ class Plugins:
     def info(self) -> list[PluginInfo]:
         """Every loaded plugin with its distribution, version and implemented hooks."""
         out = []
-        for name, plugin in self.pm.list_name_plugin():
-            if plugin is None:
-                continue
+        loaded = {name: plugin for name, plugin in self.pm.list_name_plugin() if plugin is not None}
+        for name in [*loaded, *self.overridden]:
             dist = self._dists.get(name)
-            hooks = tuple(sorted(caller.name for caller in self.pm.get_hookcallers(plugin) or ()))
+            callers = self.pm.get_hookcallers(loaded[name]) or () if name in loaded else ()
             out.append(
                 PluginInfo(
                     name=name,
                     distribution=dist.name if dist else "(registered in-process)",
                     version=dist.version if dist else "",
-                    hooks=hooks,
+                    hooks=tuple(sorted(caller.name for caller in callers)),
+                    overridden_by=self.overridden.get(name, ()),
                 )
             )
         return sorted(out, key=lambda p: p.name)
 
     def registered_names(self, plugin: str) -> dict[str, list[str]]:
         return {
-            kind: [e.name for e in reg.entries() if e.plugin == plugin]
+            kind: [f"{e.name} (overrides {e.replaced})" if e.replaced else e.name for e in reg.entries() if e.plugin == plugin]
             for kind, reg in self.registries.items()
             if any(e.plugin == plugin for e in reg.entries())
         }
@@ -141,71 +199,71 @@ class Plugins:
     # The flow hooks, one typed method each.
 
     def analyze_parts(self, model, family: str) -> list:
-        return self.pm.hook.snnfw_analyze(model=model, family=family)
+        return self.hook.snnfw_analyze(model=model, family=family)
 
     def preference_defaults(self, config) -> dict:
         merged: dict = {}
-        for part in self.pm.hook.snnfw_preference_defaults(config=config):
+        for part in self.hook.snnfw_preference_defaults(config=config):
             merged.update(part)
         return merged
 
     def propose(self, request) -> list:
-        return self.pm.hook.snnfw_plan(request=request)
+        return self.hook.snnfw_plan(request=request)
 
     def transform_model(self, model, plan, example) -> None:
-        self.pm.hook.snnfw_transform_model(model=model, plan=plan, example=example, hooks=self)
+        self.hook.snnfw_transform_model(model=model, plan=plan, example=example, hooks=self)
 
     def compile(self, model, plan) -> None:
-        self.pm.hook.snnfw_compile(model=model, plan=plan)
+        self.hook.snnfw_compile(model=model, plan=plan)
 
     def parallelize(self, model, plan, mesh):
-        result = self.pm.hook.snnfw_parallelize(model=model, plan=plan, mesh=mesh, hooks=self)
+        result = self.hook.snnfw_parallelize(model=model, plan=plan, mesh=mesh, hooks=self)
         if result is None:
             raise PluginError(f"no plugin applies strategy {plan.strategy!r}; its plugin must implement snnfw_parallelize")
         return result
 
     def build_optimizer(self, model, plan, mesh):
-        return self.pm.hook.snnfw_build_optimizer(model=model, plan=plan, mesh=mesh)
+        return self.hook.snnfw_build_optimizer(model=model, plan=plan, mesh=mesh)
 
     def forward_backward(self, model, batches, plan):
-        return self.pm.hook.snnfw_forward_backward(model=model, batches=batches, plan=plan, hooks=self)
+        return self.hook.snnfw_forward_backward(model=model, batches=batches, plan=plan, hooks=self)
 
     def evaluate(self, model, frames, labels, plan):
-        return self.pm.hook.snnfw_evaluate(model=model, frames=frames, labels=labels, plan=plan, hooks=self)
+        return self.hook.snnfw_evaluate(model=model, frames=frames, labels=labels, plan=plan, hooks=self)
 
     def step_metrics(self, plan) -> dict[str, float]:
         merged: dict[str, float] = {}
-        for part in self.pm.hook.snnfw_step_metrics(plan=plan):
+        for part in self.hook.snnfw_step_metrics(plan=plan):
             merged.update(part)
         return merged
 
     def summary(self, plan) -> dict[str, float]:
         merged: dict[str, float] = {}
-        for part in self.pm.hook.snnfw_summary(plan=plan):
+        for part in self.hook.snnfw_summary(plan=plan):
             merged.update(part)
         return merged
 
     def state_dict(self, model, optimizer, plan) -> dict:
-        return self.pm.hook.snnfw_state_dict(model=model, optimizer=optimizer, plan=plan)
+        return self.hook.snnfw_state_dict(model=model, optimizer=optimizer, plan=plan)
 
     def load_state_dict(self, model, optimizer, plan, state) -> None:
-        self.pm.hook.snnfw_load_state_dict(model=model, optimizer=optimizer, plan=plan, state=state)
+        self.hook.snnfw_load_state_dict(model=model, optimizer=optimizer, plan=plan, state=state)
 
     def reset_state(self, model) -> None:
-        if not self.pm.hook.snnfw_reset_state(model=model):
+        if not self.hook.snnfw_reset_state(model=model):
             raise PluginError("no plugin resets neuron state; the built-in 'defaults' plugin is blocked")
 
     def shard_neuron(self, module, placement, mesh):
-        return self.pm.hook.snnfw_shard_neuron(module=module, placement=placement, mesh=mesh)
+        return self.hook.snnfw_shard_neuron(module=module, placement=placement, mesh=mesh)
 
     def split_stages(self, model, plan, example):
-        return self.pm.hook.snnfw_split_stages(model=model, plan=plan, example=example)
+        return self.hook.snnfw_split_stages(model=model, plan=plan, example=example)
 
     def transform_stages(self, model, stages, local, plan) -> None:
-        self.pm.hook.snnfw_transform_stages(model=model, stages=stages, local=local, plan=plan, hooks=self)
+        self.hook.snnfw_transform_stages(model=model, stages=stages, local=local, plan=plan, hooks=self)
 
     def schedule(self, stages, plan, loss_fn):
-        return self.pm.hook.snnfw_schedule(stages=stages, plan=plan, loss_fn=loss_fn)
+        return self.hook.snnfw_schedule(stages=stages, plan=plan, loss_fn=loss_fn)
 
 
 def check_same_plugins_on_all_ranks(plugins: Plugins, group=None) -> None:

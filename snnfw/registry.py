@@ -11,12 +11,18 @@ from snnfw.errors import PluginError, UnknownNameError
 
 @attrs.frozen
 class Entry:
-    """One registered name, the object behind it and the plugin that registered it."""
+    """One registered name, the object behind it and the plugin that registered it.
+
+    ``overrides`` declares that it replaces an entry of the same name from
+    another plugin; ``replaced`` then names that plugin.
+    """
 
     name: str
     value: Any
     description: str
     plugin: str
+    overrides: bool = False
+    replaced: str | None = None
 
 
 class Registry:
@@ -25,23 +31,34 @@ class Registry:
     def __init__(self, kind: str):
         self.kind = kind
         self._entries: dict[str, Entry] = {}
+        self.losers: list[Entry] = []
 
     def registrar(self, plugin: str) -> Callable[..., None]:
-        """A ``register(name, value, description="")`` callable bound to ``plugin``."""
+        """A ``register(name, value, description="", overrides=False)`` callable bound to ``plugin``."""
 
-        def register(name: str, value: Any = None, description: str = "") -> None:
-            self.add(Entry(name, value, description, plugin))
+        def register(name: str, value: Any = None, description: str = "", overrides: bool = False) -> None:
+            self.add(Entry(name, value, description, plugin, overrides))
 
         return register
 
     def add(self, entry: Entry) -> None:
-        if entry.name in self._entries:
-            other = self._entries[entry.name].plugin
+        """Adds ``entry``; of two with one name, the one that declares ``overrides`` wins, whatever the order."""
+        old = self._entries.get(entry.name)
+        if old is None:
+            self._entries[entry.name] = entry
+        elif entry.overrides and not old.overrides:
+            self._entries[entry.name] = attrs.evolve(entry, replaced=old.plugin)
+            self.losers.append(old)
+        elif old.overrides and not entry.overrides:
+            self._entries[entry.name] = attrs.evolve(old, replaced=entry.plugin)
+            self.losers.append(entry)
+        else:
             raise PluginError(
-                f"{self.kind} {entry.name!r} is registered by two plugins, {other!r} and "
-                f"{entry.plugin!r}; uninstall or block one (SNNFW_BLOCK_PLUGINS={entry.plugin})"
+                f"{self.kind} {entry.name!r} is registered by two plugins, {old.plugin!r} and {entry.plugin!r}"
+                + (", and both declare overrides=True" if entry.overrides else "")
+                + f"; uninstall or block one (SNNFW_BLOCK_PLUGINS={entry.plugin}), or let exactly one pass "
+                "overrides=True to register()"
             )
-        self._entries[entry.name] = entry
 
     def entry(self, name: str) -> Entry:
         try:

@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 from snnfw.config import load_config
-from snnfw.errors import UserError
+from snnfw.errors import UserError, explain
 from snnfw.runtime import run_training
 
 DONE_DIR = ".ranks"
@@ -43,7 +43,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         summary = run_training(load_config(args.config, args.overrides), run_dir, resume=args.resume or restarted)
     except UserError as err:
-        print(f"snnfw: error: {err}", file=sys.stderr)
+        print(f"snnfw: error: {explain(err)}", file=sys.stderr)
         (run_dir / DONE_DIR).mkdir(parents=True, exist_ok=True)
         (run_dir / DONE_DIR / STOPPED).write_text(f"{err}\n")
         return 2

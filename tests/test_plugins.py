@@ -103,3 +103,81 @@ def test_ranks_with_different_plugins_fail_naming_the_difference():
     text = str(err.value)
     assert "ranks loaded different plugins" in text
     assert "rank 0 has synthetic_dvs 0.1.0 that rank 1 lacks" in text
+
+
+OVERRIDE_NONE = """
+    from snnfw import hookimpl
+    from snnfw.plan import Proposal
+
+    @hookimpl
+    def snnfw_register_strategies(register):
+        register("none", None, "a replacement for none", overrides={overrides})
+
+    @hookimpl
+    def snnfw_plan(request):
+        if request.asks_for("none"):
+            return Proposal("none", mesh=(("dp", 1),), dp_dims=("dp",), rationale=("the replacement plans",))
+"""
+
+
+def test_declared_override_replaces_the_builtin_and_unloads_it(tmp_path, monkeypatch):
+    from snnfw.runtime import prepare
+
+    install_fake_distribution(tmp_path, monkeypatch, OVERRIDE_NONE.format(overrides=True))
+    plugins = Plugins()
+    entry = plugins.strategies.entry("none")
+    assert (entry.plugin, entry.replaced, entry.description) == ("fake", "none", "a replacement for none")
+    assert plugins.pm.get_plugin("none") is None
+    assert {p.name: p.overridden_by for p in plugins.info()}["none"] == ("fake",)
+    assert prepare(tiny_config("none"), 1, plugins).plan.rationale[0] == "the replacement plans"
+
+
+def test_override_declared_twice_fails(tmp_path, monkeypatch):
+    install_fake_distribution(tmp_path, monkeypatch, OVERRIDE_NONE.format(overrides=True))
+    clash = "from snnfw import hookimpl\n@hookimpl\ndef snnfw_register_strategies(register):\n    register('none', None, overrides=True)\n"
+    with pytest.raises(PluginError, match="'fake' and 'clash', and both declare overrides=True"):
+        Plugins(extra=(("clash", _module("clash", clash)),))
+
+
+def _module(name, source):
+    import types
+
+    module = types.ModuleType(name)
+    exec(source, module.__dict__)
+    return module
+
+
+def test_exception_in_a_hook_names_plugin_and_distribution(tmp_path, monkeypatch):
+    from snnfw.errors import PlanError, explain
+    from snnfw.runtime import prepare
+
+    install_fake_distribution(
+        tmp_path,
+        monkeypatch,
+        """
+        from snnfw import hookimpl
+        from snnfw.errors import PlanError
+
+        def check(request):
+            raise PlanError("the fake planner refuses")
+
+        @hookimpl
+        def snnfw_plan(request):
+            check(request)
+
+        @hookimpl
+        def snnfw_analyze(model, family):
+            return {}["no such key"]
+        """,
+    )
+    plugins = Plugins()
+    with pytest.raises(KeyError) as err:
+        prepare(tiny_config("none"), 1, plugins)
+    assert err.value.__notes__ == ["raised in plugin 'fake' (snnfw_fake 0.3), hook snnfw_analyze"]
+    plugins.pm.unregister(plugins.pm.get_plugin("fake"))
+    plugins.pm.register(_module("planner", "from snnfw import hookimpl\nfrom snnfw.errors import PlanError\n"
+                                            "@hookimpl\ndef snnfw_plan(request):\n    raise PlanError('no plan today')\n"),
+                        name="planner")
+    with pytest.raises(PlanError) as err:
+        prepare(tiny_config("none"), 1, plugins)
+    assert explain(err.value) == "no plan today; raised in plugin 'planner' (registered in-process), hook snnfw_plan"
