@@ -52,6 +52,15 @@ def load_full_state(model, optimizer, state) -> None:
     set_optimizer_state_dict(model, optimizer, state["optimizer"], options=options)
 
 
+def merge_optimizer_states(parts: list[dict]) -> dict:
+    """One optimizer state from every rank's part: the union of states, each group's parameter names joined."""
+    groups = [
+        dict(group, params=[name for part in parts for name in part["param_groups"][i]["params"]])
+        for i, group in enumerate(parts[0]["param_groups"])
+    ]
+    return {"state": {name: value for part in parts for name, value in part["state"].items()}, "param_groups": groups}
+
+
 @hookimpl(trylast=True)
 def snnfw_state_dict(model, optimizer, plan):
     return full_state(model, optimizer)

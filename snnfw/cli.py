@@ -71,25 +71,19 @@ def _cmd_plan(args) -> int:
 
 def _measure(args, config, plugins) -> int:
     """``snnfw plan --measure K``: time the top K auto candidates for real and name the fastest."""
-    from snnfw.auto import AUTO, measure, measure_top, ranked_candidates
+    from snnfw.auto import AUTO, measure_top
     from snnfw.errors import ConfigError
-    from snnfw.plan import PlanRequest, Topology
-    from snnfw.runtime import build_model
-    from snnfw.analysis import analyze
+    from snnfw.runtime import auto_candidates
 
     if config.parallel.strategy != AUTO:
         raise ConfigError("--measure compares auto's candidates; set parallel.strategy = \"auto\"")
-    model, spec = build_model(config, plugins)
-    request = PlanRequest(
-        config=config, topology=Topology.detect(args.world_size), analysis=analyze(model, config.model.family, plugins),
-        model=model, plugins=plugins, cost=measure(model, spec, plugins),
-    )
-    ranked, _ = ranked_candidates(request, plugins)
+    ranked = auto_candidates(config, args.world_size, plugins)
     timed = measure_top(args.config, args.overrides, args.world_size, ranked[: args.measure])
     for candidate, step_ms in timed:
         print(f"{candidate.strategy} {candidate.mesh}: {step_ms:.1f} ms/step measured")
-    if timed:
-        print(f"fastest measured: {timed[0][0].strategy}; set parallel.strategy = \"{timed[0][0].strategy}\"")
+    if not timed:
+        raise ConfigError(f"none of the top {args.measure} candidates ran; see the errors above")
+    print(f"fastest measured: {timed[0][0].strategy}; set parallel.strategy = \"{timed[0][0].strategy}\"")
     return 0
 
 

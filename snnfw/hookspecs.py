@@ -14,7 +14,8 @@ import pluggy
 hookspec = pluggy.HookspecMarker("snnfw")
 
 
-# Registration: each hook receives ``register(name, value, description="")``.
+# Registration: each hook receives ``register(name, value, description="", overrides=False)``;
+# ``overrides=True`` replaces the entry another plugin registered under that name.
 
 
 @hookspec
@@ -40,7 +41,8 @@ def snnfw_register_datasets(register):
 def snnfw_register_schedules(register):
     """Register pipeline schedules: ``register(name, snnfw.pipeline.ScheduleSpec(...))``.
 
-    The behaviour lives in :func:`snnfw_schedule`, which answers for the name.
+    A spec that names a ``torch_schedule`` class is built by the ``pp``
+    plugin; otherwise :func:`snnfw_schedule` answers for the name.
     """
 
 
@@ -226,7 +228,7 @@ def snnfw_transform_stages(model, stages, local, plan, hooks):
 
 
 @hookspec(firstresult=True)
-def snnfw_schedule(stages, plan, loss_fn):
+def snnfw_schedule(stages, plan, loss_fn, hooks):
     """Build the pipeline schedule named by ``plan.config.pipeline.schedule``.
 
     ``stages`` are this rank's ``torch.distributed.pipelining.PipelineStage``
@@ -234,5 +236,7 @@ def snnfw_schedule(stages, plan, loss_fn):
     :class:`snnfw.pipeline.ScheduleSpec` says; ``loss_fn(output, target)`` is
     the loss of one microbatch. Return a schedule object with ``step(*args,
     target=..., losses=...)`` for ``plan.microbatches`` microbatches, or None
-    when the schedule is not this plugin's. Stops at the first non-None result.
+    when the schedule is not this plugin's. The ``pp`` plugin builds those
+    whose spec names a ``torch_schedule`` class. Stops at the first non-None
+    result.
     """

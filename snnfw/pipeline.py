@@ -2,8 +2,9 @@
 
 A model family splits its model into pipeline units (``snnfw_split_stages``)
 whose composition is the model's forward; a stage runs a consecutive range of
-units. A schedule plugin registers a :class:`ScheduleSpec` under its name and
-builds the schedule in ``snnfw_schedule``.
+units. A schedule plugin registers a :class:`ScheduleSpec` under its name:
+one that names a ``torch.distributed.pipelining`` class is built by the
+``pp`` plugin; another is built by its own ``snnfw_schedule``.
 """
 
 from __future__ import annotations
@@ -24,11 +25,14 @@ class ScheduleSpec:
 
     ``placement``: ``single`` (pp rank r holds stage r), ``looped`` (r, r + P,
     r + 2P, ...; at least ``min_virtual`` stages per rank) or ``v`` (r and
-    2P - 1 - r). ``check_microbatches(microbatches, pp)`` says why a count
-    cannot run, or returns None.
+    2P - 1 - r). ``torch_schedule`` names the ``torch.distributed.pipelining``
+    class that runs it, or is None when the plugin's ``snnfw_schedule`` builds
+    it. ``check_microbatches(microbatches, pp)`` says why a count cannot run,
+    or returns None.
     """
 
     placement: str = attrs.field(validator=v.in_(PLACEMENTS))
+    torch_schedule: str | None = None
     min_virtual: int = 1
     check_microbatches: Callable[[int, int], str | None] | None = None
 

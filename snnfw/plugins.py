@@ -263,7 +263,7 @@ class Plugins:
         self.hook.snnfw_transform_stages(model=model, stages=stages, local=local, plan=plan, hooks=self)
 
     def schedule(self, stages, plan, loss_fn):
-        return self.hook.snnfw_schedule(stages=stages, plan=plan, loss_fn=loss_fn)
+        return self.hook.snnfw_schedule(stages=stages, plan=plan, loss_fn=loss_fn, hooks=self)
 
 
 def check_same_plugins_on_all_ranks(plugins: Plugins, group=None) -> None:

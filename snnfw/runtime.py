@@ -20,8 +20,8 @@ from snnfw.checkpoint import Checkpoints
 from snnfw.config import Config
 from snnfw.distributed import RankEnv, all_reduce, device_for, dp_coordinate, process_group
 from snnfw.metrics import PHASES, MetricsLog, SpikeCounter, peak_memory_mb
-from snnfw.auto import measure
-from snnfw.plan import AUTO, Plan, Topology, make_plan
+from snnfw.auto import measure, ranked_candidates
+from snnfw.plan import AUTO, Plan, PlanRequest, Topology, make_plan
 from snnfw.plugins import Plugins, check_same_plugins_on_all_ranks
 
 
@@ -51,6 +51,16 @@ def prepare(config: Config, world_size: int, plugins: Plugins) -> Prepared:
     cost = measure(model, spec, plugins) if config.parallel.strategy == AUTO else None
     plan = make_plan(config, Topology.detect(world_size), analysis, plugins, model, cost)
     return Prepared(plan, model, spec, analysis)
+
+
+def auto_candidates(config: Config, world_size: int, plugins: Plugins) -> list:
+    """``auto``'s runnable candidates for ``config`` on ``world_size`` ranks, best first; starts no process."""
+    model, spec = build_model(config, plugins)
+    request = PlanRequest(
+        config=config, topology=Topology.detect(world_size), analysis=analyze(model, config.model.family, plugins),
+        model=model, plugins=plugins, cost=measure(model, spec, plugins),
+    )
+    return ranked_candidates(request, plugins)[0]
 
 
 def build_datasets(config: Config, spec: datalib.InputSpec, plugins: Plugins) -> tuple:

@@ -112,3 +112,27 @@ def test_fsdp2_checkpoint_resumes_under_tp_and_under_none(tmp_path):
     assert_losses(own_resumed["losses"], none["losses"])
     for summary in tp:
         assert_losses(none["losses"], summary["losses"])
+
+
+def test_pp_checkpoint_resumes_under_pp_and_under_none(tmp_path, reference):
+    """Stage state is saved under the model's names: a pipeline resumes from it, and so does one process."""
+    saved = run_on_ranks(config("pp", steps=3, microbatches=2), 2, tmp_path / "pp")
+    shutil.copytree(tmp_path / "pp", tmp_path / "none")
+    resumed = run_on_ranks(config("pp", microbatches=2), 2, tmp_path / "pp", resume=True)
+    none = run_training(config(microbatches=2), tmp_path / "none", resume=True)
+    for summary in saved:
+        assert_losses(reference[:3], summary["losses"])
+    for summary in resumed:
+        assert summary["resumed_from"] == 3
+        assert_losses(reference[3:], summary["losses"])
+    assert_losses(reference[3:], none["losses"])
+
+
+def test_fsdp2_tp_checkpoint_resumes_under_none(tmp_path, reference):
+    """A 2 x 2 (dp x tp) checkpoint, FSDP2 shards of tp slices, gathers into the whole model for one process."""
+    saved = run_on_ranks(config("fsdp2_tp", steps=3), 4, tmp_path)
+    none = run_training(config(microbatches=2), tmp_path, resume=True)
+    for summary in saved:
+        assert_losses(reference[:3], summary["losses"])
+    assert none["resumed_from"] == 3
+    assert_losses(reference[3:], none["losses"])

@@ -52,3 +52,16 @@ def test_plain_torchrun_runs_the_worker_entry(tmp_path):
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=180)
     assert done.returncode == 0, done.stderr
     assert len((run_dir / "metrics.jsonl").read_text().splitlines()) == 2
+
+
+def test_plan_measure_times_the_top_candidates():
+    cmd = [sys.executable, "-m", "snnfw", "plan", "examples/quickstart.toml", "--world-size", "2", "--measure", "2",
+           "--set", "parallel.strategy=auto", "--set", "data.batch_size=8", "--set", "data.train_samples=64"]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    measured = [line for line in done.stdout.splitlines() if line.endswith("ms/step measured")]
+    assert len(measured) == 2, done.stdout
+    times = [float(line.rsplit(": ", 1)[1].split()[0]) for line in measured]
+    assert times == sorted(times) and times[0] > 0
+    fastest = measured[0].split()[0]
+    assert done.stdout.splitlines()[-1] == f'fastest measured: {fastest}; set parallel.strategy = "{fastest}"'

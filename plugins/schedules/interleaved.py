@@ -4,8 +4,6 @@ pipeline.virtual_stages = V >= 2 stages per rank (r, r + P, ...); the bubble
 shrinks about V times.
 """
 
-from torch.distributed.pipelining import ScheduleInterleaved1F1B
-
 from snnfw import hookimpl
 from snnfw.pipeline import ScheduleSpec
 from snnfw_plugins.schedules import rounds_refusal
@@ -15,12 +13,5 @@ NAME = "interleaved"
 
 @hookimpl
 def snnfw_register_schedules(register):
-    spec = ScheduleSpec("looped", min_virtual=2, check_microbatches=rounds_refusal)
+    spec = ScheduleSpec("looped", "ScheduleInterleaved1F1B", min_virtual=2, check_microbatches=rounds_refusal)
     register(NAME, spec, "interleaved 1F1B: depth first over 2 or more looped stages per rank")
-
-
-@hookimpl
-def snnfw_schedule(stages, plan, loss_fn):
-    if plan.config.pipeline.schedule != NAME:
-        return None
-    return ScheduleInterleaved1F1B(stages, plan.microbatches, loss_fn=loss_fn)

@@ -4,8 +4,6 @@ The backward is split into input and weight gradients; the weight part fills
 the bubble. Any pipeline.virtual_stages (r, r + P, ...).
 """
 
-from torch.distributed.pipelining import ScheduleInterleavedZeroBubble
-
 from snnfw import hookimpl
 from snnfw.pipeline import ScheduleSpec
 from snnfw_plugins.schedules import rounds_refusal
@@ -15,12 +13,5 @@ NAME = "zero_bubble"
 
 @hookimpl
 def snnfw_register_schedules(register):
-    spec = ScheduleSpec("looped", check_microbatches=rounds_refusal)
+    spec = ScheduleSpec("looped", "ScheduleInterleavedZeroBubble", check_microbatches=rounds_refusal)
     register(NAME, spec, "interleaved zero bubble (ZB1P): weight gradients fill the bubble; looped stages")
-
-
-@hookimpl
-def snnfw_schedule(stages, plan, loss_fn):
-    if plan.config.pipeline.schedule != NAME:
-        return None
-    return ScheduleInterleavedZeroBubble(stages, plan.microbatches, loss_fn=loss_fn)

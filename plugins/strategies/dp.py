@@ -41,17 +41,15 @@ def propose_replicas(strategy: str, request, rationale: str, shard_optimizer: bo
     return Proposal(strategy, mesh=mesh, dp_dims=("dp",), rationale=(f"{replicas} replicas, {rationale}",), estimate=cost)
 
 
-def wrap_ddp(model, plan, mesh):
-    """DistributedDataParallel over the mesh's ``dp`` dimension."""
+def wrap_ddp(model, plan, mesh, hooks):
+    """The model's blocks compiled (``hooks.compile``), then DistributedDataParallel over the mesh's ``dp`` dimension."""
     from torch.nn.parallel import DistributedDataParallel
 
+    hooks.compile(model, plan)
     device_ids = [next(model.parameters()).device.index] if plan.device_type == "cuda" else None
     return DistributedDataParallel(model, device_ids=device_ids, process_group=mesh.get_group("dp"))
 
 
 @hookimpl
 def snnfw_parallelize(model, plan, mesh, hooks):
-    if plan.strategy != NAME:
-        return None
-    hooks.compile(model, plan)
-    return wrap_ddp(model, plan, mesh)
+    return wrap_ddp(model, plan, mesh, hooks) if plan.strategy == NAME else None

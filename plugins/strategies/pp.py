@@ -5,8 +5,10 @@ pipeline replicas. The model's units (``snnfw_split_stages``) are grouped into
 P x ``pipeline.virtual_stages`` stages: by ``pipeline.layout`` if given, else
 balanced by the forward+backward time that rank 0 measures in a short dry run.
 Then the stages go through ``snnfw_transform_stages`` (memory optimisation)
-and the blocks through ``hooks.compile``. Every stage resets its neurons before each microbatch. Microbatches split the
-batch, never the time axis: torch's default chunking takes dim 0 of the frames
+and the blocks through ``hooks.compile``. Every stage resets its neurons
+before each microbatch. Checkpoints name the stages' state by the model's
+names (``pp_state``). Microbatches split the batch, never the time axis:
+torch's default chunking takes dim 0 of the frames
 ``[N, T, ...]`` and of the labels; activations cross stages as ``[T, N, ...]``
 whole microbatches, and the last stage's loss function also counts correct
 predictions, so outputs are not merged.
@@ -23,6 +25,7 @@ from snnfw.plan import Proposal
 from snnfw.pipeline import parse_layout
 from snnfw_plugins.strategies.pp_model import STEP_TIMES, PipelineModel, ScoredLoss
 from snnfw_plugins.strategies.pp_stages import Stage, Stopwatch, decide_split, pipeline_stage
+from snnfw_plugins.strategies.pp_state import tensor_names
 
 NAME = "pp"
 EXAMPLE_FIRING = 0.2  # share of active pixels in the dry run's frames
@@ -143,6 +146,7 @@ def build_pipeline(model: nn.Module, plan, mesh, hooks) -> PipelineModel:
     spec = hooks.schedules.get(pipeline.schedule)
     pp, pp_rank, group = pp_mesh.size(), pp_mesh.get_local_rank(), pp_mesh.get_group()
     device = next(model.parameters()).device
+    names = tensor_names(model)
     example = example_frames(plan, hooks, device)
     units = hooks.split_stages(model, plan, example) or []
     declared = plan.analysis.stage_units
@@ -171,7 +175,9 @@ def build_pipeline(model: nn.Module, plan, mesh, hooks) -> PipelineModel:
     owner = {index: rank for rank in range(pp) for index in spec.stage_indices(rank, pp, pipeline.virtual_stages)}
     owners = tuple(owner[index] for index in range(len(split.layout)))
     dp_group = mesh.get_group("dp") if "dp" in mesh.mesh_dim_names else None
-    return PipelineModel(stages, schedule, loss, split, owners, device, group, dp_group, stopwatch)
+    pipeline = PipelineModel(stages, schedule, loss, split, owners, device, group, dp_group, stopwatch)
+    pipeline.model_names = {raw: names[id(tensor)] for raw, tensor in pipeline.state_dict(keep_vars=True).items()}
+    return pipeline
 
 
 @hookimpl
@@ -194,6 +200,18 @@ def snnfw_evaluate(model, frames, labels, plan, hooks):
 @hookimpl
 def snnfw_step_metrics(plan):
     return STEP_TIMES.take() if plan.strategy == NAME else None
+
+
+@hookimpl(trylast=True)
+def snnfw_schedule(stages, plan, loss_fn, hooks):
+    """A schedule whose spec names a torch.distributed.pipelining class: one stage or a list, as it takes."""
+    spec = hooks.schedules.get(plan.config.pipeline.schedule)
+    if spec.torch_schedule is None:
+        return None
+    from torch.distributed import pipelining
+
+    schedule = getattr(pipelining, spec.torch_schedule)
+    return schedule(stages[0] if spec.placement == "single" else stages, plan.microbatches, loss_fn=loss_fn)
 
 
 @hookimpl(trylast=True)

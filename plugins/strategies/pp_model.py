@@ -52,7 +52,8 @@ class PipelineModel(nn.Module):
 
     ``parameters()`` are the local stages' parameters. ``owners[s]`` is the pp
     rank holding stage ``s``. With a ``dp_group``, gradients are averaged over
-    the replicas of each stage after the schedule step.
+    the replicas of each stage after the schedule step. ``model_names`` maps
+    each of its state-dict keys to the model's own name for that tensor.
     """
 
     def __init__(self, stages: dict[int, nn.Module], schedule, loss: ScoredLoss, split, owners: tuple[int, ...],
@@ -63,6 +64,7 @@ class PipelineModel(nn.Module):
         self.schedule, self.loss, self.split, self.owners, self.device = schedule, loss, split, owners, device
         self.pp_group, self.dp_group, self.stopwatch = pp_group, dp_group, stopwatch
         self.holds_last = len(owners) - 1 in self.stage_indices
+        self.model_names: dict[str, str] = {}
 
     def train_step(self, frames: torch.Tensor, labels: torch.Tensor) -> StepOutput:
         """One schedule step over the replica's batch; loss and samples on the rank holding the last stage."""

@@ -8,7 +8,7 @@ gather the optimizer shards into one whole state, so they resume under any strat
 
 from snnfw import hookimpl
 from snnfw.plan import Proposal
-from snnfw_plugins.defaults import load_full_state, optimizer_spec
+from snnfw_plugins.defaults import load_full_state, merge_optimizer_states, optimizer_spec
 from snnfw_plugins.strategies.dp import propose_replicas, wrap_ddp
 
 NAME = "zero"
@@ -47,10 +47,7 @@ def snnfw_preference_defaults(config):
 
 @hookimpl
 def snnfw_parallelize(model, plan, mesh, hooks):
-    if plan.strategy != NAME:
-        return None
-    hooks.compile(model, plan)
-    return wrap_ddp(model, plan, mesh)
+    return wrap_ddp(model, plan, mesh, hooks) if plan.strategy == NAME else None
 
 
 @hookimpl
@@ -66,15 +63,6 @@ def snnfw_build_optimizer(model, plan, mesh):
         process_group=mesh.get_group("dp"),
         **kwargs,
     )
-
-
-def merge_optimizer_states(parts: list[dict]) -> dict:
-    """One optimizer state from every rank's shard: the union of states, each group's parameter names joined."""
-    groups = [
-        dict(group, params=[name for part in parts for name in part["param_groups"][i]["params"]])
-        for i, group in enumerate(parts[0]["param_groups"])
-    ]
-    return {"state": {name: value for part in parts for name, value in part["state"].items()}, "param_groups": groups}
 
 
 @hookimpl

@@ -1,0 +1,63 @@
+"""Checkpoint state of a pipeline rank, named by the model's own parameter and buffer names.
+
+A pipeline rank holds some stages (``PipelineModel``), whose state keys
+(``stages.0.1.conv.weight``) differ from the model's (``features.3.conv.weight``)
+and collide between ranks. ``PipelineModel.model_names`` maps the first to the
+second, found by tensor identity when the pipeline is built. Saving writes this
+rank's tensors under the model's names, with the optimizer's param groups
+gathered over the pp ranks so that they list every parameter; loading takes
+this rank's entries of any checkpoint, whatever strategy wrote it.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from snnfw import hookimpl
+from snnfw_plugins.defaults import merge_optimizer_states
+from snnfw_plugins.strategies.pp_model import PipelineModel
+
+
+def tensor_names(model: torch.nn.Module) -> dict[int, str]:
+    """``id`` of every parameter and buffer of ``model`` -> its state-dict name."""
+    return {id(tensor): name for name, tensor in model.state_dict(keep_vars=True).items()}
+
+
+def _parameter_names(pipeline: PipelineModel, optimizer) -> list[str]:
+    """The model's name of every parameter the optimizer holds, in its state-dict index order."""
+    raw = {id(p): name for name, p in pipeline.named_parameters()}
+    return [pipeline.model_names[raw[id(p)]] for group in optimizer.param_groups for p in group["params"]]
+
+
+@hookimpl
+def snnfw_state_dict(model, optimizer, plan):
+    if not isinstance(model, PipelineModel):
+        return None
+    tensors = {model.model_names[raw]: tensor.detach() for raw, tensor in model.state_dict(keep_vars=True).items()}
+    own, params = optimizer.state_dict(), _parameter_names(model, optimizer)
+    groups = [{**group, "params": [params[i] for i in group["params"]]} for group in own["param_groups"]]
+    parts: list = [None] * dist.get_world_size(model.pp_group)
+    dist.all_gather_object(parts, {"state": {}, "param_groups": groups}, group=model.pp_group)
+    return {
+        "model": tensors,
+        "optimizer": {
+            "state": {params[i]: values for i, values in own["state"].items()},
+            "param_groups": merge_optimizer_states(parts)["param_groups"],
+        },
+    }
+
+
+@hookimpl
+def snnfw_load_state_dict(model, optimizer, plan, state):
+    if not isinstance(model, PipelineModel):
+        return None
+    model.load_state_dict({raw: state["model"][name] for raw, name in model.model_names.items()})
+    own = optimizer.state_dict()
+    params = _parameter_names(model, optimizer)
+    saved = state["optimizer"]["state"]
+    optimizer.load_state_dict({
+        "state": {i: saved[name] for i, name in enumerate(params) if name in saved},
+        "param_groups": own["param_groups"],
+    })
+    return True
