@@ -1,29 +1,54 @@
 """``snnfw bench --report``: a table and a chart from a benchmark results file.
 
-For every configuration the latest record is shown; where the same model,
-batch and world size also has a plain PyTorch baseline record, the table gives
-the step-time ratio against it (1.00 = no overhead).
+Records of the same configuration are repeated runs: the table shows their
+median step time (with the count) and the largest peak memory. Where the same
+model, batch and world size also has a plain PyTorch baseline, the table gives
+the ratio of median step times (1.00 = no overhead); on a machine whose speed
+drifts, alternate framework and baseline runs and repeat them
+(``benchmark/run_all.sh`` does).
 """
 
 from __future__ import annotations
 
 import json
+import statistics
 from pathlib import Path
 
 from snnfw.errors import UserError
 
 
-def _latest(results: Path) -> list[dict]:
+def _grouped(results: Path) -> list[dict]:
+    """One record per configuration: the latest, with median step time over all its runs and the top peaks."""
     if not results.exists():
         raise UserError(f"no benchmark results at {results}; run snnfw bench CONFIG first")
     from snnfw.bench import config_key
 
-    latest = {}
+    runs: dict[str, list[dict]] = {}
     for line in results.read_text().splitlines():
         if line.strip():
             record = json.loads(line)
-            latest[config_key(record)] = record
-    return list(latest.values())
+            runs.setdefault(config_key(record), []).append(record)
+    merged = []
+    for group in runs.values():
+        step_ms = statistics.median(r["step_ms"] for r in group)
+        peaks = [max(r["peak_mem_mb_per_rank"][i] for r in group) for i in range(group[-1]["nproc"])]
+        merged.append({
+            **group[-1], "runs": len(group), "step_ms": step_ms, "peak_mem_mb_per_rank": peaks, "peak_mem_mb": max(peaks),
+            "global_samples_per_s": group[-1]["global_batch"] / step_ms * 1e3,
+            "per_device_samples_per_s": group[-1]["global_batch"] / step_ms * 1e3 / group[-1]["nproc"],
+        })
+    return merged
+
+
+def strategy_label(record: dict) -> str:
+    """The strategy, with the schedule and stages per rank for a pipeline, and the record's label."""
+    name = record["plan"]["strategy"]
+    pipeline = record["config"].get("pipeline") or {}
+    if name == "pp":
+        name += f" {pipeline['schedule']}" + (f" v{pipeline['virtual_stages']}" if pipeline["virtual_stages"] > 1 else "")
+    if record["config"]["parallel"].get("zero") and name != "zero":
+        name += " +zero"
+    return name + (f" ({record['label']})" if record.get("label") else "")
 
 
 def _workload(record: dict) -> tuple:
@@ -35,17 +60,16 @@ def table(records: list[dict]) -> str:
     """A markdown table of step time, throughput and peak memory, with the ratio to the baseline."""
     baselines = {_workload(r): r for r in records if r["plan"]["strategy"].startswith("baseline")}
     lines = [
-        "| model | strategy | ranks | global batch | step ms | samples/s | per-device samples/s | peak MB per rank | vs plain PyTorch |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        "| model | strategy | ranks | global batch | runs | step ms (median) | samples/s | per-device samples/s | peak MB per rank | vs plain PyTorch |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
-    for r in sorted(records, key=lambda r: (_workload(r)[:2], r["nproc"], r["plan"]["strategy"])):
+    for r in sorted(records, key=lambda r: (_workload(r)[:2], r["nproc"], strategy_label(r))):
         family, flavor, steps, batch, nproc = _workload(r)
         base = baselines.get(_workload(r))
         ratio = f"{r['step_ms'] / base['step_ms']:.2f}" if base and base is not r else ""
         peaks = " / ".join(f"{p:.0f}" for p in r["peak_mem_mb_per_rank"])
-        label = f" ({r['label']})" if r.get("label") else ""
         lines.append(
-            f"| {family}/{flavor} T={steps} | {r['plan']['strategy']}{label} | {nproc} | {batch} | {r['step_ms']:.1f} | "
+            f"| {family}/{flavor} T={steps} | {strategy_label(r)} | {nproc} | {batch} | {r['runs']} | {r['step_ms']:.1f} | "
             f"{r['global_samples_per_s']:.1f} | {r['per_device_samples_per_s']:.1f} | {peaks} | {ratio} |"
         )
     return "\n".join(lines)
@@ -61,8 +85,8 @@ def chart(records: list[dict], path: Path) -> None:
     models = sorted({_workload(r)[:2] for r in records})
     fig, axes = plt.subplots(len(models), 2, figsize=(11, 3.2 * len(models)), squeeze=False)
     for row, model in zip(axes, models):
-        mine = sorted((r for r in records if _workload(r)[:2] == model), key=lambda r: (r["nproc"], r["plan"]["strategy"]))
-        names = [f"{r['plan']['strategy']}\nx{r['nproc']}" for r in mine]
+        mine = sorted((r for r in records if _workload(r)[:2] == model), key=lambda r: (r["nproc"], strategy_label(r)))
+        names = [f"{strategy_label(r)}\nx{r['nproc']}" for r in mine]
         row[0].bar(names, [r["global_samples_per_s"] for r in mine], color="tab:blue")
         row[0].set_title(f"{'/'.join(model)}: global samples/s")
         row[1].bar(names, [r["peak_mem_mb"] for r in mine], color="tab:orange")
@@ -75,7 +99,7 @@ def chart(records: list[dict], path: Path) -> None:
 
 
 def report(results: Path, chart_path: Path) -> int:
-    records = _latest(results)
+    records = _grouped(results)
     print(table(records))
     chart(records, chart_path)
     print(f"\nchart: {chart_path}")

@@ -18,14 +18,19 @@ def assert_same_losses(reference, summary, tol=1e-5):
         assert SPIKE_RATE[0] <= rate <= SPIKE_RATE[1], f"spike rate {rate} outside {SPIKE_RATE}: neurons barely fire"
 
 
-def test_dp_two_ranks_matches_none_with_two_microbatches(tmp_path):
-    reference = run_training(tiny_config("none", microbatches=2))
-    summaries = run_on_ranks(tiny_config("dp"), 2, tmp_path, inspect=local_parameters)
+def assert_dp_matches_none(make_config, tmp_path):
+    """dp on 2 ranks loses what none does with 2 microbatches, and the replicas end identical."""
+    reference = run_training(make_config("none", microbatches=2))
+    summaries = run_on_ranks(make_config("dp"), 2, tmp_path, inspect=local_parameters)
     for summary in summaries:
         assert_same_losses(reference, summary)
     params = [s["inspect"] for s in summaries]
     for name, tensor in params[0].items():
         assert torch.equal(tensor, params[1][name]), f"replicas differ in {name}"
+
+
+def test_dp_two_ranks_matches_none_with_two_microbatches(tmp_path):
+    assert_dp_matches_none(tiny_config, tmp_path)
     assert (tmp_path / "metrics.jsonl").read_text().count("\n") == 3
 
 

@@ -6,10 +6,9 @@ import torch
 from snnfw.analysis import analyze
 from snnfw.plugins import Plugins
 from snnfw.runtime import run_training
-from snnfw.testing import local_parameters, run_on_ranks
 
 from conftest import tiny_config
-from test_equivalence import assert_same_losses
+from test_equivalence import assert_dp_matches_none
 
 FIRING_RATE = (0.01, 0.5)
 ATTENTION_NEURONS = ("qkv_lif", "attn_lif", "proj_lif")
@@ -95,10 +94,4 @@ def test_tiny_learns_on_synthetic_dvs():
 
 
 def test_dp_two_ranks_matches_none_with_two_microbatches(tmp_path):
-    reference = run_training(spikformer_config("none", microbatches=2))
-    summaries = run_on_ranks(spikformer_config("dp"), 2, tmp_path, inspect=local_parameters)
-    for summary in summaries:
-        assert_same_losses(reference, summary)
-    params = [s["inspect"] for s in summaries]
-    for name, tensor in params[0].items():
-        assert torch.equal(tensor, params[1][name]), f"replicas differ in {name}"
+    assert_dp_matches_none(spikformer_config, tmp_path)
