@@ -15,8 +15,6 @@ holds their totals over the run, evaluation included.
 
 from __future__ import annotations
 
-import torch
-
 from snnfw import hookimpl
 from snnfw.analysis import submodule
 from snnfw.plan import Proposal
@@ -105,6 +103,8 @@ def snnfw_compile(model, plan):
     options = plan.config.compile
     if not options.enable:
         return
+    import torch
+
     for name in plan.analysis.blocks:
         block = submodule(model, name)
         block.forward = torch.compile(

@@ -1,18 +1,24 @@
 """Fallbacks every run needs: the plain optimizer, SpikingJelly's state reset, whole-tensor
 checkpoint state, and the microbatch loop of every strategy that does not bring its own (pipelines do)."""
 
-import contextlib
+from __future__ import annotations
 
-import torch
+import contextlib
+from typing import TYPE_CHECKING
 
 from snnfw import hookimpl
 from snnfw.errors import CheckpointError
-from snnfw.metrics import PHASES
+from snnfw.phases import PHASES
 from snnfw.step import StepOutput, classification_loss, count_correct
+
+if TYPE_CHECKING:
+    import torch
 
 
 def optimizer_spec(train):
     """The optimizer class and its arguments for ``train.optimizer`` and ``train.lr``."""
+    import torch
+
     if train.optimizer == "sgd":
         return torch.optim.SGD, {"lr": train.lr, "momentum": 0.9}
     return torch.optim.Adam, {"lr": train.lr}

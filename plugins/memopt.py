@@ -19,15 +19,16 @@ from __future__ import annotations
 
 import math
 import time
-
-import torch
-from torch import nn
+from typing import TYPE_CHECKING
 
 from snnfw import hookimpl
 from snnfw.analysis import submodule
-from snnfw.distributed import all_reduce
 from snnfw.plan import Proposal
 from snnfw_plugins.memopt_cache import cache_dir, cache_key, load, reapply, save, wrappers
+
+if TYPE_CHECKING:
+    import torch
+    from torch import nn
 
 SEARCHING_LEVELS = (2, 3, 4)
 _last_run: dict[str, float] = {}
@@ -55,6 +56,8 @@ def snnfw_plan(request):
 
 def _no_batch_norm(module: nn.Module) -> bool:
     """Whether ``module`` may run in time chunks: BatchNorm statistics span all time steps."""
+    from torch import nn
+
     return not any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in module.modules())
 
 
@@ -66,6 +69,8 @@ def optimize(module: nn.Module, blocks: list[nn.Module], example: torch.Tensor, 
     """
     import torch.distributed as dist
     from spikingjelly.activation_based.memopt import optimize_memory
+
+    from snnfw.distributed import all_reduce
 
     memopt = plan.config.memopt
     names = [name for name, m in module.named_modules() if any(m is block for block in blocks)]
@@ -119,6 +124,8 @@ def snnfw_transform_model(model, plan, example, hooks):
 
 def input_bytes(module: nn.Module, blocks: list[nn.Module], example: torch.Tensor, hooks) -> int:
     """Bytes of the inputs that ``blocks`` receive while ``module`` runs ``example``: what checkpointing can save."""
+    import torch
+
     seen = [0]
 
     def count(m, args):

@@ -6,9 +6,11 @@ import hashlib
 import json
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import torch
-from torch import nn
+if TYPE_CHECKING:
+    import torch
+    from torch import nn
 
 
 def cache_dir() -> Path:
@@ -19,6 +21,8 @@ def cache_dir() -> Path:
 def cache_key(model: nn.Module, example: torch.Tensor, memopt, blocks: list[str]) -> str:
     """The name of the cache entry for ``blocks`` of ``model`` given ``example`` and the ``[memopt]`` options."""
     from importlib.metadata import version
+
+    import torch
 
     text = json.dumps([
         repr(model), list(example.shape), str(example.dtype), example.device.type, memopt.level, memopt.budget,

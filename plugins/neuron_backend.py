@@ -18,8 +18,6 @@ from __future__ import annotations
 import importlib
 from importlib.util import find_spec
 
-import torch
-
 from snnfw import hookimpl
 from snnfw.plan import Proposal
 from snnfw_plugins.compile import inductor_refusal
@@ -73,6 +71,7 @@ def snnfw_transform_model(model, plan, example, hooks):
 def snnfw_compile(model, plan):
     if plan.config.model.neuron_backend != "inductor":
         return
+    import torch
     from spikingjelly.activation_based.neuron import BaseNode
 
     neurons = [m for m in model.modules() if isinstance(m, BaseNode)]

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import attrs
-from torch import nn
+
+if TYPE_CHECKING:
+    from torch import nn
 
 
 def _is_neuron(module: nn.Module) -> bool:
@@ -39,6 +43,8 @@ class Analysis:
 
 def analyze(model: nn.Module, family: str, plugins) -> Analysis:
     """Finds stateful neurons and shardable layers, then merges the plugins' parts."""
+    from torch import nn
+
     neurons, candidates = [], []
     for name, module in model.named_modules():
         if _is_neuron(module):

@@ -28,7 +28,7 @@ def main(argv=None) -> int:
     from snnfw.config import load_config
     from snnfw.metrics import peak_memory_mb
     from snnfw.plugins import Plugins
-    from snnfw.runtime import build_model
+    from snnfw.prepare import build_model
     from snnfw.train import mark_done
 
     parser = argparse.ArgumentParser(prog="python -m snnfw.baseline")

@@ -26,7 +26,7 @@ from snnfw.config import load_config
 from snnfw.errors import UserError
 from snnfw.launch import launch
 from snnfw.plugins import Plugins
-from snnfw.runtime import prepare
+from snnfw.prepare import prepare
 
 DEFAULT_RESULTS = Path("benchmark/results/bench.jsonl")
 REGIMES = ("throughput", "latency", "memory")

@@ -48,7 +48,7 @@ def _cmd_plugins(args) -> int:
 def _cmd_plan(args) -> int:
     from snnfw.config import load_config
     from snnfw.plugins import Plugins
-    from snnfw.runtime import prepare
+    from snnfw.prepare import prepare
 
     config = load_config(args.config, args.overrides)
     plugins = Plugins()
@@ -73,7 +73,7 @@ def _measure(args, config, plugins) -> int:
     """``snnfw plan --measure K``: time the top K auto candidates for real and name the fastest."""
     from snnfw.auto import AUTO, measure_top
     from snnfw.errors import ConfigError
-    from snnfw.runtime import auto_candidates
+    from snnfw.prepare import auto_candidates
 
     if config.parallel.strategy != AUTO:
         raise ConfigError("--measure compares auto's candidates; set parallel.strategy = \"auto\"")
@@ -92,7 +92,7 @@ def _cmd_train(args) -> int:
     from snnfw.errors import ConfigError
     from snnfw.launch import launch
     from snnfw.plugins import Plugins
-    from snnfw.runtime import build_datasets, prepare
+    from snnfw.prepare import build_datasets, prepare
 
     if args.nnodes > 1 and not (args.rdzv_endpoint and args.run_dir):
         raise ConfigError("--nnodes 2 or more needs --rdzv-endpoint HOST:PORT (node rank 0's host) and a shared --run-dir")

@@ -9,13 +9,15 @@ computes on exactly the chunks that ``D`` replicas with ``M`` each compute on.
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 import attrs
-import torch
-from torch.utils.data import Dataset, default_collate
 
 from snnfw.config import DataConfig
+
+if TYPE_CHECKING:
+    import torch
+    from torch.utils.data import Dataset
 
 
 @attrs.frozen
@@ -40,6 +42,8 @@ class DatasetSpec:
 
 def global_batch_indices(step: int, batch_size: int, length: int, seed: int) -> torch.Tensor:
     """Dataset indices of the global batch of ``step`` (reshuffled every epoch)."""
+    import torch
+
     positions = torch.arange(step * batch_size, (step + 1) * batch_size)
     epochs = positions // length
     out = torch.empty_like(positions)
@@ -55,5 +59,7 @@ def replica_chunk(indices: torch.Tensor, replica: int, replicas: int) -> torch.T
 
 
 def load(dataset: Dataset, indices: torch.Tensor, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    from torch.utils.data import default_collate
+
     frames, labels = default_collate([dataset[i] for i in indices.tolist()])
     return frames.to(device, non_blocking=True), labels.to(device, non_blocking=True)

@@ -11,11 +11,14 @@ from __future__ import annotations
 import copy
 import os
 import time
+from typing import TYPE_CHECKING
 
 import attrs
-import torch
 
 from snnfw.step import classification_loss
+
+if TYPE_CHECKING:
+    import torch
 
 BYTES = 4  # fp32
 BANDWIDTH = {"cpu": 1e9, "cuda": 5e10}  # bytes/s of the collective backend, for ranking only
@@ -115,6 +118,8 @@ def ring_bytes(nbytes: float, ranks: int) -> float:
 def device_memory_bytes(device_type: str, local_ranks: int) -> float:
     """Memory one rank may use: the GPU's, or an even share of host memory."""
     if device_type == "cuda":
+        import torch
+
         return torch.cuda.get_device_properties(0).total_memory
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / max(local_ranks, 1)
 
@@ -122,6 +127,8 @@ def device_memory_bytes(device_type: str, local_ranks: int) -> float:
 def measure_cost(model: torch.nn.Module, example: torch.Tensor, labels: torch.Tensor, reset) -> ModelCost:
     """Times one forward and backward of ``example`` on a copy of ``model`` and counts
     saved-for-backward and neuron-state bytes."""
+    import torch
+
     model = copy.deepcopy(model)
     saved = 0
 

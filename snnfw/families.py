@@ -6,10 +6,12 @@ in SpikingJelly's multi-step mode; the core trains on the time-averaged logits.
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 import attrs
-from torch import nn
+
+if TYPE_CHECKING:
+    from torch import nn
 
 from snnfw.errors import UnknownNameError
 

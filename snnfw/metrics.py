@@ -1,13 +1,10 @@
-"""Per-step metrics: spike counting, phase times, peak memory, the JSONL log and rank 0's progress line."""
+"""Per-step metrics: spike counting, peak memory, the JSONL log and rank 0's progress line."""
 
 from __future__ import annotations
 
-import contextlib
 import json
 import resource
 import sys
-import time
-from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
@@ -37,38 +34,6 @@ class SpikeCounter:
         out = (float(self.spikes), int(self.elements))
         self.spikes, self.elements = torch.zeros(()), torch.zeros((), dtype=torch.int64)
         return out
-
-
-class PhaseTimes:
-    """Milliseconds spent in named phases of a step (``data``, ``forward``, ``backward``, ...).
-
-    Strategies time their own phases with ``with PHASES("forward"):``; on CUDA
-    the end of a phase waits for its kernels, so the split is true rather
-    than launch time. Phases nest: ``forward_backward`` holds the others.
-    """
-
-    def __init__(self):
-        self._ms: dict[str, float] = defaultdict(float)
-        self.synchronize = False
-
-    @contextlib.contextmanager
-    def __call__(self, name: str):
-        start = time.perf_counter()
-        try:
-            yield
-        finally:
-            if self.synchronize:
-                torch.cuda.synchronize()
-            self._ms[name] += (time.perf_counter() - start) * 1e3
-
-    def take(self) -> dict[str, float]:
-        """Returns ``{"<phase>_ms": ms}`` since the last call and clears it."""
-        out = {f"{name}_ms": ms for name, ms in self._ms.items()}
-        self._ms.clear()
-        return out
-
-
-PHASES = PhaseTimes()
 
 
 def peak_memory_mb(device: torch.device) -> float:

@@ -12,9 +12,7 @@ from __future__ import annotations
 from typing import Callable, Sequence
 
 import attrs
-import torch
 from attrs import validators as v
-from torch import nn
 
 PLACEMENTS = ("single", "looped", "v")
 
@@ -89,9 +87,3 @@ def balanced_layout(costs: Sequence[float], stages: int) -> tuple[int, ...]:
         end = cut[s][end]
     return tuple(reversed(counts))
 
-
-class TimeMajor(nn.Module):
-    """Frames ``[N, T, ...]`` -> ``[T, N, ...]``, contiguous: the glue before a family's first unit."""
-
-    def forward(self, frames: torch.Tensor) -> torch.Tensor:
-        return frames.transpose(0, 1).contiguous()

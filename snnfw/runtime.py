@@ -1,4 +1,4 @@
-"""run: the training loop every rank executes, whatever the strategy."""
+"""apply -> run: the training loop every rank executes, whatever the strategy."""
 
 from __future__ import annotations
 
@@ -10,63 +10,17 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-import attrs
 import torch
 
 from snnfw import data as datalib
 from snnfw import faults
-from snnfw.analysis import Analysis, analyze
 from snnfw.checkpoint import Checkpoints
 from snnfw.config import Config
 from snnfw.distributed import RankEnv, all_reduce, device_for, dp_coordinate, process_group
-from snnfw.metrics import PHASES, MetricsLog, SpikeCounter, peak_memory_mb
-from snnfw.auto import measure, ranked_candidates
-from snnfw.plan import AUTO, Plan, PlanRequest, Topology, make_plan
+from snnfw.metrics import MetricsLog, SpikeCounter, peak_memory_mb
+from snnfw.phases import PHASES
 from snnfw.plugins import Plugins, check_same_plugins_on_all_ranks
-
-
-def build_model(config: Config, plugins: Plugins):
-    """Builds the configured flavor with the run's seed; returns (model, input spec)."""
-    family = plugins.families.get(config.model.family)
-    flavor = family.flavor(config.model.flavor)
-    torch.manual_seed(config.train.seed)
-    spec = datalib.InputSpec(config.model.time_steps, flavor.input_shape, flavor.num_classes)
-    return flavor.build(), spec
-
-
-@attrs.frozen
-class Prepared:
-    """The outcome of analyze -> plan: what every rank then applies and runs."""
-
-    plan: Plan
-    model: torch.nn.Module
-    spec: datalib.InputSpec
-    analysis: Analysis
-
-
-def prepare(config: Config, world_size: int, plugins: Plugins) -> Prepared:
-    """analyze -> plan for a world of ``world_size`` ranks; starts no process."""
-    model, spec = build_model(config, plugins)
-    analysis = analyze(model, config.model.family, plugins)
-    cost = measure(model, spec, plugins) if config.parallel.strategy == AUTO else None
-    plan = make_plan(config, Topology.detect(world_size), analysis, plugins, model, cost)
-    return Prepared(plan, model, spec, analysis)
-
-
-def auto_candidates(config: Config, world_size: int, plugins: Plugins) -> list:
-    """``auto``'s runnable candidates for ``config`` on ``world_size`` ranks, best first; starts no process."""
-    model, spec = build_model(config, plugins)
-    request = PlanRequest(
-        config=config, topology=Topology.detect(world_size), analysis=analyze(model, config.model.family, plugins),
-        model=model, plugins=plugins, cost=measure(model, spec, plugins),
-    )
-    return ranked_candidates(request, plugins)[0]
-
-
-def build_datasets(config: Config, spec: datalib.InputSpec, plugins: Plugins) -> tuple:
-    """The train and test splits of the configured data set."""
-    dataset = plugins.datasets.get(config.data.name)
-    return tuple(dataset.build(config.data, spec, split, config.train.seed) for split in ("train", "test"))
+from snnfw.prepare import Prepared, build_datasets, prepare
 
 
 def _set_cpu_threads(env: RankEnv) -> None:
@@ -80,7 +34,7 @@ class Trainer:
     def __init__(self, config: Config, prepared: Prepared, plugins: Plugins, mesh, device):
         started = time.perf_counter()
         self.config, self.plan, self.plugins, self.device = config, prepared.plan, plugins, device
-        PHASES.synchronize = device.type == "cuda"
+        PHASES.synchronize = torch.cuda.synchronize if device.type == "cuda" else None
         self.counter = SpikeCounter(prepared.model, prepared.analysis.neurons)
         self.state_names = frozenset(prepared.model.state_dict())
         self.train_set, self.test_set = build_datasets(config, prepared.spec, plugins)

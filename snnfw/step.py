@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import attrs
-import torch
-import torch.nn.functional as F
+
+if TYPE_CHECKING:
+    import torch
 
 
 @attrs.frozen
@@ -24,6 +27,8 @@ class StepOutput:
 
 def classification_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     """Cross entropy of the time-averaged logits ``[T, N, classes]``."""
+    import torch.nn.functional as F
+
     return F.cross_entropy(logits.mean(0), labels)
 
 

@@ -7,7 +7,7 @@ from snnfw.errors import PlanError
 from snnfw.estimate import estimate
 from snnfw.plan import Proposal
 from snnfw.plugins import Plugins
-from snnfw.runtime import prepare
+from snnfw.prepare import prepare
 
 from conftest import tiny_config
 

@@ -5,7 +5,7 @@ import pytest
 from snnfw.config import ConfigError, build_config, load_config, parse_override
 from snnfw.errors import PlanError, UnknownNameError
 from snnfw.plugins import Plugins
-from snnfw.runtime import prepare
+from snnfw.prepare import prepare
 
 from conftest import tiny_config
 

@@ -41,7 +41,7 @@ def test_none_with_microbatches_equals_a_plain_pytorch_loop():
 
     from snnfw import data as datalib
     from snnfw.plugins import Plugins
-    from snnfw.runtime import build_model
+    from snnfw.prepare import build_model
 
     config = tiny_config("none", microbatches=2)
     summary = run_training(config)

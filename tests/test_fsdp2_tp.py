@@ -11,7 +11,8 @@ import torch
 
 from snnfw.errors import PlanError
 from snnfw.plugins import Plugins
-from snnfw.runtime import prepare, run_training
+from snnfw.prepare import prepare
+from snnfw.runtime import run_training
 from snnfw.testing import full_parameters, run_on_ranks
 
 from conftest import tiny_config

@@ -11,7 +11,8 @@ from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import Checkpoi
 
 from snnfw.errors import PlanError
 from snnfw.plugins import Plugins
-from snnfw.runtime import prepare, run_training
+from snnfw.prepare import prepare
+from snnfw.runtime import run_training
 from snnfw.testing import run_on_ranks, tracked_peak_bytes
 
 from conftest import tiny_config

@@ -121,7 +121,7 @@ OVERRIDE_NONE = """
 
 
 def test_declared_override_replaces_the_builtin_and_unloads_it(tmp_path, monkeypatch):
-    from snnfw.runtime import prepare
+    from snnfw.prepare import prepare
 
     install_fake_distribution(tmp_path, monkeypatch, OVERRIDE_NONE.format(overrides=True))
     plugins = Plugins()
@@ -149,7 +149,7 @@ def _module(name, source):
 
 def test_exception_in_a_hook_names_plugin_and_distribution(tmp_path, monkeypatch):
     from snnfw.errors import PlanError, explain
-    from snnfw.runtime import prepare
+    from snnfw.prepare import prepare
 
     install_fake_distribution(
         tmp_path,
@@ -181,3 +181,14 @@ def test_exception_in_a_hook_names_plugin_and_distribution(tmp_path, monkeypatch
     with pytest.raises(PlanError) as err:
         prepare(tiny_config("none"), 1, plugins)
     assert explain(err.value) == "no plan today; raised in plugin 'planner' (registered in-process), hook snnfw_plan"
+
+
+def test_loading_every_plugin_imports_neither_torch_nor_spikingjelly():
+    """What keeps `snnfw plugins` fast: plugins import torch inside the hooks that need it."""
+    import subprocess
+
+    code = ("import sys; from snnfw.plugins import Plugins; Plugins(); "
+            "print(sorted({m.split('.')[0] for m in sys.modules} & {'torch', 'spikingjelly'}))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"

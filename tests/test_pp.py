@@ -20,7 +20,8 @@ from snnfw.config import ConfigError, build_config
 from snnfw.errors import PlanError, UnknownNameError
 from snnfw.pipeline import balanced_layout
 from snnfw.plugins import Plugins
-from snnfw.runtime import build_model, prepare, run_training
+from snnfw.prepare import build_model, prepare
+from snnfw.runtime import run_training
 from snnfw.testing import local_parameters, run_on_ranks
 from snnfw_plugins.strategies.pp_stages import measure_units
 

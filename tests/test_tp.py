@@ -7,7 +7,8 @@ import torch
 
 from snnfw.errors import PlanError
 from snnfw.plugins import Plugins
-from snnfw.runtime import prepare, run_training
+from snnfw.prepare import prepare
+from snnfw.runtime import run_training
 from snnfw.testing import run_on_ranks
 
 from conftest import tiny_config

@@ -14,8 +14,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
-import torch
-from torch.utils.data import Dataset
 
 from snnfw import hookimpl
 from snnfw.data import DatasetSpec
@@ -28,7 +26,7 @@ SHAPE = (3, 32, 32)
 RECORD = 1 + 3 * 32 * 32
 
 
-class RateCoded(Dataset):
+class RateCoded:
     """``(spikes [T, C, H, W] float, label)`` from ``uint8`` records of label and pixels."""
 
     def __init__(self, records: list[np.ndarray], spec, seed: int):
@@ -39,6 +37,8 @@ class RateCoded(Dataset):
         return int(self.offsets[-1])
 
     def __getitem__(self, index: int):
+        import torch
+
         part = int(np.searchsorted(self.offsets, index, side="right")) - 1
         record = self.records[part][index - self.offsets[part]]
         image = torch.from_numpy(record[1:].astype(np.float32) / 255).view(1, *SHAPE)

@@ -19,15 +19,16 @@ from __future__ import annotations
 import re
 import zipfile
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
-import torch.nn.functional as F
-from torch.utils.data import Dataset
 
 from snnfw import hookimpl
 from snnfw.data import DatasetSpec
 from snnfw.errors import DataError
+
+if TYPE_CHECKING:
+    import torch
 
 EXTENSIONS = (".npz", ".npy")
 SETS = {
@@ -47,10 +48,12 @@ def load_frames(path: Path) -> np.ndarray:
 
 def resize(frames: torch.Tensor, size: tuple[int, int]) -> torch.Tensor:
     """``[T, C, H, W]`` resized by area to ``size`` (unchanged if it already has it)."""
+    import torch.nn.functional as F
+
     return frames if tuple(frames.shape[-2:]) == size else F.interpolate(frames, size=size, mode="area")
 
 
-class FrameFolder(Dataset):
+class FrameFolder:
     """``(frames [T, C, H, W] float, label)`` from one file per sample."""
 
     def __init__(self, samples: list[tuple[Path, int]], size: tuple[int, int]):
@@ -60,6 +63,8 @@ class FrameFolder(Dataset):
         return len(self.samples)
 
     def __getitem__(self, index: int):
+        import torch
+
         path, label = self.samples[index]
         frames = torch.from_numpy(load_frames(path).astype(np.float32))
         return resize(frames, self.size), label

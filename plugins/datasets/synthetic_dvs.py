@@ -9,9 +9,6 @@ Everything is a deterministic function of the seed, split and sample index.
 
 import math
 
-import torch
-from torch.utils.data import Dataset
-
 from snnfw import hookimpl
 from snnfw.data import DatasetSpec
 
@@ -20,6 +17,8 @@ NOISE = 0.02
 
 
 def make_frames(count: int, time_steps: int, shape: tuple[int, int, int], classes: int, generator) -> tuple:
+    import torch
+
     channels, height, width = shape
     labels = torch.randint(classes, (count,), generator=generator)
     angle = 2 * math.pi * labels.float() / classes + 0.2 * torch.randn(count, generator=generator)
@@ -29,7 +28,7 @@ def make_frames(count: int, time_steps: int, shape: tuple[int, int, int], classe
     ys = torch.arange(height).view(1, height, 1).float() - height / 2
     xs = torch.arange(width).view(1, 1, width).float() - width / 2
 
-    def blob(t: float) -> torch.Tensor:
+    def blob(t: float):
         offset = t - (time_steps - 1) / 2
         cy = (start[:, 0] + offset * speed * torch.sin(angle)).view(-1, 1, 1)
         cx = (start[:, 1] + offset * speed * torch.cos(angle)).view(-1, 1, 1)
@@ -49,7 +48,7 @@ def make_frames(count: int, time_steps: int, shape: tuple[int, int, int], classe
 CACHE_BYTES = 256 * 2**20
 
 
-class SyntheticDVS(Dataset):
+class SyntheticDVS:
     """Generates sample ``i`` on demand from its own seeded generator.
 
     Generated samples are kept (one byte per event) while the whole split fits
@@ -65,6 +64,8 @@ class SyntheticDVS(Dataset):
         return self.count
 
     def __getitem__(self, index: int):
+        import torch
+
         if self._cache is not None and index in self._cache:
             frames, label = self._cache[index]
             return frames.float(), label

@@ -11,35 +11,17 @@ neuron group, attention included, fires at about 8% to 40% on sparse DVS events.
 
 from functools import partial
 
-import torch
-from torch import nn
-
 from snnfw import hookimpl
 from snnfw.analysis import AnalysisPart
 from snnfw.families import Flavor, ModelFamily
-from snnfw.pipeline import TimeMajor
 
 NAME = "spikformer"
 
 
-class SpikformerNet(nn.Module):
-    """Frames ``[N, T, C, H, W]`` -> logits ``[T, N, classes]``; ``net`` is the zoo model."""
+def build(**kwargs):
+    from snnfw_plugins.families.spikformer_model import SpikformerNet
 
-    def __init__(self, **kwargs):
-        super().__init__()
-        from spikingjelly.activation_based.model.spikformer import Spikformer
-
-        self.net = Spikformer(**kwargs)
-
-    def forward(self, frames: torch.Tensor) -> torch.Tensor:
-        return self.net(frames.transpose(0, 1).contiguous())
-
-
-class MeanOverTokens(nn.Module):
-    """``[T, N, C, H, W]`` -> ``[T, N, C]``: the zoo's pooling before the head."""
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x.flatten(3).mean(dim=-1)
+    return SpikformerNet(**kwargs)
 
 
 TI = dict(in_channels=3, img_size_h=224, img_size_w=224, patch_size=16, num_classes=1000,
@@ -52,9 +34,9 @@ CIFAR10 = dict(in_channels=3, img_size_h=32, img_size_w=32, patch_size=4, num_cl
 FAMILY = ModelFamily(
     name=NAME,
     flavors={
-        "ti": Flavor((3, 224, 224), 1000, partial(SpikformerNet, **TI), "Spikformer-ti, ImageNet 224x224, 4.4M parameters"),
-        "tiny": Flavor((2, 32, 32), 10, partial(SpikformerNet, **TINY), "two blocks on 32x32 DVS frames, for tests"),
-        "cifar10": Flavor((3, 32, 32), 10, partial(SpikformerNet, **CIFAR10), "Spikformer-4-384 on 32x32 images (data set cifar10)"),
+        "ti": Flavor((3, 224, 224), 1000, partial(build, **TI), "Spikformer-ti, ImageNet 224x224, 4.4M parameters"),
+        "tiny": Flavor((2, 32, 32), 10, partial(build, **TINY), "two blocks on 32x32 DVS frames, for tests"),
+        "cifar10": Flavor((3, 32, 32), 10, partial(build, **CIFAR10), "Spikformer-4-384 on 32x32 images (data set cifar10)"),
     },
 )
 
@@ -82,5 +64,10 @@ def snnfw_split_stages(model, plan):
     """The stem after the time-major transpose, one unit per block, the token mean with the head."""
     if plan.config.model.family != NAME:
         return None
+    from torch import nn
+
+    from snnfw.modules import TimeMajor
+    from snnfw_plugins.families.spikformer_model import MeanOverTokens
+
     net = model.net
     return [nn.Sequential(TimeMajor(), net.patch_embed), *net.blocks, nn.Sequential(MeanOverTokens(), net.head)]

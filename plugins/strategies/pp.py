@@ -16,19 +16,11 @@ predictions, so outputs are not merged.
 
 from __future__ import annotations
 
-import torch
-from torch import nn
-
 from snnfw import hookimpl
-from snnfw.errors import PluginError
 from snnfw.plan import Proposal
 from snnfw.pipeline import parse_layout
-from snnfw_plugins.strategies.pp_model import STEP_TIMES, PipelineModel, ScoredLoss
-from snnfw_plugins.strategies.pp_stages import Stage, Stopwatch, decide_split, pipeline_stage
-from snnfw_plugins.strategies.pp_state import tensor_names
 
 NAME = "pp"
-EXAMPLE_FIRING = 0.2  # share of active pixels in the dry run's frames
 
 
 @hookimpl
@@ -37,6 +29,8 @@ def snnfw_register_strategies(register):
 
 
 def _unit_names(request) -> tuple[str, ...]:
+    from torch import nn
+
     if request.analysis.stage_units:
         return request.analysis.stage_units
     if isinstance(request.model, nn.Sequential):
@@ -120,76 +114,18 @@ def snnfw_plan(request):
     return _propose(request) if request.strategy == NAME else None
 
 
-def example_frames(plan, hooks, device) -> torch.Tensor:
-    """One microbatch of sparse random event frames ``[N, T, C, H, W]`` for splitting and the dry run."""
-    config = plan.config
-    shape = hooks.families.get(config.model.family).flavor(config.model.flavor).input_shape
-    generator = torch.Generator().manual_seed(config.train.seed)
-    frames = torch.rand(plan.microbatch_size, config.model.time_steps, *shape, generator=generator) < EXAMPLE_FIRING
-    return frames.float().to(device)
-
-
-def stage_inputs(stages: list[nn.Module], example: torch.Tensor, hooks) -> list[torch.Tensor]:
-    """One microbatch of input for every stage: ``example`` through the stages before it."""
-    inputs, x = [], example
-    with torch.no_grad():
-        for stage in stages:
-            inputs.append(x)
-            hooks.reset_state(stage)
-            x = stage(x)
-    return inputs
-
-
-def build_pipeline(model: nn.Module, plan, mesh, hooks) -> PipelineModel:
-    """This rank's stages of ``model``, their torch PipelineStages and the schedule."""
-    pipeline, pp_mesh = plan.config.pipeline, mesh["pp"]
-    spec = hooks.schedules.get(pipeline.schedule)
-    pp, pp_rank, group = pp_mesh.size(), pp_mesh.get_local_rank(), pp_mesh.get_group()
-    device = next(model.parameters()).device
-    names = tensor_names(model)
-    example = example_frames(plan, hooks, device)
-    units = hooks.split_stages(model, plan, example) or []
-    declared = plan.analysis.stage_units
-    if not units or (declared and len(units) != len(declared)):
-        raise PluginError(
-            f"splitting {plan.config.model.family!r} into pipeline units gave {len(units)} units for the "
-            f"{len(declared)} stage_units it declares; its plugin must implement snnfw_split_stages"
-        )
-    split = decide_split(model, plan, hooks, example, pp * pipeline.virtual_stages)
-    indices = spec.stage_indices(pp_rank, pp, pipeline.virtual_stages)
-    every = [Stage(*(units[u] for u in split.unit_range(index))) for index in range(len(split.layout))]
-    hooks.transform_stages(model, list(zip(every, stage_inputs(every, example, hooks))), tuple(indices), plan)
-    hooks.compile(model, plan)
-    stages = {index: every[index] for index in indices}
-    local_units = {u for index in indices for u in split.unit_range(index)}
-    for u, unit in enumerate(units):
-        if u not in local_units:
-            unit.to("meta")  # frees what other ranks hold
-    for stage in stages.values():
-        stage.register_forward_pre_hook(lambda module, args: hooks.reset_state(module))
-    stopwatch, loss = Stopwatch(), ScoredLoss()
-    torch_stages = [pipeline_stage(stages[i], i, split, device, group, stopwatch) for i in indices]
-    schedule = hooks.schedule(torch_stages, plan, loss)
-    if schedule is None:
-        raise PluginError(f"no plugin builds schedule {pipeline.schedule!r}; its plugin must implement snnfw_schedule")
-    owner = {index: rank for rank in range(pp) for index in spec.stage_indices(rank, pp, pipeline.virtual_stages)}
-    owners = tuple(owner[index] for index in range(len(split.layout)))
-    dp_group = mesh.get_group("dp") if "dp" in mesh.mesh_dim_names else None
-    pipeline = PipelineModel(stages, schedule, loss, split, owners, device, group, dp_group, stopwatch)
-    pipeline.model_names = {raw: names[id(tensor)] for raw, tensor in pipeline.state_dict(keep_vars=True).items()}
-    return pipeline
-
-
 @hookimpl
 def snnfw_parallelize(model, plan, mesh, hooks):
-    return build_pipeline(model, plan, mesh, hooks) if plan.strategy == NAME else None
+    if plan.strategy != NAME:
+        return None
+    from snnfw_plugins.strategies.pp_build import build_pipeline
+
+    return build_pipeline(model, plan, mesh, hooks)
 
 
 @hookimpl
 def snnfw_forward_backward(model, batches, plan, hooks):
-    if plan.strategy != NAME:
-        return None
-    return model.train_step(torch.cat([frames for frames, _ in batches]), torch.cat([labels for _, labels in batches]))
+    return model.train_step(batches) if plan.strategy == NAME else None
 
 
 @hookimpl
@@ -198,8 +134,32 @@ def snnfw_evaluate(model, frames, labels, plan, hooks):
 
 
 @hookimpl
+def snnfw_state_dict(model, optimizer, plan):
+    """The stages' state under the model's own names (``pp_state``), so any strategy resumes from it."""
+    if plan.strategy != NAME:
+        return None
+    from snnfw_plugins.strategies.pp_state import named_state
+
+    return named_state(model, optimizer)
+
+
+@hookimpl
+def snnfw_load_state_dict(model, optimizer, plan, state):
+    if plan.strategy != NAME:
+        return None
+    from snnfw_plugins.strategies.pp_state import load_named_state
+
+    load_named_state(model, optimizer, state)
+    return True
+
+
+@hookimpl
 def snnfw_step_metrics(plan):
-    return STEP_TIMES.take() if plan.strategy == NAME else None
+    if plan.strategy != NAME:
+        return None
+    from snnfw_plugins.strategies.pp_model import STEP_TIMES
+
+    return STEP_TIMES.take()
 
 
 @hookimpl(trylast=True)
@@ -217,4 +177,6 @@ def snnfw_schedule(stages, plan, loss_fn, hooks):
 @hookimpl(trylast=True)
 def snnfw_split_stages(model, plan):
     """Any ``nn.Sequential`` model: one unit per child."""
+    from torch import nn
+
     return list(model) if isinstance(model, nn.Sequential) else None

@@ -66,8 +66,10 @@ class PipelineModel(nn.Module):
         self.holds_last = len(owners) - 1 in self.stage_indices
         self.model_names: dict[str, str] = {}
 
-    def train_step(self, frames: torch.Tensor, labels: torch.Tensor) -> StepOutput:
-        """One schedule step over the replica's batch; loss and samples on the rank holding the last stage."""
+    def train_step(self, batches: list[tuple[torch.Tensor, torch.Tensor]]) -> StepOutput:
+        """One schedule step over the replica's batch (its microbatches joined); loss and samples on the
+        rank holding the last stage."""
+        frames, labels = torch.cat([x for x, _ in batches]), torch.cat([y for _, y in batches])
         losses: list[torch.Tensor] = []
         self.loss.correct = 0
         busy, start = self.stopwatch.total, time.perf_counter()

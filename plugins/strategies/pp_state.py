@@ -14,7 +14,6 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from snnfw import hookimpl
 from snnfw_plugins.defaults import merge_optimizer_states
 from snnfw_plugins.strategies.pp_model import PipelineModel
 
@@ -30,10 +29,8 @@ def _parameter_names(pipeline: PipelineModel, optimizer) -> list[str]:
     return [pipeline.model_names[raw[id(p)]] for group in optimizer.param_groups for p in group["params"]]
 
 
-@hookimpl
-def snnfw_state_dict(model, optimizer, plan):
-    if not isinstance(model, PipelineModel):
-        return None
+def named_state(model: PipelineModel, optimizer) -> dict:
+    """This rank's stage state under the model's names, param groups listing every pp rank's parameters."""
     tensors = {model.model_names[raw]: tensor.detach() for raw, tensor in model.state_dict(keep_vars=True).items()}
     own, params = optimizer.state_dict(), _parameter_names(model, optimizer)
     groups = [{**group, "params": [params[i] for i in group["params"]]} for group in own["param_groups"]]
@@ -48,10 +45,8 @@ def snnfw_state_dict(model, optimizer, plan):
     }
 
 
-@hookimpl
-def snnfw_load_state_dict(model, optimizer, plan, state):
-    if not isinstance(model, PipelineModel):
-        return None
+def load_named_state(model: PipelineModel, optimizer, state: dict) -> None:
+    """Loads this rank's entries of a whole ``state`` into its stages and optimizer."""
     model.load_state_dict({raw: state["model"][name] for raw, name in model.model_names.items()})
     own = optimizer.state_dict()
     params = _parameter_names(model, optimizer)
@@ -60,4 +55,3 @@ def snnfw_load_state_dict(model, optimizer, plan, state):
         "state": {i: saved[name] for i, name in enumerate(params) if name in saved},
         "param_groups": own["param_groups"],
     })
-    return True

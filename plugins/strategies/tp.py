@@ -10,14 +10,14 @@ from snnfw import hookimpl
 from snnfw.analysis import submodule
 from snnfw.estimate import estimate, ring_bytes
 from snnfw.plan import Proposal
-from snnfw_plugins.strategies.tp_comm import COUNTER
-from snnfw_plugins.strategies.tp_styles import STYLES, Shard
 
 NAME = "tp"
 
 
 def check_tp_plan(request, size: int) -> str | None:
     """Why the family's tp_plan cannot run with ``size`` shards, or None."""
+    from snnfw_plugins.strategies.tp_styles import STYLES
+
     plan = request.analysis.tp_plan
     if not plan:
         return f"model family {request.analysis.family!r} declares no tp_plan; choose another strategy"
@@ -46,6 +46,8 @@ def tp_estimate(request, tp: int, replicas: int = 1):
 
 def apply_tensor_parallel(model, analysis, tp_mesh, hooks) -> None:
     """Shards every module of the family's tp_plan over ``tp_mesh`` (1-D), in place."""
+    from snnfw_plugins.strategies.tp_styles import STYLES, Shard
+
     names = {id(m): name for name, m in model.named_modules()}
     shard = Shard(tp_mesh, tp_mesh.get_group(), tp_mesh.get_local_rank(), tp_mesh.size(), hooks, names)
     for name, style in analysis.tp_plan:
@@ -107,7 +109,28 @@ def snnfw_shard_neuron(module, placement, mesh):
 
 
 @hookimpl
+def snnfw_state_dict(model, optimizer, plan):
+    """Whole tensors for the checkpoint: the slices of ``tp`` and ``fsdp2_tp`` gathered (``tp_state``)."""
+    if NAME not in dict(plan.mesh):
+        return None
+    from snnfw_plugins.strategies.tp_state import gathered_state
+
+    return gathered_state(model, optimizer)
+
+
+@hookimpl
+def snnfw_load_state_dict(model, optimizer, plan, state):
+    if NAME not in dict(plan.mesh):
+        return None
+    from snnfw_plugins.strategies.tp_state import load_sliced_state
+
+    return load_sliced_state(model, optimizer, state) or None
+
+
+@hookimpl
 def snnfw_step_metrics(plan):
     if NAME not in dict(plan.mesh):
         return None
+    from snnfw_plugins.strategies.tp_comm import COUNTER
+
     return COUNTER.take()

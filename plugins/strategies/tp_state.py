@@ -10,7 +10,6 @@ defaults, so a checkpoint moves between tensor parallel and any other strategy.
 import torch
 import torch.distributed as dist
 
-from snnfw import hookimpl
 from snnfw_plugins.defaults import full_state, load_full_state
 from snnfw_plugins.strategies.tp_styles import SLICES
 
@@ -56,16 +55,16 @@ def _convert(state: dict, slices: dict, convert) -> dict:
     }
 
 
-@hookimpl
-def snnfw_state_dict(model, optimizer, plan):
+def gathered_state(model, optimizer) -> dict | None:
+    """The whole training state, slices gathered; None when ``model`` holds no slices."""
     slices = _slices(model)
     return _convert(full_state(model, optimizer), slices, _gather) if slices else None
 
 
-@hookimpl
-def snnfw_load_state_dict(model, optimizer, plan, state):
+def load_sliced_state(model, optimizer, state) -> bool:
+    """Loads this rank's slices of the whole ``state``; False when ``model`` holds no slices."""
     slices = _slices(model)
     if not slices:
-        return None
+        return False
     load_full_state(model, optimizer, _convert(state, slices, _select))
     return True

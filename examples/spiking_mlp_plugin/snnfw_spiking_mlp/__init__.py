@@ -6,14 +6,11 @@ residual-free MLP blocks (Linear, PLIF, Linear, PLIF) and classified. The
 plugin declares what snnfw's strategies need: FSDP2 blocks, a tensor-parallel
 plan (torch's column- then row-parallel Linear styles), pipeline stage units,
 and a shard rule for its neuron, whose learnable ``w`` must see the gradient
-of every channel, not only the local ones.
+of every channel, not only the local ones. The modules live in ``model.py``,
+imported only when a model is built, so that loading plugins stays fast.
 """
 
-import math
 from functools import partial
-
-import torch
-from torch import nn
 
 from snnfw import hookimpl
 from snnfw.analysis import AnalysisPart
@@ -22,52 +19,17 @@ from snnfw.families import Flavor, ModelFamily
 NAME = "spiking_mlp"
 
 
-def plif():
-    from spikingjelly.activation_based import neuron, surrogate
+def build(*args):
+    from snnfw_spiking_mlp.model import SpikingMLP
 
-    return neuron.ParametricLIFNode(
-        init_tau=2.0, decay_input=False, detach_reset=True, surrogate_function=surrogate.ATan(), step_mode="m"
-    )
-
-
-class MLPBlock(nn.Module):
-    def __init__(self, dim: int, hidden: int):
-        super().__init__()
-        from spikingjelly.activation_based import layer
-
-        self.fc1 = layer.Linear(dim, hidden, step_mode="m")
-        self.lif1 = plif()
-        self.fc2 = layer.Linear(hidden, dim, step_mode="m")
-        self.lif2 = plif()
-
-    def forward(self, x):
-        return self.lif2(self.fc2(self.lif1(self.fc1(x))))
-
-
-class SpikingMLP(nn.Module):
-    """Frames ``[N, T, C, H, W]`` -> logits ``[T, N, classes]``."""
-
-    def __init__(self, in_features: int, dim: int, hidden: int, depth: int, classes: int):
-        super().__init__()
-        from spikingjelly.activation_based import layer
-
-        self.encoder = nn.Sequential(layer.Linear(in_features, dim, step_mode="m"), plif())
-        self.blocks = nn.Sequential(*(MLPBlock(dim, hidden) for _ in range(depth)))
-        self.head = layer.Linear(dim, classes, step_mode="m")
-        for module in self.modules():  # wide enough that sparse spike inputs cross the threshold
-            if isinstance(module, nn.Linear):
-                nn.init.normal_(module.weight, std=3.0 / math.sqrt(module.in_features))
-
-    def forward(self, frames: torch.Tensor) -> torch.Tensor:
-        x = frames.transpose(0, 1).flatten(2)
-        return self.head(self.blocks(self.encoder(x)))
+    return SpikingMLP(*args)
 
 
 FAMILY = ModelFamily(
     name=NAME,
     flavors={
-        "tiny": Flavor((2, 16, 16), 10, partial(SpikingMLP, 2 * 16 * 16, 64, 128, 2, 10), "16x16 frames, 2 blocks"),
-        "base": Flavor((2, 48, 48), 10, partial(SpikingMLP, 2 * 48 * 48, 512, 2048, 4, 10), "48x48 frames, 4 blocks"),
+        "tiny": Flavor((2, 16, 16), 10, partial(build, 2 * 16 * 16, 64, 128, 2, 10), "16x16 frames, 2 blocks"),
+        "base": Flavor((2, 48, 48), 10, partial(build, 2 * 48 * 48, 512, 2048, 4, 10), "48x48 frames, 4 blocks"),
     },
 )
 
@@ -92,7 +54,9 @@ def snnfw_analyze(model, family):
 @hookimpl(tryfirst=True)
 def snnfw_shard_neuron(module, placement, mesh):
     """A PLIF's time constant is one scalar for all channels: sum its gradient over the shards."""
+    import torch
     from spikingjelly.activation_based.neuron import ParametricLIFNode
+
     from snnfw_plugins.strategies.tp import snnfw_shard_neuron as check_local_size
 
     if not isinstance(module, ParametricLIFNode):
@@ -113,6 +77,8 @@ def snnfw_split_stages(model, plan):
     """Pipeline units: the time-major flatten with the encoder, each block, the head."""
     if plan.config.model.family != NAME:
         return None
-    from snnfw.pipeline import TimeMajor
+    from torch import nn
+
+    from snnfw.modules import TimeMajor
 
     return [nn.Sequential(TimeMajor(), nn.Flatten(2), model.encoder), *model.blocks, model.head]

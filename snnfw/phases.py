@@ -1,0 +1,41 @@
+"""Wall time of the named phases of a training step, for the metrics and the benchmark."""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections import defaultdict
+from typing import Callable
+
+
+class PhaseTimes:
+    """Milliseconds spent in named phases of a step (``data``, ``forward``, ``backward``, ...).
+
+    Strategies time their own phases with ``with PHASES("forward"):``. The
+    runtime sets ``synchronize`` (``torch.cuda.synchronize`` on CUDA) so that a
+    phase ends when its kernels do, not when they are launched. Phases nest:
+    ``forward_backward`` holds the others.
+    """
+
+    def __init__(self):
+        self._ms: dict[str, float] = defaultdict(float)
+        self.synchronize: Callable[[], None] | None = None
+
+    @contextlib.contextmanager
+    def __call__(self, name: str):
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            if self.synchronize is not None:
+                self.synchronize()
+            self._ms[name] += (time.perf_counter() - start) * 1e3
+
+    def take(self) -> dict[str, float]:
+        """Returns ``{"<phase>_ms": ms}`` since the last call and clears it."""
+        out = {f"{name}_ms": ms for name, ms in self._ms.items()}
+        self._ms.clear()
+        return out
+
+
+PHASES = PhaseTimes()
