@@ -26,13 +26,26 @@ class ScheduleSpec:
     2P - 1 - r). ``torch_schedule`` names the ``torch.distributed.pipelining``
     class that runs it, or is None when the plugin's ``snnfw_schedule`` builds
     it. ``check_microbatches(microbatches, pp)`` says why a count cannot run,
-    or returns None.
+    or returns None. For ``auto``'s estimates: ``bubble_scale`` is the share of
+    the fill-and-drain bubble the schedule leaves idle (1 for GPipe and 1F1B,
+    less where weight gradients fill it), and ``holds_all_microbatches`` is
+    True when every microbatch's activations are alive at once (breadth first).
     """
 
     placement: str = attrs.field(validator=v.in_(PLACEMENTS))
     torch_schedule: str | None = None
     min_virtual: int = 1
     check_microbatches: Callable[[int, int], str | None] | None = None
+    bubble_scale: float = 1.0
+    holds_all_microbatches: bool = False
+
+    def bubble(self, pp: int, virtual: int, microbatches: int) -> float:
+        """The idle share of a step: (P - 1) / (V M + P - 1), scaled by ``bubble_scale``."""
+        return self.bubble_scale * (pp - 1) / (virtual * microbatches + pp - 1)
+
+    def microbatches_in_flight(self, pp: int, microbatches: int) -> int:
+        """How many microbatches' activations a stage holds at its peak."""
+        return microbatches if self.holds_all_microbatches else min(microbatches, pp)
 
     def virtual_refusal(self, name: str, virtual: int) -> str | None:
         """Why schedule ``name`` cannot run ``virtual`` stages per rank, or None."""

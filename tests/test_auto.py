@@ -17,9 +17,9 @@ def plugins():
     return Plugins()
 
 
-def auto(world, prefer=None, family="cifar10dvs_vgg", batch=8, **sections):
+def auto(world, prefer=None, family="cifar10dvs_vgg", batch=8, microbatches=None, **sections):
     parallel = {"strategy": "auto", **({"prefer": prefer} if prefer else {})}
-    return tiny_config(parallel=parallel, model={"family": family}, data={"batch_size": batch}, **sections)
+    return tiny_config(parallel=parallel, microbatches=microbatches, model={"family": family}, data={"batch_size": batch}, **sections)
 
 
 @pytest.mark.parametrize("family", ["cifar10dvs_vgg", "spikformer"])
@@ -50,8 +50,8 @@ def test_infeasible_candidates_are_listed_with_reasons(plugins):
 
 
 def test_no_feasible_strategy_fails_with_every_reason(plugins):
-    with pytest.raises(PlanError, match="auto found no strategy that can run on 3 rank\\(s\\):.*not divisible"):
-        prepare(auto(3, "speed", batch=8), 3, plugins)
+    with pytest.raises(PlanError, match="auto found no strategy that can run on 3 rank\\(s\\):.*not divisible.*fewer than the 3 stages"):
+        prepare(auto(3, "speed", batch=8, microbatches=1), 3, plugins)
 
 
 class EchoStrategy:
@@ -82,3 +82,25 @@ def test_explicit_strategy_with_prefer_keeps_it_and_fills_defaults(plugins):
     assert "prefer memory: parallel.zero = True" in plan.rationale
     speed = prepare(tiny_config("dp", parallel={"prefer": "speed"}), 2, plugins).plan
     assert speed.config.parallel.zero is False
+
+
+@pytest.mark.parametrize("schedule, bubble", [("1f1b", "43%"), ("gpipe", "43%"), ("zero_bubble", "14%")])
+def test_pipelines_take_part_with_their_schedules_bubble(plugins, schedule, bubble):
+    plan = prepare(auto(4, "speed", pipeline={"schedule": schedule}), 4, plugins).plan
+    (line,) = [line for line in plan.rationale if line.startswith("candidate pp (pp=4):")]
+    assert line.endswith(f"bubble {bubble}")  # (P - 1) / (M + P - 1) with M = 4 microbatches, scaled for zero bubble
+
+
+def test_gpipe_keeps_every_microbatch_alive_and_1f1b_at_most_pp(plugins):
+    def pp_activations(schedule):
+        plan = prepare(auto(2, "speed", batch=16, microbatches=8, pipeline={"schedule": schedule}), 2, plugins).plan
+        (line,) = [line for line in plan.rationale if line.startswith("candidate pp (pp=2):")]
+        return float(line.split("~")[1].split(" MB")[0])
+
+    assert pp_activations("gpipe") > pp_activations("1f1b")
+
+
+def test_auto_chooses_a_pipeline_when_the_batch_does_not_split_over_replicas(plugins):
+    plan = prepare(auto(3, "speed", batch=8), 3, plugins).plan  # 8 samples over 3 replicas: no dp, zero, fsdp2
+    assert plan.strategy == "pp" and dict(plan.mesh) == {"pp": 3} and plan.microbatches == 4
+    assert "candidate dp: cannot run: data.batch_size 8 is not divisible by 3 x 1" in plan.rationale

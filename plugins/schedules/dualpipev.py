@@ -12,4 +12,5 @@ NAME = "dualpipev"
 
 @hookimpl
 def snnfw_register_schedules(register):
-    register(NAME, ScheduleSpec("v", "ScheduleDualPipeV"), "DualPipeV: DeepSeek's DualPipe folded into a V of two stages per rank")
+    spec = ScheduleSpec("v", "ScheduleDualPipeV", bubble_scale=1 / 2)
+    register(NAME, spec, "DualPipeV: DeepSeek's DualPipe folded into a V of two stages per rank")

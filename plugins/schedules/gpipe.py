@@ -11,4 +11,4 @@ NAME = "gpipe"
 
 @hookimpl
 def snnfw_register_schedules(register):
-    register(NAME, ScheduleSpec("single", "ScheduleGPipe"), "GPipe: all forwards, then all backwards; one stage per rank")
+    register(NAME, ScheduleSpec("single", "ScheduleGPipe", holds_all_microbatches=True), "GPipe: all forwards, then all backwards; one stage per rank")

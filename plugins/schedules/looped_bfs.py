@@ -12,4 +12,4 @@ NAME = "looped_bfs"
 
 @hookimpl
 def snnfw_register_schedules(register):
-    register(NAME, ScheduleSpec("looped", "ScheduleLoopedBFS", min_virtual=2), "looped BFS: all microbatches through a stage before the next")
+    register(NAME, ScheduleSpec("looped", "ScheduleLoopedBFS", min_virtual=2, holds_all_microbatches=True), "looped BFS: all microbatches through a stage before the next")

@@ -12,4 +12,5 @@ NAME = "zbv"
 
 @hookimpl
 def snnfw_register_schedules(register):
-    register(NAME, ScheduleSpec("v", "ScheduleZBVZeroBubble"), "zero bubble V: two stages per rank in a V, input and weight gradients split")
+    spec = ScheduleSpec("v", "ScheduleZBVZeroBubble", bubble_scale=1 / 3)
+    register(NAME, spec, "zero bubble V: two stages per rank in a V, input and weight gradients split")

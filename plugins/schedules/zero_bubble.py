@@ -13,5 +13,5 @@ NAME = "zero_bubble"
 
 @hookimpl
 def snnfw_register_schedules(register):
-    spec = ScheduleSpec("looped", "ScheduleInterleavedZeroBubble", check_microbatches=rounds_refusal)
+    spec = ScheduleSpec("looped", "ScheduleInterleavedZeroBubble", check_microbatches=rounds_refusal, bubble_scale=1 / 3)
     register(NAME, spec, "interleaved zero bubble (ZB1P): weight gradients fill the bubble; looped stages")

@@ -17,6 +17,7 @@ predictions, so outputs are not merged.
 from __future__ import annotations
 
 from snnfw import hookimpl
+from snnfw.estimate import estimate, ring_bytes
 from snnfw.plan import Proposal
 from snnfw.pipeline import parse_layout
 
@@ -106,12 +107,35 @@ def _propose(request) -> Proposal:
         f"{dp} pipeline replicas, stage gradients averaged over them" if dp > 1 else "one pipeline replica",
     )
     dp_dims = ("dp",) if "dp" in dict(mesh) else ()
-    return Proposal(NAME, mesh=mesh, dp_dims=dp_dims, rationale=rationale, microbatches=micro)
+    cost = _estimate(request, spec, pp, dp, virtual, micro)
+    return Proposal(NAME, mesh=mesh, dp_dims=dp_dims, rationale=rationale, microbatches=micro, estimate=cost)
+
+
+def _estimate(request, spec, pp: int, dp: int, virtual: int, microbatches: int):
+    """A 1/pp share of the model per rank, the schedule's microbatches in flight and its bubble;
+    each stage boundary sends a [T, N, ...] activation forward and its gradient back, sized as
+    the mean neuron state times T."""
+    cost = request.cost
+    if cost is None:
+        return None
+    replica_batch = request.config.data.batch_size / dp
+    in_flight = spec.microbatches_in_flight(pp, microbatches) * replica_batch / microbatches
+    boundary = request.config.model.time_steps * cost.neuron_state_bytes / max(len(request.analysis.neurons), 1)
+    comm = 2 * virtual * replica_batch * boundary + ring_bytes(cost.parameter_bytes / pp, dp)
+    return estimate(
+        request,
+        samples=replica_batch,
+        parameter_shards=pp,
+        activation_shards=pp * replica_batch / in_flight,
+        compute_shards=pp,
+        comm_bytes=comm,
+        bubble=spec.bubble(pp, virtual, microbatches),
+    )
 
 
 @hookimpl
 def snnfw_plan(request):
-    return _propose(request) if request.strategy == NAME else None
+    return _propose(request) if request.asks_for(NAME) else None
 
 
 @hookimpl
