@@ -6,10 +6,17 @@ model family, data set and pipeline schedule is a plugin found through the
 :data:`hookimpl`.
 """
 
+import logging
+
 import pluggy
 
 __version__ = "0.1.0"
 
 hookimpl = pluggy.HookimplMarker("snnfw")
+
+# torch warns that Triton is absent each time a library (here
+# SpikingJelly) registers a custom op on a machine without it; on CPU that is
+# expected, and every rank repeating it hides the messages that matter.
+logging.getLogger("torch._library.triton").addFilter(lambda record: "Triton not available" not in record.getMessage())
 
 __all__ = ["__version__", "hookimpl"]

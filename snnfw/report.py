@@ -3,9 +3,10 @@
 Records of the same configuration are repeated runs: the table shows their
 median step time (with the count) and the largest peak memory. Where the same
 model, batch and world size also has a plain PyTorch baseline, the table gives
-the ratio of median step times (1.00 = no overhead); on a machine whose speed
-drifts, alternate framework and baseline runs and repeat them
-(``benchmark/run_all.sh`` does).
+the overhead ratio (1.00 = none): each run is divided by the baseline run
+nearest to it in the file, and the median of those ratios is shown. On a
+machine whose speed drifts, alternate framework and baseline runs and repeat
+them (``benchmark/run_all.sh`` does), so that each pair shares its conditions.
 """
 
 from __future__ import annotations
@@ -18,24 +19,31 @@ from snnfw.errors import UserError
 
 
 def _grouped(results: Path) -> list[dict]:
-    """One record per configuration: the latest, with median step time over all its runs and the top peaks."""
+    """The records of ``results``, grouped by configuration."""
     if not results.exists():
         raise UserError(f"no benchmark results at {results}; run snnfw bench CONFIG first")
     from snnfw.bench import config_key
 
-    runs: dict[str, list[dict]] = {}
-    for line in results.read_text().splitlines():
-        if line.strip():
-            record = json.loads(line)
-            runs.setdefault(config_key(record), []).append(record)
+    records = [json.loads(line) for line in results.read_text().splitlines() if line.strip()]
+    return grouped(records, config_key)
+
+
+def grouped(records: list[dict], key) -> list[dict]:
+    """One record per configuration (``key(record)``): the latest, with the median step time over all
+    its runs, the top peaks, and ``run_ms``, the (position in ``records``, step ms) of each run."""
+    runs: dict[str, list[tuple[int, dict]]] = {}
+    for order, record in enumerate(records):
+        runs.setdefault(key(record), []).append((order, record))
     merged = []
     for group in runs.values():
-        step_ms = statistics.median(r["step_ms"] for r in group)
-        peaks = [max(r["peak_mem_mb_per_rank"][i] for r in group) for i in range(group[-1]["nproc"])]
+        last = group[-1][1]
+        step_ms = statistics.median(r["step_ms"] for _, r in group)
+        peaks = [max(r["peak_mem_mb_per_rank"][i] for _, r in group) for i in range(last["nproc"])]
         merged.append({
-            **group[-1], "runs": len(group), "step_ms": step_ms, "peak_mem_mb_per_rank": peaks, "peak_mem_mb": max(peaks),
-            "global_samples_per_s": group[-1]["global_batch"] / step_ms * 1e3,
-            "per_device_samples_per_s": group[-1]["global_batch"] / step_ms * 1e3 / group[-1]["nproc"],
+            **last, "runs": len(group), "step_ms": step_ms, "peak_mem_mb_per_rank": peaks, "peak_mem_mb": max(peaks),
+            "run_ms": [(order, r["step_ms"]) for order, r in group],
+            "global_samples_per_s": last["global_batch"] / step_ms * 1e3,
+            "per_device_samples_per_s": last["global_batch"] / step_ms * 1e3 / last["nproc"],
         })
     return merged
 
@@ -56,8 +64,17 @@ def _workload(record: dict) -> tuple:
     return (model["family"], model["flavor"], model["time_steps"], record["global_batch"], record["nproc"])
 
 
+def overhead(runs: list[tuple[int, float]], baseline_runs: list[tuple[int, float]]) -> float:
+    """The median over ``runs`` of step ms divided by that of the nearest baseline run (file order)."""
+
+    def nearest(order: int) -> float:
+        return min(baseline_runs, key=lambda run: (abs(run[0] - order), run[0]))[1]
+
+    return statistics.median(ms / nearest(order) for order, ms in runs)
+
+
 def table(records: list[dict]) -> str:
-    """A markdown table of step time, throughput and peak memory, with the ratio to the baseline."""
+    """A markdown table of step time, throughput and peak memory, with the overhead against the baseline."""
     baselines = {_workload(r): r for r in records if r["plan"]["strategy"].startswith("baseline")}
     lines = [
         "| model | strategy | ranks | global batch | runs | step ms (median) | samples/s | per-device samples/s | peak MB per rank | vs plain PyTorch |",
@@ -66,7 +83,7 @@ def table(records: list[dict]) -> str:
     for r in sorted(records, key=lambda r: (_workload(r)[:2], r["nproc"], strategy_label(r))):
         family, flavor, steps, batch, nproc = _workload(r)
         base = baselines.get(_workload(r))
-        ratio = f"{r['step_ms'] / base['step_ms']:.2f}" if base and base is not r else ""
+        ratio = f"{overhead(r['run_ms'], base['run_ms']):.2f}" if base and base is not r else ""
         peaks = " / ".join(f"{p:.0f}" for p in r["peak_mem_mb_per_rank"])
         lines.append(
             f"| {family}/{flavor} T={steps} | {strategy_label(r)} | {nproc} | {batch} | {r['runs']} | {r['step_ms']:.1f} | "

@@ -37,3 +37,11 @@ def test_bench_records_compares_and_reports(tmp_path):
     ratio = float(row.rstrip(" |").rsplit("|", 1)[1])
     assert ratio > 0
     assert chart.stat().st_size > 1000
+
+
+def test_overhead_pairs_each_run_with_the_nearest_baseline_run():
+    from snnfw.report import overhead
+
+    baseline = [(0, 100.0), (2, 200.0), (4, 100.0)]  # the machine slowed down during the middle pair
+    runs = [(1, 104.0), (3, 210.0), (5, 106.0)]
+    assert overhead(runs, baseline) == 1.05  # the ratio of medians, 106 / 100, would blame the drift on snnfw
