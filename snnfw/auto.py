@@ -8,12 +8,13 @@ reason, for ``snnfw plan`` to show.
 
 from __future__ import annotations
 
+import json
 import math
 
 import attrs
 import torch
 
-from snnfw.config import Config
+from snnfw.config import Config, with_settings
 from snnfw.errors import PlanError
 from snnfw.estimate import device_memory_bytes, measure_cost
 
@@ -27,12 +28,20 @@ class Candidate:
     replicas: int = 1
     estimate: object = None
     reason: str | None = None  # why it cannot run
+    settings: tuple = ()  # config values it runs with, as in snnfw.plan.Proposal
+
+    @property
+    def assignments(self) -> str:
+        """The candidate as config lines: ``parallel.strategy = "pp", pipeline.schedule = "zbv"``."""
+        pairs = (("parallel.strategy", self.strategy), *self.settings)
+        return ", ".join(f"{key} = {json.dumps(value)}" for key, value in pairs)
 
     def describe(self, device_type: str) -> str:
+        settings = "".join(f", {key} = {value!r}" for key, value in self.settings)
         if self.reason:
-            return f"{self.strategy}: cannot run: {self.reason}"
+            return f"{self.strategy}{settings and f' ({settings[2:]})'}: cannot run: {self.reason}"
         mesh = " x ".join(f"{d}={n}" for d, n in self.mesh.items())
-        return f"{self.strategy} ({mesh}): {self.estimate.summary(device_type)}"
+        return f"{self.strategy} ({mesh}{settings}): {self.estimate.summary(device_type)}"
 
 
 def candidates(request, proposals) -> tuple[list[Candidate], list[Candidate]]:
@@ -43,7 +52,7 @@ def candidates(request, proposals) -> tuple[list[Candidate], list[Candidate]]:
     for p in proposals:
         mesh = dict(p.mesh)
         if p.refusal or p.estimate is None:
-            refused.append(Candidate(p.strategy, mesh, reason=p.refusal or "it gives no estimate"))
+            refused.append(Candidate(p.strategy, mesh, reason=p.refusal or "it gives no estimate", settings=p.settings))
             continue
         replicas = math.prod(mesh[d] for d in p.dp_dims)
         micro = config.train.microbatches or p.microbatches or 1
@@ -52,9 +61,9 @@ def candidates(request, proposals) -> tuple[list[Candidate], list[Candidate]]:
         elif p.estimate.memory_bytes > memory:
             reason = f"needs ~{p.estimate.memory_bytes / 2**30:.1f} GiB per rank, has {memory / 2**30:.1f}"
         else:
-            feasible.append(Candidate(p.strategy, mesh, replicas, p.estimate))
+            feasible.append(Candidate(p.strategy, mesh, replicas, p.estimate, settings=p.settings))
             continue
-        refused.append(Candidate(p.strategy, mesh, reason=reason))
+        refused.append(Candidate(p.strategy, mesh, reason=reason, settings=p.settings))
     return feasible, refused
 
 
@@ -86,18 +95,19 @@ def ranked_candidates(request, plugins) -> tuple[list[Candidate], list[Candidate
 
 
 def choose(config: Config, request, plugins) -> tuple[Config, tuple[str, ...]]:
-    """Resolves ``auto`` into a concrete strategy and mesh; returns the config and the rationale."""
+    """Resolves ``auto`` into the best candidate's strategy, mesh and settings; returns the config and the rationale."""
     prefer = config.parallel.prefer or "speed"
     device = request.topology.device_type
     ranked, refused = ranked_candidates(request, plugins)
     best = ranked[0]
     parallel = attrs.evolve(config.parallel, strategy=best.strategy, mesh=tuple(best.mesh.items()))
+    config, _ = with_settings(attrs.evolve(config, parallel=parallel), dict(best.settings))
     rationale = (
         f"auto, prefer {prefer}: chose {best.describe(device)}",
         *(f"candidate {c.describe(device)}" for c in ranked[1:]),
         *(f"candidate {c.describe(device)}" for c in refused),
     )
-    return attrs.evolve(config, parallel=parallel), rationale
+    return config, rationale
 
 
 def measure(model, spec, plugins):
@@ -108,7 +118,6 @@ def measure(model, spec, plugins):
 
 def measure_top(config_path, overrides: list[str], world: int, ranked: list[Candidate], steps: int = 4) -> list[tuple[Candidate, float]]:
     """Runs a few real steps of each candidate on ``world`` local ranks; (candidate, median step ms), fastest first."""
-    import json
     import statistics
     import tempfile
     from pathlib import Path
@@ -118,7 +127,8 @@ def measure_top(config_path, overrides: list[str], world: int, ranked: list[Cand
     timed = []
     for candidate in ranked:
         mesh = "{" + ", ".join(f"{d} = {n}" for d, n in candidate.mesh.items()) + "}"
-        extra = [*overrides, f"parallel.strategy={candidate.strategy}", f"parallel.mesh={mesh}",
+        settings = [f"{key}={value}" for key, value in candidate.settings]
+        extra = [*overrides, f"parallel.strategy={candidate.strategy}", f"parallel.mesh={mesh}", *settings,
                  f"train.steps={steps}", f"train.log_every={steps}", f"data.test_samples={world}"]
         with tempfile.TemporaryDirectory(prefix="snnfw-measure-") as tmp:
             if launch(config_path, world, Path(tmp), extra, 300.0):

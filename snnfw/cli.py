@@ -80,10 +80,11 @@ def _measure(args, config, plugins) -> int:
     ranked = auto_candidates(config, args.world_size, plugins)
     timed = measure_top(args.config, args.overrides, args.world_size, ranked[: args.measure])
     for candidate, step_ms in timed:
-        print(f"{candidate.strategy} {candidate.mesh}: {step_ms:.1f} ms/step measured")
+        settings = f" {dict(candidate.settings)}" if candidate.settings else ""
+        print(f"{candidate.strategy} {candidate.mesh}{settings}: {step_ms:.1f} ms/step measured")
     if not timed:
         raise ConfigError(f"none of the top {args.measure} candidates ran; see the errors above")
-    print(f"fastest measured: {timed[0][0].strategy}; set parallel.strategy = \"{timed[0][0].strategy}\"")
+    print(f"fastest measured: {timed[0][0].strategy}; set {timed[0][0].assignments}")
     return 0
 
 

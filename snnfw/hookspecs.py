@@ -75,7 +75,9 @@ def snnfw_plan(request):
 
     Return an :class:`snnfw.plan.Proposal` for each strategy this plugin owns
     (a refusal with its reason if it cannot run), or None. The core picks the
-    proposal of ``request.strategy`` and validates it against the world.
+    proposal of ``request.strategy`` and validates it against the world. Under
+    ``auto`` a list of proposals, each with its ``settings``, lets ``auto``
+    choose among variants of one strategy.
     """
 
 

@@ -58,7 +58,9 @@ class Proposal:
     """A strategy's answer: a mesh and its data-parallel dimensions, or a refusal.
 
     ``microbatches`` is the strategy's choice for when ``train.microbatches`` is
-    absent (otherwise 1).
+    absent (otherwise 1). ``settings`` are config values (``"section.key"``,
+    value) the proposal was made for, which ``auto`` applies if it picks it.
+    A plugin may answer with a list of proposals (``auto`` ranks them all).
     """
 
     strategy: str
@@ -68,6 +70,7 @@ class Proposal:
     refusal: str | None = None
     microbatches: int | None = None
     estimate: Any = None  # snnfw.estimate.Estimate, required to take part in auto
+    settings: tuple[tuple[str, Any], ...] = ()
 
     @classmethod
     def refuse(cls, strategy: str, reason: str) -> "Proposal":

@@ -208,7 +208,9 @@ class Plugins:
         return merged
 
     def propose(self, request) -> list:
-        return self.hook.snnfw_plan(request=request)
+        """Every plugin's proposals, a plugin's list of them flattened."""
+        answers = self.hook.snnfw_plan(request=request)
+        return [p for answer in answers for p in (answer if isinstance(answer, list) else [answer])]
 
     def transform_model(self, model, plan, example) -> None:
         self.hook.snnfw_transform_model(model=model, plan=plan, example=example, hooks=self)

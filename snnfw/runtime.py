@@ -110,6 +110,7 @@ def run_training(
     plugins = plugins or Plugins()
     prepared = prepare(config, env.world_size, plugins)
     plan = prepared.plan
+    config = plan.config  # as resolved: auto's choice, the preference's defaults
     run_dir = Path(run_dir) if run_dir is not None else None
     is_main = env.rank == 0
     started = time.perf_counter()

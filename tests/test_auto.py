@@ -29,9 +29,9 @@ def auto(world, prefer=None, family="cifar10dvs_vgg", batch=8, microbatches=None
         (1, "speed", 8, {"none"}),
         (1, "memory", 8, {"none"}),
         (2, "speed", 8, {"dp"}),  # least communication among equal compute
-        (2, "memory", 8, {"fsdp2", "fsdp2_tp", "tp"}),  # parameters and optimizer state sharded
-        (4, "memory", 8, {"fsdp2", "fsdp2_tp", "tp"}),
-        (2, "capacity", 8, {"fsdp2", "fsdp2_tp", "tp"}),
+        (2, "memory", 8, {"fsdp2", "fsdp2_tp", "tp", "pp"}),  # parameters and optimizer state sharded
+        (4, "memory", 8, {"fsdp2", "fsdp2_tp", "tp", "pp"}),
+        (2, "capacity", 8, {"fsdp2", "fsdp2_tp", "tp", "pp"}),
         (3, "speed", 9, {"dp", "zero", "fsdp2"}),  # 3 ranks: tp cannot split 8 channels or 4 heads
     ],
 )
@@ -66,7 +66,7 @@ class EchoStrategy:
         if not request.asks_for("echo"):
             return None
         world = request.topology.world_size
-        cost = estimate(request, samples=0.001, parameter_shards=1e6)
+        cost = estimate(request, samples=0.001, parameter_shards=1e6, activation_shards=1e6)
         return Proposal("echo", mesh=(("dp", world),), dp_dims=("dp",), rationale=("echo",), estimate=cost)
 
 
@@ -84,23 +84,41 @@ def test_explicit_strategy_with_prefer_keeps_it_and_fills_defaults(plugins):
     assert speed.config.parallel.zero is False
 
 
-@pytest.mark.parametrize("schedule, bubble", [("1f1b", "43%"), ("gpipe", "43%"), ("zero_bubble", "14%")])
-def test_pipelines_take_part_with_their_schedules_bubble(plugins, schedule, bubble):
+def pp_line(plan, schedule):
+    """The rationale line of the pp candidate with ``schedule`` (named when auto chose among schedules)."""
+    lines = [line for line in plan.rationale if line.startswith("candidate pp (")]
+    return next(line for line in lines if f"'{schedule}'" in line or len(lines) == 1)
+
+
+@pytest.mark.parametrize("schedule, bubble", [("gpipe", "43%"), ("zero_bubble", "14%")])
+def test_a_configured_schedule_takes_part_with_its_bubble(plugins, schedule, bubble):
     plan = prepare(auto(4, "speed", pipeline={"schedule": schedule}), 4, plugins).plan
-    (line,) = [line for line in plan.rationale if line.startswith("candidate pp (pp=4):")]
+    line = pp_line(plan, schedule)
+    assert line.startswith("candidate pp (pp=4):")
     assert line.endswith(f"bubble {bubble}")  # (P - 1) / (M + P - 1) with M = 4 microbatches, scaled for zero bubble
+
+
+def test_with_default_pipeline_settings_auto_ranks_every_schedule(plugins):
+    plan = prepare(auto(4, "speed"), 4, plugins).plan
+    lines = [line for line in plan.rationale if line.startswith("candidate pp (")]
+    assert len(lines) == len(plugins.schedules.names()) == 7
+    order = [line.split("pipeline.schedule = '")[1].split("'")[0] for line in lines]
+    assert order.index("zbv") < order.index("interleaved") < order.index("1f1b")  # ranked by bubble at equal compute
+    assert "pipeline.virtual_stages = 2" in pp_line(plan, "interleaved") and pp_line(plan, "1f1b").endswith("bubble 43%")
 
 
 def test_gpipe_keeps_every_microbatch_alive_and_1f1b_at_most_pp(plugins):
     def pp_activations(schedule):
         plan = prepare(auto(2, "speed", batch=16, microbatches=8, pipeline={"schedule": schedule}), 2, plugins).plan
-        (line,) = [line for line in plan.rationale if line.startswith("candidate pp (pp=2):")]
-        return float(line.split("~")[1].split(" MB")[0])
+        return float(pp_line(plan, schedule).split("~")[1].split(" MB")[0])
 
     assert pp_activations("gpipe") > pp_activations("1f1b")
 
 
-def test_auto_chooses_a_pipeline_when_the_batch_does_not_split_over_replicas(plugins):
+def test_auto_chooses_a_pipeline_and_its_schedule_when_the_batch_does_not_split_over_replicas(plugins):
     plan = prepare(auto(3, "speed", batch=8), 3, plugins).plan  # 8 samples over 3 replicas: no dp, zero, fsdp2
-    assert plan.strategy == "pp" and dict(plan.mesh) == {"pp": 3} and plan.microbatches == 4
+    assert plan.strategy == "pp" and dict(plan.mesh) == {"pp": 3}
+    pipeline = plan.config.pipeline
+    assert pipeline.schedule in ("zbv", "zero_bubble") and pipeline.virtual_stages == 2  # the smallest bubble
+    assert plan.microbatches == 8  # the smallest divisor of 8 that feeds 6 stages
     assert "candidate dp: cannot run: data.batch_size 8 is not divisible by 3 x 1" in plan.rationale

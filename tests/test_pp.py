@@ -213,3 +213,15 @@ def test_unknown_schedule_lists_the_registered_ones(plugins):
 def test_malformed_layout_is_refused_by_config(layout):
     with pytest.raises(ConfigError, match="'layout' must be units per stage"):
         build_config({"pipeline": {"layout": layout}})
+
+
+def test_auto_trains_the_pipeline_schedule_it_chose(tmp_path):
+    """8 samples on 3 ranks: only a pipeline fits; auto picks its schedule, and the run uses and records it."""
+    config = tiny_config("auto", microbatches=None, data={"batch_size": 8})
+    reference = run_training(tiny_config("none", microbatches=8, data={"batch_size": 8}))
+    summary = run_on_ranks(config, 3, tmp_path)[0]
+    assert summary["plan"]["strategy"] == "pp"
+    chosen = summary["config"]["pipeline"]
+    assert chosen["schedule"] in ("zbv", "zero_bubble") and chosen["virtual_stages"] == 2
+    assert summary["plan"]["rationale"][0].startswith(f"auto, prefer speed: chose pp (pp=3, pipeline.schedule = '{chosen['schedule']}'")
+    assert_same_losses(reference, summary)

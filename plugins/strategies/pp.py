@@ -16,6 +16,8 @@ predictions, so outputs are not merged.
 
 from __future__ import annotations
 
+import attrs
+
 from snnfw import hookimpl
 from snnfw.estimate import estimate, ring_bytes
 from snnfw.plan import Proposal
@@ -73,14 +75,29 @@ def _layout_refusal(text: str | None, units: tuple[str, ...], stages: int, shape
     return None
 
 
-def _propose(request) -> Proposal:
+def _proposals(request) -> Proposal | list[Proposal]:
+    """The configured schedule; under ``auto`` with every ``[pipeline]`` setting at its default,
+    every registered schedule (looped ones with 2 stages per rank), for ``auto`` to rank."""
+    pipeline = request.config.pipeline
+    if request.strategy == NAME or pipeline != type(pipeline)():
+        return _propose(request, pipeline.schedule, pipeline.virtual_stages)
+    proposals = []
+    for name in request.plugins.schedules.names():
+        spec = request.plugins.schedules.get(name)
+        virtual = {"single": 1, "v": 2}.get(spec.placement, max(2, spec.min_virtual))
+        settings = (("pipeline.schedule", name), ("pipeline.virtual_stages", virtual))
+        proposals.append(attrs.evolve(_propose(request, name, virtual), settings=settings))
+    return proposals
+
+
+def _propose(request, schedule: str, virtual: int) -> Proposal:
     config, pipeline = request.config, request.config.pipeline
     mesh = config.parallel.mesh or (("pp", request.topology.world_size),)
     if reason := _mesh_refusal(mesh):
         return Proposal.refuse(NAME, reason)
-    pp, dp, virtual = dict(mesh)["pp"], dict(mesh).get("dp", 1), pipeline.virtual_stages
-    spec = request.plugins.schedules.get(pipeline.schedule)  # an unknown name lists the registered ones
-    if reason := spec.virtual_refusal(pipeline.schedule, virtual):
+    pp, dp = dict(mesh)["pp"], dict(mesh).get("dp", 1)
+    spec = request.plugins.schedules.get(schedule)  # an unknown name lists the registered ones
+    if reason := spec.virtual_refusal(schedule, virtual):
         return Proposal.refuse(NAME, reason)
     stages, units = pp * virtual, _unit_names(request)
     shape = f"pp {pp} x virtual_stages {virtual} = {stages} stages"
@@ -95,14 +112,14 @@ def _propose(request) -> Proposal:
     if micro is None:
         return Proposal.refuse(
             NAME, f"no divisor of the per-replica batch {replica_batch} is at least the {stages} stages and suits "
-            f"schedule {pipeline.schedule}; raise data.batch_size or set train.microbatches"
+            f"schedule {schedule}; raise data.batch_size or set train.microbatches"
         )
-    if reason := _microbatch_refusal(micro, stages, pp, spec, pipeline.schedule):
+    if reason := _microbatch_refusal(micro, stages, pp, spec, schedule):
         return Proposal.refuse(NAME, reason)
     placement = "; ".join(f"pp rank {r} holds stages {list(spec.stage_indices(r, pp, virtual))}" for r in range(pp))
     split = f"units per stage {pipeline.layout}" if pipeline.layout else "units balanced by measured forward+backward time"
     rationale = (
-        f"schedule {pipeline.schedule} over {shape}; {placement}",
+        f"schedule {schedule} over {shape}; {placement}",
         f"{len(units)} units, {split}",
         f"{dp} pipeline replicas, stage gradients averaged over them" if dp > 1 else "one pipeline replica",
     )
@@ -135,7 +152,7 @@ def _estimate(request, spec, pp: int, dp: int, virtual: int, microbatches: int):
 
 @hookimpl
 def snnfw_plan(request):
-    return _propose(request) if request.asks_for(NAME) else None
+    return _proposals(request) if request.asks_for(NAME) else None
 
 
 @hookimpl
