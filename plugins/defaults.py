@@ -30,6 +30,14 @@ def snnfw_build_optimizer(model, plan, mesh):
     return optimizer_class([p for p in model.parameters() if p.requires_grad], **kwargs)
 
 
+WRAPPER_NAMES = ("_checkpoint_wrapped_module", "_orig_mod")  # activation checkpointing (memopt), torch.compile
+
+
+def state_name(name: str) -> str:
+    """A parameter or buffer name as torch's state_dict API writes it: wrapper modules left out."""
+    return ".".join(part for part in name.split(".") if part not in WRAPPER_NAMES)
+
+
 def full_state(model, optimizer) -> dict:
     """Model and optimizer state as whole tensors by parameter name, DTensors gathered (a collective)."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, get_optimizer_state_dict

@@ -14,19 +14,19 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from snnfw_plugins.defaults import merge_optimizer_states
+from snnfw_plugins.defaults import merge_optimizer_states, state_name
 from snnfw_plugins.strategies.pp_model import PipelineModel
 
 
 def tensor_names(model: torch.nn.Module) -> dict[int, str]:
     """``id`` of every parameter and buffer of ``model`` -> its state-dict name."""
-    return {id(tensor): name for name, tensor in model.state_dict(keep_vars=True).items()}
+    return {id(tensor): state_name(name) for name, tensor in model.state_dict(keep_vars=True).items()}
 
 
 def _parameter_names(pipeline: PipelineModel, optimizer) -> list[str]:
     """The model's name of every parameter the optimizer holds, in its state-dict index order."""
-    raw = {id(p): name for name, p in pipeline.named_parameters()}
-    return [pipeline.model_names[raw[id(p)]] for group in optimizer.param_groups for p in group["params"]]
+    names = {id(t): pipeline.model_names[raw] for raw, t in pipeline.state_dict(keep_vars=True).items()}
+    return [names[id(p)] for group in optimizer.param_groups for p in group["params"]]
 
 
 def named_state(model: PipelineModel, optimizer) -> dict:

@@ -10,13 +10,13 @@ defaults, so a checkpoint moves between tensor parallel and any other strategy.
 import torch
 import torch.distributed as dist
 
-from snnfw_plugins.defaults import full_state, load_full_state
+from snnfw_plugins.defaults import full_state, load_full_state, state_name
 from snnfw_plugins.strategies.tp_styles import SLICES
 
 
 def _slices(model) -> dict:
     return {
-        f"{prefix}.{name}" if prefix else name: piece
+        state_name(f"{prefix}.{name}"): piece
         for prefix, module in model.named_modules()
         for name, piece in getattr(module, SLICES, {}).items()
     }
