@@ -48,6 +48,7 @@ class DataConfig:
     train_samples: int = attrs.field(default=2048, validator=_positive)
     test_samples: int = attrs.field(default=512, validator=_positive)
     root: str | None = attrs.field(default=None, validator=v.optional(v.instance_of(str)))
+    workers: int = attrs.field(default=0, validator=[v.instance_of(int), v.ge(0)])
 
 
 @attrs.frozen

@@ -58,6 +58,37 @@ def replica_chunk(indices: torch.Tensor, replica: int, replicas: int) -> torch.T
     return indices.chunk(replicas)[replica]
 
 
+def microbatch_indices(step: int, plan, length: int, seed: int, replica: int) -> tuple[torch.Tensor, ...]:
+    """Dataset indices of each of ``replica``'s microbatches in ``step`` of ``plan``."""
+    indices = global_batch_indices(step, plan.global_batch, length, seed)
+    return replica_chunk(indices, replica, plan.dp_size).chunk(plan.microbatches)
+
+
+class StepSampler:
+    """A ``DataLoader`` batch sampler: a replica's microbatches, step after step, from ``start`` to ``stop``."""
+
+    def __init__(self, plan, length: int, seed: int, replica: int, start: int, stop: int):
+        self.plan, self.length, self.seed, self.replica, self.start, self.stop = plan, length, seed, replica, start, stop
+
+    def __iter__(self):
+        for step in range(self.start, self.stop):
+            for chunk in microbatch_indices(step, self.plan, self.length, self.seed, self.replica):
+                yield chunk.tolist()
+
+    def __len__(self) -> int:
+        return (self.stop - self.start) * self.plan.microbatches
+
+
+def step_batches(dataset: Dataset, sampler: StepSampler, workers: int, device: torch.device):
+    """Each step's microbatches, ``[(frames, labels), ...]`` on ``device``; ``workers`` processes
+    load ahead of the step (0: loaded in this process when the step asks)."""
+    from torch.utils.data import DataLoader
+
+    loader = iter(DataLoader(dataset, batch_sampler=sampler, num_workers=workers, pin_memory=device.type == "cuda"))
+    for _ in range(sampler.start, sampler.stop):
+        yield [tuple(t.to(device, non_blocking=True) for t in next(loader)) for _ in range(sampler.plan.microbatches)]
+
+
 def load(dataset: Dataset, indices: torch.Tensor, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
     from torch.utils.data import default_collate
 

@@ -44,6 +44,7 @@ class Trainer:
         self.counter.take()  # spikes of the transforms' and strategies' own forward passes
         self.optimizer = plugins.build_optimizer(self.model, self.plan, mesh)
         self.replica = dp_coordinate(self.plan, mesh)
+        self._batches, self._next_step = None, None
         self.materialize_s = time.perf_counter() - started
 
     def example(self) -> torch.Tensor:
@@ -52,13 +53,20 @@ class Trainer:
         indices = datalib.global_batch_indices(0, plan.global_batch, len(self.train_set), self.config.train.seed)
         return datalib.load(self.train_set, indices[: plan.microbatch_size], self.device)[0]
 
+    def batches(self, step: int) -> list:
+        """This replica's microbatches of ``step``, from a loader that runs ahead while steps follow on."""
+        if step != self._next_step:
+            cfg = self.config
+            sampler = datalib.StepSampler(self.plan, len(self.train_set), cfg.train.seed, self.replica, step, cfg.train.steps)
+            self._batches = datalib.step_batches(self.train_set, sampler, cfg.data.workers, self.device)
+        self._next_step = step + 1
+        return next(self._batches)
+
     def step(self, step: int) -> dict[str, float]:
-        plan, cfg = self.plan, self.config
+        plan = self.plan
         self.model.train()
-        indices = datalib.global_batch_indices(step, plan.global_batch, len(self.train_set), cfg.train.seed)
-        local = datalib.replica_chunk(indices, self.replica, plan.dp_size)
         with PHASES("data"):
-            batches = [datalib.load(self.train_set, chunk, self.device) for chunk in local.chunk(plan.microbatches)]
+            batches = self.batches(step)
         with PHASES("forward_backward"):
             out = self.plugins.forward_backward(self.model, batches, plan)
         with PHASES("optimizer"):

@@ -85,9 +85,8 @@ def tracked_peak_bytes(trainer: Trainer) -> int:
             super()._pre_fw_hook(module, inputs)
 
     plan = trainer.plan
-    indices = datalib.global_batch_indices(0, plan.global_batch, len(trainer.train_set), trainer.config.train.seed)
-    local = datalib.replica_chunk(indices, trainer.replica, plan.dp_size)
-    batches = [datalib.load(trainer.train_set, chunk, trainer.device) for chunk in local.chunk(plan.microbatches)]
+    chunks = datalib.microbatch_indices(0, plan, len(trainer.train_set), trainer.config.train.seed, trainer.replica)
+    batches = [datalib.load(trainer.train_set, chunk, trainer.device) for chunk in chunks]
     tracker = Tracker()
     tracker.track_external(trainer.model, trainer.optimizer)
     with tracker:

@@ -131,3 +131,12 @@ def test_missing_or_malformed_data_fails_before_launch_saying_what_was_expected(
     assert "test_batch.bin is not a CIFAR-10 binary batch" in err
     err = train_error(capsys, "data.name=\"cifar10\"", f"data.root=\"{tmp_path / 'c'}\"")
     assert "the model takes 2 channels" in err
+
+
+def test_loader_workers_feed_the_same_microbatches_and_resume_mid_run(tmp_path):
+    """Two worker processes load ahead; the steps see the batches that loading in the step gives."""
+    plain = run_training(tiny_config("none", 2, train={"steps": 4}))
+    ahead = run_training(tiny_config("none", 2, train={"steps": 2}, data={"workers": 2}, checkpoint={"every": 2}), tmp_path)
+    resumed = run_training(tiny_config("none", 2, train={"steps": 4}, data={"workers": 2}, checkpoint={"every": 2}),
+                           tmp_path, resume=True)
+    assert ahead["losses"] + resumed["losses"] == plain["losses"]
