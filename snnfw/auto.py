@@ -64,7 +64,16 @@ def candidates(request, proposals) -> tuple[list[Candidate], list[Candidate]]:
             feasible.append(Candidate(p.strategy, mesh, replicas, p.estimate, settings=p.settings))
             continue
         refused.append(Candidate(p.strategy, mesh, reason=reason, settings=p.settings))
-    return feasible, refused
+    return feasible, _collapse(refused)
+
+
+def _collapse(refused: list[Candidate]) -> list[Candidate]:
+    """One refusal per strategy and reason: variants refused alike lose their settings."""
+    kept: dict[tuple, Candidate] = {}
+    for c in refused:
+        key = (c.strategy, c.reason)
+        kept[key] = attrs.evolve(c, settings=()) if key in kept else c
+    return list(kept.values())
 
 
 def rank(feasible: list[Candidate], prefer: str, device_type: str, memory: float) -> list[Candidate]:

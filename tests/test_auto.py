@@ -122,3 +122,9 @@ def test_auto_chooses_a_pipeline_and_its_schedule_when_the_batch_does_not_split_
     assert pipeline.schedule in ("zbv", "zero_bubble") and pipeline.virtual_stages == 2  # the smallest bubble
     assert plan.microbatches == 8  # the smallest divisor of 8 that feeds 6 stages
     assert "candidate dp: cannot run: data.batch_size 8 is not divisible by 3 x 1" in plan.rationale
+
+
+def test_schedules_refused_for_one_reason_are_listed_once(plugins):
+    plan = prepare(auto(1, "speed"), 1, plugins).plan
+    pp = [line for line in plan.rationale if line.startswith("candidate pp")]
+    assert pp == ["candidate pp: cannot run: it needs at least 2 pipeline ranks, got pp = 1"]

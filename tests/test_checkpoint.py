@@ -138,11 +138,17 @@ def test_fsdp2_tp_checkpoint_resumes_under_none(tmp_path, reference):
     assert_losses(reference[3:], none["losses"])
 
 
+@pytest.fixture(scope="module")
+def memopt_cache(tmp_path_factory):
+    """One memopt search cache for the module's runs, so each search runs once."""
+    return tmp_path_factory.mktemp("cache")
+
+
 @pytest.mark.parametrize("strategy", ["tp", "pp"])
-def test_checkpoints_of_memopt_wrapped_models_resume_under_none(tmp_path, reference, monkeypatch, strategy):
+def test_checkpoints_of_memopt_wrapped_models_resume_under_none(tmp_path, reference, monkeypatch, memopt_cache, strategy):
     """memopt wraps blocks for activation checkpointing; tp slices and pp stages are still saved under the
     model's own names, which is what any other strategy loads."""
-    monkeypatch.setenv("SNNFW_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("SNNFW_CACHE_DIR", str(memopt_cache))
     memopt = {"memopt": {"level": 1}}
     saved = run_on_ranks(config(strategy, steps=3, microbatches=2, **memopt), 2, tmp_path / "run")
     none = run_training(config(microbatches=2, **memopt), tmp_path / "run", resume=True)
