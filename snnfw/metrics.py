@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import resource
 import sys
 from pathlib import Path
@@ -71,10 +72,19 @@ class MetricsLog:
                 f"[snnfw] step {record['step']}/{self.total_steps} loss {record['loss']:.4f} "
                 f"acc {record['train_acc']:.1%} spikes {record['spike_rate']:.1%} "
                 f"{record['step_ms']:.0f} ms {record['samples_per_s']:.1f} samples/s "
-                f"peak {record['peak_mem_mb']:.0f} MB",
+                f"peak {record['peak_mem_mb']:.0f} MB{self._eta(record['step'])}",
                 file=sys.stderr,
                 flush=True,
             )
+
+    def _eta(self, step: int) -> str:
+        """`` eta 1m05s`` from the median of this run's recent step times; empty on the last step."""
+        left = self.total_steps - step
+        if left <= 0:
+            return ""
+        recent = sorted(r["step_ms"] for r in self.records[-20:])
+        seconds = math.ceil(left * recent[len(recent) // 2] / 1e3)
+        return f" eta {seconds // 60}m{seconds % 60:02d}s"
 
     def close(self) -> None:
         if self._file:

@@ -65,3 +65,14 @@ def test_plan_measure_times_the_top_candidates():
     assert times == sorted(times) and times[0] > 0
     fastest = measured[0].split()[0]
     assert done.stdout.splitlines()[-1] == f'fastest measured: {fastest}; set parallel.strategy = "{fastest}"'
+
+
+def test_progress_lines_show_the_time_left(capsys):
+    from snnfw.metrics import MetricsLog
+
+    log = MetricsLog(None, True, total_steps=100)
+    for step in range(1, 11):
+        record = {"step": step, "loss": 1.0, "train_acc": 0.5, "spike_rate": 0.1, "step_ms": 900.0 + step,
+                  "samples_per_s": 8.0, "peak_mem_mb": 10.0}
+        log.write(record, show=step == 10)
+    assert capsys.readouterr().err.strip().endswith("peak 10 MB eta 1m22s")  # 90 steps x 906 ms, the median
