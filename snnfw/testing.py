@@ -10,6 +10,7 @@ import io
 import os
 import queue
 import socket
+import sys
 import time
 import traceback
 from pathlib import Path
@@ -101,10 +102,29 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _worker(rank, world, port, config_dict, run_dir, env, inspect, resume, results):
+# Ranks fork from a server that has imported torch, snnfw and SpikingJelly once (a spawned rank
+# spends seconds importing them). A forked rank takes the caller's environment, sys.path and
+# thread count from its arguments, since the server's are those of when it started; the same
+# thread count keeps a rank's float reductions in the order of the caller's own runs.
+PRELOAD = ["snnfw.testing", "spikingjelly.activation_based.neuron", "spikingjelly.activation_based.layer"]
+
+
+def _context():
+    if "forkserver" not in mp.get_all_start_methods():
+        return mp.get_context("spawn")
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload(PRELOAD)
+    return ctx
+
+
+def _worker(rank, world, port, config_dict, run_dir, env, inspect, resume, results, caller):
+    os.environ.clear()
+    os.environ.update(caller["environ"])
+    sys.path[:] = caller["path"]
+    torch.set_num_threads(caller["threads"])
     os.environ.update(
         RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world), LOCAL_WORLD_SIZE=str(world),
-        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), OMP_NUM_THREADS="1",
+        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), OMP_NUM_THREADS=str(caller["threads"]),
     )
     os.environ.update(env.get(rank, {}))
     try:
@@ -141,9 +161,10 @@ def run_on_ranks(
     ``resume`` continues from the newest checkpoint in ``run_dir``.
     Raises :class:`RankFailure` if any rank raised, TimeoutError past ``timeout_s``.
     """
-    ctx = mp.get_context("spawn")
+    ctx = _context()
     results = ctx.Queue()
-    args = (nproc, _free_port(), config.to_dict(), run_dir, env or {}, inspect, resume, results)
+    caller = {"environ": dict(os.environ), "path": list(sys.path), "threads": torch.get_num_threads()}
+    args = (nproc, _free_port(), config.to_dict(), run_dir, env or {}, inspect, resume, results, caller)
     procs = [ctx.Process(target=_worker, args=(rank, *args), daemon=True) for rank in range(nproc)]
     for p in procs:
         p.start()
