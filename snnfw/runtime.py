@@ -49,9 +49,8 @@ class Trainer:
 
     def example(self) -> torch.Tensor:
         """The frames of step 0's first microbatch of replica 0: the same on every rank."""
-        plan = self.plan
-        indices = datalib.global_batch_indices(0, plan.global_batch, len(self.train_set), self.config.train.seed)
-        return datalib.load(self.train_set, indices[: plan.microbatch_size], self.device)[0]
+        first = datalib.microbatch_indices(0, self.plan, len(self.train_set), self.config.train.seed, replica=0)[0]
+        return datalib.load(self.train_set, first, self.device)[0]
 
     def batches(self, step: int) -> list:
         """This replica's microbatches of ``step``, from a loader that runs ahead while steps follow on."""
