@@ -76,3 +76,14 @@ def test_progress_lines_show_the_time_left(capsys):
                   "samples_per_s": 8.0, "peak_mem_mb": 10.0}
         log.write(record, show=step == 10)
     assert capsys.readouterr().err.strip().endswith("peak 10 MB eta 1m22s")  # 90 steps x 906 ms, the median
+
+
+def test_torchs_triton_absent_warning_is_filtered_and_others_pass():
+    import logging
+
+    import snnfw  # noqa: F401  (installs the filter)
+
+    logger = logging.getLogger("torch._library.triton")
+    make = lambda msg: logger.makeRecord(logger.name, logging.WARNING, __file__, 1, msg, (), None)  # noqa: E731
+    assert not logger.filter(make("Triton not available, find_triton_kernels = []"))
+    assert logger.filter(make("reached max recursion depth"))
