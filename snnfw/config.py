@@ -82,6 +82,14 @@ class TrainConfig:
     microbatches: int | None = attrs.field(default=None, validator=v.optional(_positive))
     optimizer: str = attrs.field(default="adam", validator=v.in_(("adam", "sgd")))
     log_every: int = attrs.field(default=1, validator=_positive)
+    dtype: str = attrs.field(default="float32", validator=v.in_(("float32", "float64")))
+
+    @property
+    def torch_dtype(self):
+        """The dtype of parameters, buffers and input frames: float64 for exact equivalence checks."""
+        import torch
+
+        return getattr(torch, self.dtype)
 
 
 @attrs.frozen

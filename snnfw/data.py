@@ -79,18 +79,22 @@ class StepSampler:
         return (self.stop - self.start) * self.plan.microbatches
 
 
-def step_batches(dataset: Dataset, sampler: StepSampler, workers: int, device: torch.device):
-    """Each step's microbatches, ``[(frames, labels), ...]`` on ``device``; ``workers`` processes
-    load ahead of the step (0: loaded in this process when the step asks)."""
+def _placed(frames: torch.Tensor, labels: torch.Tensor, device: torch.device, dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    return frames.to(device, dtype, non_blocking=True), labels.to(device, non_blocking=True)
+
+
+def step_batches(dataset: Dataset, sampler: StepSampler, workers: int, device: torch.device, dtype=None):
+    """Each step's microbatches, ``[(frames, labels), ...]`` on ``device`` with frames in ``dtype``;
+    ``workers`` processes load ahead of the step (0: loaded in this process when the step asks)."""
     from torch.utils.data import DataLoader
 
     loader = iter(DataLoader(dataset, batch_sampler=sampler, num_workers=workers, pin_memory=device.type == "cuda"))
     for _ in range(sampler.start, sampler.stop):
-        yield [tuple(t.to(device, non_blocking=True) for t in next(loader)) for _ in range(sampler.plan.microbatches)]
+        yield [_placed(*next(loader), device, dtype) for _ in range(sampler.plan.microbatches)]
 
 
-def load(dataset: Dataset, indices: torch.Tensor, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+def load(dataset: Dataset, indices: torch.Tensor, device: torch.device, dtype=None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The samples at ``indices`` as one batch on ``device``, frames in ``dtype`` (None: as stored)."""
     from torch.utils.data import default_collate
 
-    frames, labels = default_collate([dataset[i] for i in indices.tolist()])
-    return frames.to(device, non_blocking=True), labels.to(device, non_blocking=True)
+    return _placed(*default_collate([dataset[i] for i in indices.tolist()]), device, dtype)

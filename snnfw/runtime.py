@@ -38,7 +38,8 @@ class Trainer:
         self.counter = SpikeCounter(prepared.model, prepared.analysis.neurons)
         self.state_names = frozenset(prepared.model.state_dict())
         self.train_set, self.test_set = build_datasets(config, prepared.spec, plugins)
-        model = prepared.model.to(device)
+        self.dtype = config.train.torch_dtype
+        model = prepared.model.to(device, self.dtype)
         plugins.transform_model(model, self.plan, self.example())
         self.model = plugins.parallelize(model, self.plan, mesh)
         self.counter.take()  # spikes of the transforms' and strategies' own forward passes
@@ -50,14 +51,14 @@ class Trainer:
     def example(self) -> torch.Tensor:
         """The frames of step 0's first microbatch of replica 0: the same on every rank."""
         first = datalib.microbatch_indices(0, self.plan, len(self.train_set), self.config.train.seed, replica=0)[0]
-        return datalib.load(self.train_set, first, self.device)[0]
+        return datalib.load(self.train_set, first, self.device, self.dtype)[0]
 
     def batches(self, step: int) -> list:
         """This replica's microbatches of ``step``, from a loader that runs ahead while steps follow on."""
         if step != self._next_step:
             cfg = self.config
             sampler = datalib.StepSampler(self.plan, len(self.train_set), cfg.train.seed, self.replica, step, cfg.train.steps)
-            self._batches = datalib.step_batches(self.train_set, sampler, cfg.data.workers, self.device)
+            self._batches = datalib.step_batches(self.train_set, sampler, cfg.data.workers, self.device, self.dtype)
         self._next_step = step + 1
         return next(self._batches)
 
@@ -91,7 +92,7 @@ class Trainer:
         mine = torch.arange(self.replica * share, (self.replica + 1) * share)
         correct = samples = 0
         for chunk in mine.split(self.plan.replica_batch) if len(mine) else ():
-            out = self.plugins.evaluate(self.model, *datalib.load(self.test_set, chunk, self.device), self.plan)
+            out = self.plugins.evaluate(self.model, *datalib.load(self.test_set, chunk, self.device, self.dtype), self.plan)
             correct, samples = correct + out.correct, samples + out.samples
         correct, samples = all_reduce([float(correct), float(samples)])
         return correct / max(samples, 1.0)

@@ -87,7 +87,7 @@ def tracked_peak_bytes(trainer: Trainer) -> int:
 
     plan = trainer.plan
     chunks = datalib.microbatch_indices(0, plan, len(trainer.train_set), trainer.config.train.seed, trainer.replica)
-    batches = [datalib.load(trainer.train_set, chunk, trainer.device) for chunk in chunks]
+    batches = [datalib.load(trainer.train_set, chunk, trainer.device, trainer.dtype) for chunk in chunks]
     tracker = Tracker()
     tracker.track_external(trainer.model, trainer.optimizer)
     with tracker:

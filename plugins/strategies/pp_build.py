@@ -19,7 +19,7 @@ def example_frames(plan, hooks, device) -> torch.Tensor:
     shape = hooks.families.get(config.model.family).flavor(config.model.flavor).input_shape
     generator = torch.Generator().manual_seed(config.train.seed)
     frames = torch.rand(plan.microbatch_size, config.model.time_steps, *shape, generator=generator) < EXAMPLE_FIRING
-    return frames.float().to(device)
+    return frames.to(device, config.train.torch_dtype)
 
 
 def stage_inputs(stages: list[nn.Module], example: torch.Tensor, hooks) -> list[torch.Tensor]:
