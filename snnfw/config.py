@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import re
 import tomllib
+import typing
 from pathlib import Path
 from typing import Any
 
@@ -153,6 +154,22 @@ def parse_override(text: str) -> tuple[str, str, Any]:
     return section, name, value
 
 
+_KINDS = {bool: "true or false", int: "an integer", float: "a number", str: "a string"}
+
+
+def _check_kind(cls: type, section: str, key: str, value: Any) -> None:
+    """Refuses a value of the wrong TOML kind, naming ``section.key`` and the kind its annotation asks for."""
+    hint = typing.get_type_hints(cls)[key]
+    kinds = [t for t in typing.get_args(hint) or (hint,) if t is not type(None)]
+    if len(kinds) != 1 or kinds[0] not in _KINDS:
+        return  # tables such as parallel.mesh are checked by their converter
+    kind = kinds[0]
+    accepted = (int, float) if kind is float else kind  # an integer is a number
+    if isinstance(value, accepted) and (kind is bool or not isinstance(value, bool)):
+        return
+    raise ConfigError(f"{section}.{key} must be {_KINDS[kind]}, got {value!r} ({type(value).__name__})")
+
+
 def build_config(data: dict[str, Any], overrides: list[str] = ()) -> Config:
     """Validates a parsed TOML document plus overrides into a :class:`Config`."""
     merged: dict[str, dict[str, Any]] = {}
@@ -174,6 +191,7 @@ def build_config(data: dict[str, Any], overrides: list[str] = ()) -> Config:
         for key in table:
             if key not in known:
                 raise ConfigError(f"unknown config key {section}.{key}; keys of [{section}] are {', '.join(sorted(known))}")
+            _check_kind(cls, section, key, table[key])
         try:
             sections[section] = cls(**table)
         except (TypeError, ValueError) as err:

@@ -39,6 +39,7 @@ class Prepared:
 
 def prepare(config: Config, world_size: int, plugins: Plugins) -> Prepared:
     """analyze -> plan for a world of ``world_size`` ranks; starts no process."""
+    plugins.datasets.entry(config.data.name)  # unknown names list the registered ones
     model, spec = build_model(config, plugins)
     analysis = analyze(model, config.model.family, plugins)
     cost = measure(model, spec, plugins) if config.parallel.strategy == AUTO else None
@@ -48,6 +49,7 @@ def prepare(config: Config, world_size: int, plugins: Plugins) -> Prepared:
 
 def auto_candidates(config: Config, world_size: int, plugins: Plugins) -> list:
     """``auto``'s runnable candidates for ``config`` on ``world_size`` ranks, best first; starts no process."""
+    plugins.datasets.entry(config.data.name)
     model, spec = build_model(config, plugins)
     request = PlanRequest(
         config=config, topology=Topology.detect(world_size), analysis=analyze(model, config.model.family, plugins),

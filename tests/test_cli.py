@@ -28,6 +28,8 @@ def test_user_errors_exit_2_with_one_line_and_no_traceback(capsys):
     assert "Traceback" not in err and err.count("\n") == 1
     assert main(["train", "examples/quickstart.toml", "--nproc", "3"]) == 2
     assert "divisible by data-parallel size 3" in capsys.readouterr().err
+    assert main(["plan", "examples/quickstart.toml", "--world-size", "2", "--set", "data.name=mnist"]) == 2
+    assert capsys.readouterr().err.startswith("snnfw: error: unknown dataset 'mnist'; registered dataset names: cifar10, ")
 
 
 def test_train_launches_ranks_and_writes_metrics(tmp_path):

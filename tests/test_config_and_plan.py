@@ -28,7 +28,10 @@ def test_quickstart_config_loads_with_overrides():
     [
         ({"train": {"stpes": 3}}, "unknown config key train.stpes"),
         ({"trian": {}}, "unknown config section [trian]"),
-        ({"train": {"steps": "3"}}, "'steps' must be <class 'int'>"),
+        ({"train": {"steps": "3"}}, "train.steps must be an integer, got '3' (str)"),
+        ({"train": {"steps": True}}, "train.steps must be an integer, got True (bool)"),
+        ({"train": {"lr": "fast"}}, "train.lr must be a number, got 'fast' (str)"),
+        ({"parallel": {"zero": 1}}, "parallel.zero must be true or false, got 1 (int)"),
         ({"train": {"steps": 0}}, "'steps' must be > 0"),
         ({"train": {"optimizer": "lamb"}}, "'optimizer' must be in"),
         ({"parallel": {"mesh": {"dp": 0}}}, "parallel.mesh must be a table"),
@@ -38,6 +41,18 @@ def test_bad_config_is_refused_by_name(data, message):
     with pytest.raises(ConfigError) as err:
         build_config(data)
     assert message in str(err.value)
+
+
+@pytest.mark.parametrize(
+    "override, message",
+    [('train.lr="fast"', "train.lr must be a number, got 'fast' (str)"),
+     ('train.steps="ten"', "train.steps must be an integer, got 'ten' (str)")],
+)
+def test_an_override_of_the_wrong_type_names_the_key_and_the_type(override, message):
+    with pytest.raises(ConfigError) as err:
+        load_config("examples/quickstart.toml", [override])
+    assert str(err.value) == message
+    assert load_config(None, ["train.lr=1"]).train.lr == 1.0  # an integer is a number
 
 
 def test_override_values_are_read_as_toml_else_as_strings():
@@ -57,6 +72,8 @@ def test_missing_config_file_says_so(tmp_path):
     [
         (tiny_config("none", model={"family": "resnet"}), 1, UnknownNameError, "registered model family names: cifar10dvs_vgg"),
         (tiny_config("none", model={"flavor": "huge"}), 1, UnknownNameError, "flavors: full, tiny"),
+        (tiny_config("none", data={"name": "mnist"}), 1, UnknownNameError,
+         "unknown dataset 'mnist'; registered dataset names: cifar10, cifar10_dvs, dvs128_gesture, n_mnist, synthetic_dvs"),
         (tiny_config("none"), 2, PlanError, "use --nproc 1"),
         (tiny_config("dp"), 1, PlanError, "at least 2 ranks"),
         (tiny_config("dp"), 3, PlanError, "divisible by data-parallel size 3"),
