@@ -3,9 +3,10 @@
 Plugins are found through the ``snnfw`` entry-point group. snnfw's own are
 always loaded; third-party ones too unless ``SNNFW_DISABLE_PLUGIN_AUTOLOAD=1``.
 ``SNNFW_BLOCK_PLUGINS=name,other`` keeps the named entry points from loading.
-A plugin whose every registered name another plugin overrides
-(``register(..., overrides=True)``) is unloaded. An exception that escapes a
-hook carries a note naming the plugin and distribution it came from.
+Plugin names are entry-point names: two entry points of one name fail to
+load, naming both. A plugin whose every registered name another plugin
+overrides (``register(..., overrides=True)``) is unloaded. An exception that
+escapes a hook carries a note naming the plugin and distribution it came from.
 """
 
 from __future__ import annotations
@@ -56,24 +57,36 @@ def _is_builtin(ep: metadata.EntryPoint) -> bool:
     return ep.dist is not None and ep.dist.name == "snnfw"
 
 
+def _describe_entry_point(ep: metadata.EntryPoint) -> str:
+    dist = f"{ep.dist.name} {ep.dist.version}" if ep.dist is not None else "no distribution"
+    return f"{ep.value} ({dist})"
+
+
 def _load_entry_points(pm: pluggy.PluginManager) -> dict[str, metadata.Distribution]:
+    """Registers every entry point under its name; two entry points with one name fail, naming both."""
     blocked, autoload = _blocked(), _autoload()
-    dists = {}
+    loaded: dict[str, metadata.EntryPoint] = {}
     # Built-ins register first, so that third-party implementations run before them.
     for ep in sorted(metadata.entry_points(group=GROUP), key=lambda ep: not _is_builtin(ep)):
-        builtin = _is_builtin(ep)
-        if ep.name in blocked or (not builtin and not autoload):
+        if ep.name in blocked:
             pm.set_blocked(ep.name)
             continue
-        if pm.get_plugin(ep.name) is not None:
+        if not _is_builtin(ep) and not autoload:
             continue
+        if ep.name in loaded:
+            raise PluginError(
+                f"two plugins have the entry-point name {ep.name!r}: {_describe_entry_point(loaded[ep.name])} and "
+                f"{_describe_entry_point(ep)}; plugin names are unique, so rename one entry point in its "
+                "[project.entry-points.snnfw] table (to replace a plugin's strategies, families, data sets or "
+                "schedules, register them under another plugin name with register(..., overrides=True))"
+            )
         try:
             plugin = ep.load()
         except Exception as err:
             raise PluginError(f"plugin {ep.name!r} ({ep.value}) failed to import: {err!r}") from err
         pm.register(plugin, name=ep.name)
-        dists[ep.name] = ep.dist
-    return dists
+        loaded[ep.name] = ep
+    return {name: ep.dist for name, ep in loaded.items()}
 
 
 class _Hooks:

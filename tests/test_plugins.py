@@ -14,13 +14,13 @@ from conftest import tiny_config
 BUILTINS = {"defaults", "none", "dp", "zero", "tp", "cifar10dvs_vgg", "synthetic_dvs"}
 
 
-def install_fake_distribution(tmp_path, monkeypatch, module_source, name="snnfw_fake"):
-    """Puts a distribution with an ``snnfw`` entry point on sys.path, as pip would."""
+def install_fake_distribution(tmp_path, monkeypatch, module_source, name="snnfw_fake", entry="fake"):
+    """Puts a distribution with an ``snnfw`` entry point named ``entry`` on sys.path, as pip would."""
     (tmp_path / f"{name}.py").write_text(textwrap.dedent(module_source))
     info = tmp_path / f"{name}-0.3.dist-info"
     info.mkdir()
     (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: 0.3\n")
-    (info / "entry_points.txt").write_text(f"[snnfw]\nfake = {name}\n")
+    (info / "entry_points.txt").write_text(f"[snnfw]\n{entry} = {name}\n")
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.delitem(sys.modules, name, raising=False)
 
@@ -95,6 +95,18 @@ def test_two_plugins_registering_one_name_fail_with_both_names(tmp_path, monkeyp
     )
     with pytest.raises(PluginError, match="strategy 'dp' is registered by two plugins, 'dp' and 'fake'"):
         Plugins()
+
+
+def test_an_entry_point_named_like_a_builtin_fails_naming_both(tmp_path, monkeypatch):
+    install_fake_distribution(tmp_path, monkeypatch, FAKE, entry="tp")
+    with pytest.raises(PluginError) as err:
+        Plugins()
+    message = str(err.value)
+    assert "two plugins have the entry-point name 'tp'" in message
+    assert "snnfw_plugins.strategies.tp (snnfw " in message and "snnfw_fake (snnfw_fake 0.3)" in message
+    assert "overrides=True" in message
+    monkeypatch.setenv(ENV_DISABLE_AUTOLOAD, "1")  # the third-party one is not loaded: the built-in stays
+    assert "tp" in Plugins().strategies.names()
 
 
 def test_ranks_with_different_plugins_fail_naming_the_difference():
