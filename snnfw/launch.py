@@ -9,16 +9,37 @@ the group restarts when a rank dies, and restarted ranks resume from the
 newest checkpoint; the workers then keep their own store
 (``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1``), since with the agent's shared store
 a restarted group can read its predecessor's addresses (pytorch/pytorch#135712).
+A user error in the ranks is reported like one found before launch: one line,
+exit status 2, without the elastic agent's log of the failed workers.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 import uuid
 from pathlib import Path
 
-from snnfw.train import DONE_DIR
+from snnfw.train import DONE_DIR, LAUNCHED, STOPPED
+
+
+class _QuietOnceStopped(logging.Filter):
+    """Drops the elastic agent's records once a rank has stopped on a user error, which the launcher reports."""
+
+    def __init__(self, marker: Path):
+        super().__init__()
+        self.marker = marker
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not self.marker.exists()
+
+
+def _elastic_loggers() -> list[logging.Logger]:
+    return [
+        logger for name, logger in logging.Logger.manager.loggerDict.items()
+        if name.startswith(("torch.distributed.elastic", "torch.distributed.launcher")) and isinstance(logger, logging.Logger)
+    ]
 
 
 def launch(
@@ -50,9 +71,18 @@ def launch(
     args = ["-u", "-m", module, config_path, "--run-dir", str(run_dir)] + (["--resume"] if resume else [])
     for item in overrides:
         args += ["--set", item]
+    stopped = done_dir / STOPPED
+    quiet, loggers = _QuietOnceStopped(stopped), _elastic_loggers()
+    for logger in loggers:
+        logger.addFilter(quiet)
+    launched = os.environ.get(LAUNCHED)
+    os.environ[LAUNCHED] = "1"
     try:
         elastic_launch(config, entrypoint=sys.executable)(*args)
     except ChildFailedError as err:
+        if stopped.exists():
+            print(f"snnfw: error: {stopped.read_text().strip()}", file=sys.stderr)
+            return 2
         failed = err.failures
         if all(f.exitcode == 2 for f in failed.values()):
             return 2
@@ -67,4 +97,11 @@ def launch(
             return 0
         print(f"snnfw: error: training failed on ranks {sorted(failed)}; see the messages above", file=sys.stderr)
         return 1
+    finally:
+        for logger in loggers:
+            logger.removeFilter(quiet)
+        if launched is None:
+            del os.environ[LAUNCHED]
+        else:
+            os.environ[LAUNCHED] = launched
     return 0

@@ -19,12 +19,21 @@ from snnfw.runtime import run_training
 
 DONE_DIR = ".ranks"
 STOPPED = "stopped"
+LAUNCHED = "SNNFW_LAUNCHED"  # set by snnfw train, which reports a rank's user error itself, once
 
 
 def mark_done(run_dir: Path, rank: int) -> None:
     """Records that this rank finished all its work, so an abort at exit is told apart."""
     (run_dir / DONE_DIR).mkdir(parents=True, exist_ok=True)
     (run_dir / DONE_DIR / f"rank{rank}.done").touch()
+
+
+def mark_stopped(run_dir: Path, rank: int, message: str) -> None:
+    """Records the user error that stopped this rank; written whole (a rename), since every rank may write it."""
+    (run_dir / DONE_DIR).mkdir(parents=True, exist_ok=True)
+    part = run_dir / DONE_DIR / f"{STOPPED}.rank{rank}"
+    part.write_text(f"{message}\n")
+    part.replace(run_dir / DONE_DIR / STOPPED)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -37,17 +46,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--resume", action="store_true", help="continue from the newest checkpoint in the run directory")
     args = parser.parse_args(argv)
     run_dir = Path(args.run_dir)
+    rank = int(os.environ.get("RANK", "0"))
     restarted = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0
     if restarted and (run_dir / DONE_DIR / STOPPED).exists():
         return 2
     try:
         summary = run_training(load_config(args.config, args.overrides), run_dir, resume=args.resume or restarted)
     except UserError as err:
-        print(f"snnfw: error: {explain(err)}", file=sys.stderr)
-        (run_dir / DONE_DIR).mkdir(parents=True, exist_ok=True)
-        (run_dir / DONE_DIR / STOPPED).write_text(f"{err}\n")
+        if not os.environ.get(LAUNCHED):
+            print(f"snnfw: error: {explain(err)}", file=sys.stderr)
+        mark_stopped(run_dir, rank, explain(err))
         return 2
-    rank = int(os.environ.get("RANK", "0"))
     if rank == 0:
         print(
             f"[snnfw] done: {summary['steps']} steps, final loss {summary['final_loss']:.4f}, "

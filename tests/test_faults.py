@@ -70,6 +70,20 @@ def test_a_non_finite_loss_stops_with_the_step_and_keeps_the_last_good_checkpoin
     assert [r["step"] for r in records] == [1, 2, 3, 4] and all(r["loss"] < 10 for r in records)
 
 
+def test_a_user_error_in_the_ranks_exits_2_with_one_line(tmp_path):
+    args = [QUICKSTART, "--run-dir", str(tmp_path), *overrides("train.steps=2", "checkpoint.every=1")]
+    assert train.main([*args, "--set", "parallel.strategy=none"]) == 0
+    launch = [sys.executable, "-m", "snnfw", "train", *args, "--nproc", "2"]
+    fresh = subprocess.run(launch, capture_output=True, text=True, timeout=180)
+    assert (fresh.returncode, fresh.stderr) == (2, (
+        f"snnfw: error: {tmp_path}/checkpoints holds checkpoints up to step 2 of an earlier run; "
+        "pass --resume to continue it, or choose another --run-dir\n"))
+    resumed = subprocess.run([*launch, "--resume", "--set", "data.batch_size=16"], capture_output=True, text=True, timeout=180)
+    assert (resumed.returncode, resumed.stderr) == (2, (
+        f"snnfw: error: {tmp_path}/checkpoints/step-2 was written with data.batch_size 8 (now 16); "
+        "resuming needs the same model, optimizer and data order\n"))
+
+
 def test_a_rank_that_stops_answering_fails_the_others_within_the_timeout():
     config = tiny_config("dp", parallel={"timeout_s": 10})
     started = time.monotonic()
