@@ -117,6 +117,9 @@ class CompileConfig:
     fullgraph: bool = attrs.field(default=False, validator=v.instance_of(bool))
 
 
+EXPLICIT = "explicit"  # the top-level entry of Config.to_dict that lists the keys the user set
+
+
 @attrs.frozen
 class Config:
     model: ModelConfig = ModelConfig()
@@ -127,11 +130,14 @@ class Config:
     checkpoint: CheckpointConfig = CheckpointConfig()
     memopt: MemoptConfig = MemoptConfig()
     compile: CompileConfig = CompileConfig()
+    explicit: frozenset[str] = attrs.field(default=frozenset(), converter=frozenset)  # "section.key"s the user set
 
     def to_dict(self) -> dict[str, Any]:
+        """Every key, and under ``explicit`` those the user set: ``build_config(config.to_dict())`` equals ``config``."""
         out = attrs.asdict(self)
         if self.parallel.mesh is not None:
             out["parallel"]["mesh"] = dict(self.parallel.mesh)
+        out[EXPLICIT] = sorted(self.explicit)
         return out
 
 
@@ -160,6 +166,8 @@ _KINDS = {bool: "true or false", int: "an integer", float: "a number", str: "a s
 def _check_kind(cls: type, section: str, key: str, value: Any) -> None:
     """Refuses a value of the wrong TOML kind, naming ``section.key`` and the kind its annotation asks for."""
     hint = typing.get_type_hints(cls)[key]
+    if value is None and type(None) in typing.get_args(hint):
+        return  # an optional key given as unset (a config written back by Config.to_dict)
     kinds = [t for t in typing.get_args(hint) or (hint,) if t is not type(None)]
     if len(kinds) != 1 or kinds[0] not in _KINDS:
         return  # tables such as parallel.mesh are checked by their converter
@@ -171,7 +179,14 @@ def _check_kind(cls: type, section: str, key: str, value: Any) -> None:
 
 
 def build_config(data: dict[str, Any], overrides: list[str] = ()) -> Config:
-    """Validates a parsed TOML document plus overrides into a :class:`Config`."""
+    """Validates a parsed TOML document plus overrides into a :class:`Config`.
+
+    The keys the document and the overrides name are the ones the user set
+    (``Config.explicit``), which defaults that plans fill never replace; a
+    document written by ``Config.to_dict`` lists them under ``explicit``.
+    """
+    data = dict(data)
+    listed = data.pop(EXPLICIT, None)
     merged: dict[str, dict[str, Any]] = {}
     for section, table in data.items():
         if section not in _SECTION_CLASSES:
@@ -184,6 +199,12 @@ def build_config(data: dict[str, Any], overrides: list[str] = ()) -> Config:
         if section not in _SECTION_CLASSES:
             raise ConfigError(f"unknown config section in --set {text!r}; sections are {', '.join(_SECTION_CLASSES)}")
         merged.setdefault(section, {})[name] = value
+    explicit = {f"{section}.{key}" for section, table in merged.items() for key in table}
+    if listed is not None:  # every key is present; the listed ones and the overrides were set
+        explicit = set(listed) | {f"{section}.{name}" for section, name, _ in map(parse_override, overrides)}
+        known = {f"{section}.{f.name}" for section, cls in _SECTION_CLASSES.items() for f in attrs.fields(cls)}
+        if unknown := sorted(explicit - known):
+            raise ConfigError(f"{EXPLICIT} lists unknown config keys {', '.join(unknown)}; it lists section.key names")
     sections = {}
     for section, cls in _SECTION_CLASSES.items():
         table = merged.get(section, {})
@@ -197,16 +218,16 @@ def build_config(data: dict[str, Any], overrides: list[str] = ()) -> Config:
         except (TypeError, ValueError) as err:
             reason = err.args[0] if err.args else err
             raise ConfigError(f"invalid value in [{section}]: {reason}") from None
-    return Config(**sections)
+    return Config(**sections, explicit=explicit)
 
 
 def with_settings(config: Config, settings: dict[str, Any]) -> tuple[Config, list[str]]:
-    """Applies ``{"section.key": value}`` where the config still holds the default; returns what changed."""
+    """Applies ``{"section.key": value}`` to the keys the user did not set; returns what changed."""
     changed = []
     for key, value in settings.items():
         section, name = key.split(".", 1)
         current = getattr(config, section)
-        if getattr(current, name) == attrs.fields_dict(type(current))[name].default and getattr(current, name) != value:
+        if key not in config.explicit and getattr(current, name) != value:
             config = attrs.evolve(config, **{section: attrs.evolve(current, **{name: value})})
             changed.append(f"{key} = {value!r}")
     return config, changed

@@ -84,6 +84,16 @@ def test_explicit_strategy_with_prefer_keeps_it_and_fills_defaults(plugins):
     assert speed.config.parallel.zero is False
 
 
+def test_a_value_the_user_set_is_kept_when_it_equals_the_default(plugins):
+    plan = prepare(tiny_config("dp", parallel={"prefer": "memory", "zero": False}), 2, plugins).plan
+    assert plan.config.parallel.zero is False
+    assert not any("parallel.zero" in line for line in plan.rationale)
+    plan = prepare(auto(4, "speed", pipeline={"schedule": "1f1b"}), 4, plugins).plan
+    pp = [line for line in plan.rationale if "pp (pp=4" in line]
+    assert len(pp) == 1 and "pipeline.schedule" not in pp[0], pp  # the configured schedule only, as set
+    assert plan.config.pipeline.schedule == "1f1b"
+
+
 def pp_line(plan, schedule):
     """The rationale line of the pp candidate with ``schedule`` (named when auto chose among schedules)."""
     lines = [line for line in plan.rationale if line.startswith("candidate pp (")]

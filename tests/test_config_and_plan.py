@@ -55,6 +55,17 @@ def test_an_override_of_the_wrong_type_names_the_key_and_the_type(override, mess
     assert load_config(None, ["train.lr=1"]).train.lr == 1.0  # an integer is a number
 
 
+def test_the_keys_the_user_set_are_tracked_through_a_round_trip(tmp_path):
+    path = tmp_path / "run.toml"
+    path.write_text('[parallel]\nstrategy = "dp"\nzero = false\n')
+    config = load_config(path, ["pipeline.schedule=1f1b"])
+    assert config.explicit == {"parallel.strategy", "parallel.zero", "pipeline.schedule"}
+    assert build_config(config.to_dict()) == config
+    assert build_config(config.to_dict(), ["train.lr=0.1"]).explicit == config.explicit | {"train.lr"}
+    with pytest.raises(ConfigError, match="explicit lists unknown config keys train.stpes"):
+        build_config({"explicit": ["train.stpes"]})
+
+
 def test_override_values_are_read_as_toml_else_as_strings():
     assert parse_override("train.lr=0.5") == ("train", "lr", 0.5)
     assert parse_override("model.flavor=tiny") == ("model", "flavor", "tiny")

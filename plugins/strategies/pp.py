@@ -76,10 +76,10 @@ def _layout_refusal(text: str | None, units: tuple[str, ...], stages: int, shape
 
 
 def _proposals(request) -> Proposal | list[Proposal]:
-    """The configured schedule; under ``auto`` with every ``[pipeline]`` setting at its default,
-    every registered schedule (looped ones with 2 stages per rank), for ``auto`` to rank."""
+    """The configured schedule; under ``auto`` with no ``[pipeline]`` key set, every registered
+    schedule (looped ones with 2 stages per rank), for ``auto`` to rank."""
     pipeline = request.config.pipeline
-    if request.strategy == NAME or pipeline != type(pipeline)():
+    if request.strategy == NAME or any(key.startswith("pipeline.") for key in request.config.explicit):
         return _propose(request, pipeline.schedule, pipeline.virtual_stages)
     proposals = []
     for name in request.plugins.schedules.names():
