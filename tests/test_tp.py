@@ -5,6 +5,8 @@ import math
 import pytest
 import torch
 
+from snnfw import hookimpl
+from snnfw.analysis import AnalysisPart
 from snnfw.errors import PlanError
 from snnfw.plugins import Plugins
 from snnfw.prepare import prepare
@@ -62,6 +64,23 @@ def test_tp_refuses_sizes_that_do_not_divide_and_ddp_with_tp():
         prepare(config, 3, plugins)
     with pytest.raises(PlanError, match="fsdp2_tp"):
         prepare(tiny_config("tp", parallel={"mesh": {"dp": 1, "tp": 2}}), 2, plugins)
+
+
+class MisspeltTpPlan:
+    """A family part whose tp_plan names ``feature.3``, not ``features.3``."""
+
+    @hookimpl
+    def snnfw_analyze(self, model, family):
+        return AnalysisPart(tp_plan=(("feature.3", "conv_bn_neuron"),))
+
+
+@pytest.mark.parametrize("strategy, world", [("tp", 2), ("fsdp2_tp", 4)])
+def test_a_misspelt_tp_plan_module_is_refused_in_plan_naming_the_nearest(strategy, world):
+    plugins = Plugins(extra=(("misspelt", MisspeltTpPlan()),))
+    with pytest.raises(PlanError) as err:
+        prepare(tiny_config(strategy), world, plugins)
+    message = str(err.value)
+    assert "names module 'feature.3', which the model does not have (nearest: features.3, " in message
 
 
 def attention_shards(trainer):

@@ -6,6 +6,8 @@ makes a neuron check that it receives its local channels, so a shard that
 went wrong fails by name instead of silently re-creating full-size state.
 """
 
+import difflib
+
 from snnfw import hookimpl
 from snnfw.analysis import submodule
 from snnfw.estimate import estimate, ring_bytes
@@ -16,16 +18,27 @@ NAME = "tp"
 
 def check_tp_plan(request, size: int) -> str | None:
     """Why the family's tp_plan cannot run with ``size`` shards, or None."""
+    from snnfw_plugins.defaults import state_name
     from snnfw_plugins.strategies.tp_styles import STYLES
 
     plan = request.analysis.tp_plan
     if not plan:
         return f"model family {request.analysis.family!r} declares no tp_plan; choose another strategy"
-    modules = dict(request.model.named_modules()) if request.model is not None else {}
     for name, style in plan:
         if style not in STYLES:
             return f"{name} names the unknown tp style {style!r}; styles: {', '.join(sorted(STYLES))}"
-        if name in modules and (reason := STYLES[style].check(modules[name], size)):
+        if request.model is None:
+            continue
+        try:
+            module = submodule(request.model, name)
+        except AttributeError:
+            names = [state_name(n) for n, _ in request.model.named_modules() if n]
+            nearest = ", ".join(difflib.get_close_matches(name, names, n=3, cutoff=0))
+            return (
+                f"the tp_plan of model family {request.analysis.family!r} names module {name!r}, which the model "
+                f"does not have (nearest: {nearest}); correct the name in the family's snnfw_analyze"
+            )
+        if reason := STYLES[style].check(module, size):
             return f"{name} ({style}): {reason}; choose a tp size that divides it"
     return None
 
