@@ -51,3 +51,10 @@ def test_ddp_with_tp_is_refused_naming_fsdp2_tp():
             prepare(tiny_config(strategy, parallel={"mesh": {"dp": 2, "tp": 2}}), 4, plugins)
     with pytest.raises(PlanError, match="its mesh is {dp = D, tp = T}"):
         prepare(tiny_config("fsdp2_tp", parallel={"mesh": {"dp": 4}}), 4, plugins)
+
+
+@pytest.mark.parametrize("mesh", [None, {"dp": 1, "tp": 2}])
+def test_fsdp2_tp_without_data_parallelism_is_refused_naming_tp(mesh):
+    parallel = {"mesh": mesh} if mesh else {}
+    with pytest.raises(PlanError, match="dp = 1 x tp = 2 has no data parallelism; use strategy tp on 2 ranks, or launch 4 or more"):
+        prepare(tiny_config("fsdp2_tp", parallel=parallel), 2, Plugins())

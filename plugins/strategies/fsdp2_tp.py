@@ -30,6 +30,11 @@ def snnfw_plan(request):
         return Proposal.refuse(NAME, f"its mesh is {{dp = D, tp = T}}, got {sizes}; set parallel.mesh = {{dp = {world // 2}, tp = 2}}")
     if world < 2 or world % sizes["tp"]:
         return Proposal.refuse(NAME, f"{world} ranks do not form a dp x tp mesh with tp = {sizes['tp']}; launch with an even --nproc of 4 or more")
+    if sizes["dp"] < 2:
+        return Proposal.refuse(
+            NAME, f"dp = {sizes['dp']} x tp = {sizes['tp']} has no data parallelism; use strategy tp on {world} ranks, "
+            f"or launch {2 * sizes['tp']} or more ranks so that dp is at least 2",
+        )
     if reason := check_tp_plan(request, sizes["tp"]):
         return Proposal.refuse(NAME, reason)
     return Proposal(
