@@ -4,6 +4,8 @@
   (default 1) exits with status 1, on the launcher's first attempt only
   (``TORCHELASTIC_RESTART_COUNT`` unset or 0).
 - ``SNNFW_TEST_HANG_AT_STEP=k``: before step k, that rank stops answering.
+- ``SNNFW_TEST_EXIT_AT_END=N``: after marking itself done, that rank exits
+  with status N, or aborts (SIGABRT) with ``abort``; first attempt only.
 """
 
 from __future__ import annotations
@@ -13,14 +15,30 @@ import sys
 import time
 
 
+def _first_attempt() -> bool:
+    return os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0"
+
+
 def inject(step: int, rank: int) -> None:
     """Called by every rank before each step (counted from 1)."""
     env = os.environ
     if rank != int(env.get("SNNFW_TEST_FAULT_RANK", "1")):
         return
-    if env.get("SNNFW_TEST_CRASH_AT_STEP") == str(step) and env.get("TORCHELASTIC_RESTART_COUNT", "0") == "0":
+    if env.get("SNNFW_TEST_CRASH_AT_STEP") == str(step) and _first_attempt():
         print(f"[snnfw] test fault: rank {rank} exits before step {step}", file=sys.stderr, flush=True)
         os._exit(1)
     if env.get("SNNFW_TEST_HANG_AT_STEP") == str(step):
         print(f"[snnfw] test fault: rank {rank} stops answering before step {step}", file=sys.stderr, flush=True)
         time.sleep(3600)
+
+
+def inject_at_end(rank: int) -> None:
+    """Called by every rank of ``python -m snnfw.train`` once it has marked itself done."""
+    how = os.environ.get("SNNFW_TEST_EXIT_AT_END")
+    if how is None or rank != int(os.environ.get("SNNFW_TEST_FAULT_RANK", "1")) or not _first_attempt():
+        return
+    if how == "abort":
+        print(f"[snnfw] test fault: rank {rank} aborts after its work", file=sys.stderr, flush=True)
+        os.abort()
+    print(f"[snnfw] test fault: rank {rank} exits with status {how} after its work", file=sys.stderr, flush=True)
+    os._exit(int(how))

@@ -36,10 +36,9 @@ class _QuietOnceStopped(logging.Filter):
 
 
 def _elastic_loggers() -> list[logging.Logger]:
-    return [
-        logger for name, logger in logging.Logger.manager.loggerDict.items()
-        if name.startswith(("torch.distributed.elastic", "torch.distributed.launcher")) and isinstance(logger, logging.Logger)
-    ]
+    prefixes = ("torch.distributed.elastic", "torch.distributed.launcher")
+    loggers = logging.Logger.manager.loggerDict.items()
+    return [logger for name, logger in loggers if name.startswith(prefixes) and isinstance(logger, logging.Logger)]
 
 
 def launch(
@@ -86,17 +85,19 @@ def launch(
         failed = err.failures
         if all(f.exitcode == 2 for f in failed.values()):
             return 2
-        finished = [r for r in failed if (done_dir / f"rank{r}.done").exists()]
-        if len(finished) == len(failed):
-            codes = ", ".join(f"rank {r}: exit code {failed[r].exitcode}" for r in sorted(failed))
-            print(
-                f"snnfw: note: {codes} after finishing all work (an abort at process exit, known with gloo "
-                f"on CPU); training completed and its results in {run_dir} are whole",
-                file=sys.stderr,
-            )
-            return 0
-        print(f"snnfw: error: training failed on ranks {sorted(failed)}; see the messages above", file=sys.stderr)
-        return 1
+        # a signal (the abort) after the rank marked itself done is harmless; an exit status reports a failure
+        finished = {r for r in failed if failed[r].exitcode < 0 and (done_dir / f"rank{r}.done").exists()}
+        if finished != failed.keys():
+            print(f"snnfw: error: training failed on ranks {sorted(failed.keys() - finished)}; see the messages above",
+                  file=sys.stderr)
+            return 1
+        codes = ", ".join(f"rank {r}: {failed[r].signal_name()}" for r in sorted(failed))
+        print(
+            f"snnfw: note: {codes} after finishing all work (an abort at process exit, known with gloo "
+            f"on CPU); training completed and its results in {run_dir} are whole",
+            file=sys.stderr,
+        )
+        return 0
     finally:
         for logger in loggers:
             logger.removeFilter(quiet)

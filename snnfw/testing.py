@@ -7,6 +7,7 @@ of stalling it.
 from __future__ import annotations
 
 import io
+import multiprocessing.connection
 import os
 import queue
 import socket
@@ -136,6 +137,14 @@ def _worker(rank, world, port, config_dict, run_dir, env, inspect, resume, resul
         results.put((rank, "error", f"{type(err).__name__}: {err}\n{traceback.format_exc()}"))
 
 
+def _died(procs, reported) -> dict[int, str]:
+    """The ranks whose process ended with a failure status and has not reported, with that status."""
+    return {
+        r: f"process died with exit code {p.exitcode} before reporting a result"
+        for r, p in enumerate(procs) if p.exitcode not in (None, 0) and r not in reported
+    }
+
+
 class RankFailure(RuntimeError):
     """One or more ranks raised; the message holds each rank's error."""
 
@@ -159,7 +168,8 @@ def run_on_ranks(
     ``env`` adds environment variables per rank; ``inspect(trainer)`` runs on
     every rank at the end and its result lands in ``summary["inspect"]``;
     ``resume`` continues from the newest checkpoint in ``run_dir``.
-    Raises :class:`RankFailure` if any rank raised, TimeoutError past ``timeout_s``.
+    Raises :class:`RankFailure` if any rank raised or died (at once, not when the
+    others time out), TimeoutError past ``timeout_s``.
     """
     ctx = _context()
     results = ctx.Queue()
@@ -168,7 +178,7 @@ def run_on_ranks(
     procs = [ctx.Process(target=_worker, args=(rank, *args), daemon=True) for rank in range(nproc)]
     for p in procs:
         p.start()
-    summaries, errors = {}, {}
+    summaries, errors, suspects = {}, {}, {}
     try:
         deadline = time.monotonic() + timeout_s
         while len(summaries) + len(errors) < nproc:
@@ -178,15 +188,20 @@ def run_on_ranks(
             try:
                 rank, status, payload = results.get(timeout=min(remaining, 1.0))
             except queue.Empty:
-                dead = [r for r, p in enumerate(procs) if p.exitcode not in (None, 0) and r not in summaries]
-                if dead and not errors:
-                    errors.update({r: f"process died with exit code {procs[r].exitcode}" for r in dead})
-                continue
-            if status == "ok":
-                summaries[rank] = torch.load(io.BytesIO(payload), weights_only=False)
+                # dead at two empty polls a second apart: what a rank sent before dying has arrived by then
+                dead = _died(procs, summaries)
+                errors.update({r: dead[r] for r in dead.keys() & suspects.keys()})
+                suspects = dead
             else:
-                errors[rank] = payload
-            if errors:
+                if status == "ok":
+                    summaries[rank] = torch.load(io.BytesIO(payload), weights_only=False)
+                else:
+                    errors[rank] = payload
+            if errors:  # one rank's error is often the others' reaction to a rank that died: name that one too
+                running = [p.sentinel for p in procs if p.exitcode is None]
+                if running:
+                    multiprocessing.connection.wait(running, timeout=1.0)
+                errors = {**_died(procs, summaries), **errors}
                 break
     finally:
         for p in procs:

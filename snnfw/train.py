@@ -13,6 +13,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from snnfw import faults
 from snnfw.config import load_config
 from snnfw.errors import UserError, explain
 from snnfw.runtime import run_training
@@ -50,6 +51,7 @@ def main(argv: list[str] | None = None) -> int:
     restarted = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0
     if restarted and (run_dir / DONE_DIR / STOPPED).exists():
         return 2
+    (run_dir / DONE_DIR / f"rank{rank}.done").unlink(missing_ok=True)  # an earlier attempt's
     try:
         summary = run_training(load_config(args.config, args.overrides), run_dir, resume=args.resume or restarted)
     except UserError as err:
@@ -66,6 +68,7 @@ def main(argv: list[str] | None = None) -> int:
     mark_done(run_dir, rank)
     sys.stdout.flush()
     sys.stderr.flush()
+    faults.inject_at_end(rank)
     return 0
 
 

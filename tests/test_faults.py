@@ -93,6 +93,34 @@ def test_a_rank_that_stops_answering_fails_the_others_within_the_timeout():
     assert time.monotonic() - started < 120
 
 
+@pytest.mark.parametrize("how, status, messages", [
+    ("1", 1, ["snnfw: error: training failed on ranks [1]; see the messages above"]),
+    ("abort", 0, ["rank 1: SIGABRT", "after finishing all work (an abort at process exit"]),  # rank 0 may get SIGTERM
+])
+def test_a_rank_that_exits_with_a_status_after_its_work_fails_the_run(tmp_path, how, status, messages):
+    run = snnfw_train("--nproc", "2", "--run-dir", str(tmp_path), *overrides("train.steps=1"),
+                      env={"SNNFW_TEST_EXIT_AT_END": how})
+    _, err = run.communicate(timeout=180)
+    assert run.returncode == status and all(message in err for message in messages), err
+    assert (tmp_path / ".ranks" / "rank1.done").exists()
+
+
+def test_a_done_marker_of_an_earlier_attempt_is_removed_when_a_rank_starts(tmp_path):
+    train.mark_done(tmp_path, 0)
+    assert train.main([QUICKSTART, "--run-dir", str(tmp_path), "--set", "train.steps=0"]) == 2
+    assert not (tmp_path / ".ranks" / "rank0.done").exists()
+
+
+@pytest.mark.parametrize("rank0", [{}, {"SNNFW_TEST_FAULT_RANK": "0", "SNNFW_TEST_HANG_AT_STEP": "2"}],
+                         ids=["others-fail-too", "others-hang"])
+def test_a_rank_that_dies_fails_run_on_ranks_at_once(rank0):
+    started = time.monotonic()
+    with pytest.raises(RankFailure) as failure:
+        run_on_ranks(tiny_config("dp"), 2, timeout_s=120, env={0: rank0, 1: {"SNNFW_TEST_CRASH_AT_STEP": "2"}})
+    assert failure.value.errors[1] == "process died with exit code 1 before reporting a result"
+    assert time.monotonic() - started < 60
+
+
 def _free_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
