@@ -72,6 +72,14 @@ def dp_coordinate(plan: Plan, mesh) -> int:
     return index
 
 
+def dp_group(plan: Plan, mesh):
+    """The process group of this rank's data-parallel replicas (None with one replica)."""
+    if mesh is None or plan.dp_size == 1:
+        return None
+    dims = tuple(plan.dp_dims)
+    return mesh.get_group(dims[0]) if len(dims) == 1 else mesh[dims]._flatten().get_group()
+
+
 def all_reduce(values: list[float], op: str = "sum") -> list[float]:
     """Reduces a few floats over the world (identity on one rank)."""
     if not dist.is_initialized():

@@ -6,6 +6,7 @@ import json
 import math
 import resource
 import sys
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -16,25 +17,41 @@ from torch import nn
 class SpikeCounter:
     """Counts the spikes and output elements of every neuron module through forward hooks.
 
-    Both add up as tensors, read once per ``take()``: no host sync per neuron,
-    and neither graph breaks nor recompiles where a neuron runs inside a
-    compiled block.
+    Counts add up as tensors per neuron module, read once per ``take()``: no
+    host sync per neuron, and neither graph breaks nor recompiles where a
+    neuron runs inside a compiled block. ``by_layer()`` gives the counts of
+    every ``take()`` so far per neuron module, for per-layer firing rates.
     """
 
     def __init__(self, model: nn.Module, neuron_names: tuple[str, ...]):
         modules = dict(model.named_modules())
-        self.spikes, self.elements = torch.zeros(()), torch.zeros((), dtype=torch.int64)
-        self._handles = [modules[name].register_forward_hook(self._count) for name in neuron_names]
+        self.names = neuron_names
+        self.clear()
+        self._run = {name: [0.0, 0] for name in neuron_names}
+        self._handles = [modules[name].register_forward_hook(partial(self._count, name)) for name in neuron_names]
 
-    def _count(self, module, inputs, output) -> None:
-        self.spikes = self.spikes + output.detach().sum()
-        self.elements = self.elements + output.numel()
+    def _count(self, name: str, module, inputs, output) -> None:
+        spikes, elements = self._counts[name]
+        self._counts[name] = (spikes + output.detach().sum(), elements + output.numel())
 
     def take(self) -> tuple[float, int]:
-        """Returns and clears the counts since the last call."""
-        out = (float(self.spikes), int(self.elements))
-        self.spikes, self.elements = torch.zeros(()), torch.zeros((), dtype=torch.int64)
-        return out
+        """Returns and clears the counts since the last call (all neuron modules together)."""
+        total_spikes, total_elements = 0.0, 0
+        for name, (spikes, elements) in self._counts.items():
+            spikes, elements = float(spikes), int(elements)
+            self._run[name][0] += spikes
+            self._run[name][1] += elements
+            total_spikes, total_elements = total_spikes + spikes, total_elements + elements
+        self.clear()
+        return total_spikes, total_elements
+
+    def clear(self) -> None:
+        """Forgets the counts since the last ``take()`` (forward passes that were not training steps)."""
+        self._counts = {name: (torch.zeros(()), torch.zeros((), dtype=torch.int64)) for name in self.names}
+
+    def by_layer(self) -> dict[str, tuple[float, int]]:
+        """``{neuron module: (spikes, output elements)}`` over every ``take()`` so far, on this rank."""
+        return {name: (spikes, elements) for name, (spikes, elements) in self._run.items()}
 
 
 def peak_memory_mb(device: torch.device) -> float:

@@ -16,11 +16,12 @@ from snnfw import data as datalib
 from snnfw import faults
 from snnfw.checkpoint import Checkpoints
 from snnfw.config import Config
-from snnfw.distributed import RankEnv, all_reduce, device_for, dp_coordinate, process_group
+from snnfw.distributed import RankEnv, all_reduce, device_for, dp_coordinate, dp_group, process_group
 from snnfw.metrics import MetricsLog, SpikeCounter, peak_memory_mb
 from snnfw.phases import PHASES
 from snnfw.plugins import Plugins, check_same_plugins_on_all_ranks
 from snnfw.prepare import Prepared, build_datasets, prepare
+from snnfw.running_stats import RunningStats
 
 
 def _set_cpu_threads(env: RankEnv) -> None:
@@ -40,11 +41,13 @@ class Trainer:
         self.train_set, self.test_set = build_datasets(config, prepared.spec, plugins)
         self.dtype = config.train.torch_dtype
         model = prepared.model.to(device, self.dtype)
+        self.replica = dp_coordinate(self.plan, mesh)
+        self.running_stats = RunningStats(model)  # from here on, only training steps update BatchNorm statistics
         plugins.transform_model(model, self.plan, self.example())
         self.model = plugins.parallelize(model, self.plan, mesh)
-        self.counter.take()  # spikes of the transforms' and strategies' own forward passes
+        self.running_stats.bind(self.model, self.replica, self.plan.dp_size, dp_group(self.plan, mesh))
+        self.counter.clear()  # spikes of the transforms' and strategies' own forward passes
         self.optimizer = plugins.build_optimizer(self.model, self.plan, mesh)
-        self.replica = dp_coordinate(self.plan, mesh)
         self._batches, self._next_step = None, None
         self.materialize_s = time.perf_counter() - started
 
@@ -68,7 +71,10 @@ class Trainer:
         with PHASES("data"):
             batches = self.batches(step)
         with PHASES("forward_backward"):
+            self.running_stats.start()
             out = self.plugins.forward_backward(self.model, batches, plan)
+        with PHASES("running_stats"):
+            self.running_stats.apply()
         with PHASES("optimizer"):
             self.optimizer.step()
             self.optimizer.zero_grad(set_to_none=True)
@@ -83,6 +89,12 @@ class Trainer:
             "spike_rate": spikes / max(elements, 1.0),
             **{key: total / plan.world_size for key, total in zip(extra, extra_totals)},
         }
+
+    def layer_spike_rates(self) -> dict[str, float]:
+        """Each neuron module's firing rate over the training steps so far, over all ranks (a collective)."""
+        counts = self.counter.by_layer()
+        totals = all_reduce([float(x) for pair in counts.values() for x in pair])
+        return {name: totals[2 * i] / max(totals[2 * i + 1], 1.0) for i, name in enumerate(counts)}
 
     @torch.no_grad()
     def evaluate(self) -> float:
@@ -170,6 +182,7 @@ def run_training(
             "losses": [r["loss"] for r in log.records],
             "spike_rates": [r["spike_rate"] for r in log.records],
         }
+        summary["layer_spike_rates"] = trainer.layer_spike_rates()
         extra = plugins.summary(plan)
         summary.update(zip(extra, all_reduce(list(extra.values()), op="max")))
         if on_finish is not None:
