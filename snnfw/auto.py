@@ -45,14 +45,21 @@ class Candidate:
 
 
 def candidates(request, proposals) -> tuple[list[Candidate], list[Candidate]]:
-    """Splits proposals into runnable candidates and refused ones, with reasons."""
+    """Splits proposals into runnable candidates and refused ones, with reasons.
+
+    A refusal without settings refuses its strategy, whichever plugin gives it, as
+    when the strategy is named; one with settings refuses only that variant.
+    """
     config, topology = request.config, request.topology
     memory = device_memory_bytes(topology.device_type, topology.world_size)
+    vetoed = {p.strategy for p in proposals if p.refusal and not p.settings}
     feasible, refused = [], []
     for p in proposals:
         mesh = dict(p.mesh)
         if p.refusal or p.estimate is None:
             refused.append(Candidate(p.strategy, mesh, reason=p.refusal or "it gives no estimate", settings=p.settings))
+            continue
+        if p.strategy in vetoed:
             continue
         replicas = math.prod(mesh[d] for d in p.dp_dims)
         micro = config.train.microbatches or p.microbatches or 1

@@ -119,3 +119,16 @@ def test_hsdp_mesh_is_replicate_then_shard():
 def test_fsdp2_refusals(parallel, world, message):
     with pytest.raises(PlanError, match=message):
         prepare(tiny_config("fsdp2", parallel=parallel), world, Plugins())
+
+
+@pytest.mark.parametrize("strategy, world", [("none", 1), ("dp", 2), ("zero", 2), ("tp", 2), ("pp", 2), ("fsdp2_tp", 4)])
+def test_mixed_precision_is_refused_where_it_is_not_applied(strategy, world):
+    with pytest.raises(PlanError) as err:
+        prepare(tiny_config(strategy, microbatches=2, parallel={"mixed_precision": "bf16"}), world, Plugins())
+    assert f"strategy {strategy!r} cannot run: parallel.mixed_precision = 'bf16' is applied only by strategy fsdp2, on CUDA" in str(err.value)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="fsdp2 applies bf16 on CUDA")
+def test_auto_with_mixed_precision_on_cpu_finds_no_strategy():
+    with pytest.raises(PlanError, match="auto found no strategy.*dp: cannot run: parallel.mixed_precision = 'bf16' is applied only"):
+        prepare(tiny_config("auto", parallel={"mixed_precision": "bf16"}), 2, Plugins())

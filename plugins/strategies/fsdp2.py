@@ -5,13 +5,14 @@ sharding unit, then the root takes the remaining parameters. Parameters,
 gradients and optimizer state are sharded on dim 0 over ``dp`` (FSDP), or
 over ``dp_shard`` and replicated over ``dp_replicate`` (HSDP). With bf16
 mixed precision (CUDA only), BatchNorm layers are units of their own that keep
-fp32 parameters, matching their fp32 running statistics.
+fp32 parameters, matching their fp32 running statistics. No other strategy
+applies ``parallel.mixed_precision``, so this plugin refuses them when it is set.
 """
 
 from snnfw import hookimpl
 from snnfw.analysis import submodule
 from snnfw.estimate import estimate, ring_bytes
-from snnfw.plan import Proposal
+from snnfw.plan import AUTO, Proposal
 
 NAME = "fsdp2"
 HSDP_DIMS = ("dp_replicate", "dp_shard")
@@ -34,16 +35,32 @@ def _mesh(config_mesh, world):
     return None
 
 
+def _mixed_precision_refusals(request) -> list[Proposal]:
+    """Mixed precision is applied by this strategy alone: refusals of every other strategy asked for."""
+    precision = request.config.parallel.mixed_precision
+    if precision == "none":
+        return []
+    asked = request.plugins.strategies.names() if request.strategy == AUTO else [request.strategy]
+    reason = (
+        f"parallel.mixed_precision = {precision!r} is applied only by strategy fsdp2, on CUDA; "
+        "set parallel.mixed_precision = \"none\", or use strategy fsdp2 on CUDA"
+    )
+    return [Proposal.refuse(name, reason) for name in asked if name != NAME]
+
+
 @hookimpl
 def snnfw_plan(request):
-    if not request.asks_for(NAME):
-        return None
+    own = [_propose(request)] if request.asks_for(NAME) else []
+    return own + _mixed_precision_refusals(request)
+
+
+def _propose(request) -> Proposal:
     world, parallel = request.topology.world_size, request.config.parallel
     if world < 2:
         return Proposal.refuse(NAME, "it needs at least 2 ranks; launch with --nproc 2 or more, or use strategy none")
     if parallel.mixed_precision == "bf16" and request.topology.device_type != "cuda":
         return Proposal.refuse(
-            NAME, "bf16 mixed precision (MixedPrecisionPolicy) needs CUDA; set parallel.mixed_precision = \"none\" on CPU"
+            NAME, "parallel.mixed_precision = \"bf16\" (MixedPrecisionPolicy) needs CUDA; set it to \"none\" on CPU"
         )
     resolved = _mesh(parallel.mesh, world)
     if resolved is None:
