@@ -103,7 +103,8 @@ def _cmd_train(args) -> int:
         raise ConfigError("--resume continues the run in --run-dir; name it")
     config = load_config(args.config, args.overrides)
     plugins = Plugins()
-    prepared = prepare(config, args.nproc * args.nnodes, plugins)  # refuse a bad config before starting any process
+    # refuse a bad config before starting any process
+    prepared = prepare(config, args.nproc * args.nnodes, plugins, local_ranks=args.nproc)
     build_datasets(config, prepared.spec, plugins)
     run_dir = Path(args.run_dir or f"runs/{config.model.family}-{config.parallel.strategy}-{time.strftime('%Y%m%d-%H%M%S')}")
     return launch(

@@ -56,6 +56,7 @@ class DataConfig:
 class ParallelConfig:
     strategy: str = attrs.field(default="none", validator=v.instance_of(str))
     mesh: tuple[tuple[str, int], ...] | None = attrs.field(default=None, converter=_mesh)
+    device: str = attrs.field(default="auto", validator=v.in_(("auto", "cpu", "cuda")))
     timeout_s: float = attrs.field(default=300.0, converter=float, validator=v.gt(0))
     zero: bool = attrs.field(default=False, validator=v.instance_of(bool))
     reshard_after_forward: bool = attrs.field(default=True, validator=v.instance_of(bool))

@@ -21,16 +21,38 @@ class Topology:
 
     world_size: int
     device_type: str = "cpu"
+    rationale: tuple[str, ...] = ()  # why auto chose the CPU on a host with GPUs
 
     @property
     def backend(self) -> str:
         return "nccl" if self.device_type == "cuda" else "gloo"
 
     @classmethod
-    def detect(cls, world_size: int) -> "Topology":
+    def detect(cls, world_size: int, device: str = "auto", local_ranks: int | None = None) -> "Topology":
+        """The world on ``parallel.device``; ``auto`` is CUDA where this node has a GPU for each of its ranks.
+
+        ``local_ranks``, the ranks on this node, defaults to ``LOCAL_WORLD_SIZE`` (set in a launched rank),
+        else ``world_size``.
+        """
+        import os
+
         import torch
 
-        return cls(world_size=world_size, device_type="cuda" if torch.cuda.is_available() else "cpu")
+        local = local_ranks or int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
+        gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if device == "cuda" and gpus < local:
+            fewer = f"launch at most {gpus} rank(s) per node, or " if gpus else ""
+            raise PlanError(
+                f'parallel.device = "cuda" needs a GPU per rank: {local} rank(s) on this node asked for one and '
+                f'{gpus} GPU(s) were found; {fewer}set parallel.device = "cpu" or "auto"'
+            )
+        if device == "cuda" or (device == "auto" and gpus >= local):
+            return cls(world_size=world_size, device_type="cuda")
+        fallback = (
+            f'device cpu: {local} rank(s) on this node and {gpus} GPU(s); parallel.device = "auto" takes CUDA '
+            f'only with a GPU per rank',
+        )
+        return cls(world_size=world_size, device_type="cpu", rationale=fallback if device == "auto" and gpus else ())
 
 
 @attrs.frozen

@@ -37,13 +37,15 @@ class Prepared:
     analysis: Analysis
 
 
-def prepare(config: Config, world_size: int, plugins: Plugins) -> Prepared:
-    """analyze -> plan for a world of ``world_size`` ranks; starts no process."""
+def prepare(config: Config, world_size: int, plugins: Plugins, local_ranks: int | None = None) -> Prepared:
+    """analyze -> plan for a world of ``world_size`` ranks, ``local_ranks`` on this node; starts no process."""
     plugins.datasets.entry(config.data.name)  # unknown names list the registered ones
+    topology = Topology.detect(world_size, config.parallel.device, local_ranks)
     model, spec = build_model(config, plugins)
     analysis = analyze(model, config.model.family, plugins)
     cost = measure(model, spec, plugins) if config.parallel.strategy == AUTO else None
-    plan = make_plan(config, Topology.detect(world_size), analysis, plugins, model, cost)
+    plan = make_plan(config, topology, analysis, plugins, model, cost)
+    plan = attrs.evolve(plan, rationale=topology.rationale + plan.rationale)
     return Prepared(plan, model, spec, analysis)
 
 
@@ -52,8 +54,9 @@ def auto_candidates(config: Config, world_size: int, plugins: Plugins) -> list:
     plugins.datasets.entry(config.data.name)
     model, spec = build_model(config, plugins)
     request = PlanRequest(
-        config=config, topology=Topology.detect(world_size), analysis=analyze(model, config.model.family, plugins),
-        model=model, plugins=plugins, cost=measure(model, spec, plugins),
+        config=config, topology=Topology.detect(world_size, config.parallel.device),
+        analysis=analyze(model, config.model.family, plugins), model=model, plugins=plugins,
+        cost=measure(model, spec, plugins),
     )
     return ranked_candidates(request, plugins)[0]
 

@@ -1,4 +1,4 @@
-"""Helpers for testing snnfw and its plugins: run a config on N local CPU ranks.
+"""Helpers for testing snnfw and its plugins: run a config on N local ranks (CPU ones unless it asks for CUDA).
 
 Every helper that starts ranks has a timeout, so a hang fails the test instead
 of stalling it.
@@ -17,6 +17,7 @@ import traceback
 from pathlib import Path
 from typing import Any, Callable
 
+import attrs
 import torch
 import torch.multiprocessing as mp
 from torch.distributed.tensor import DTensor
@@ -163,7 +164,9 @@ def run_on_ranks(
     inspect: Callable[[Trainer], Any] | None = None,
     resume: bool = False,
 ) -> list[dict[str, Any]]:
-    """Trains ``config`` on ``nproc`` spawned CPU ranks; returns each rank's summary in rank order.
+    """Trains ``config`` on ``nproc`` spawned ranks; returns each rank's summary in rank order.
+
+    The ranks run on the CPU unless the config asks for CUDA (``parallel.device = "cuda"``).
 
     ``env`` adds environment variables per rank; ``inspect(trainer)`` runs on
     every rank at the end and its result lands in ``summary["inspect"]``;
@@ -171,6 +174,8 @@ def run_on_ranks(
     Raises :class:`RankFailure` if any rank raised or died (at once, not when the
     others time out), TimeoutError past ``timeout_s``.
     """
+    if config.parallel.device == "auto":
+        config = attrs.evolve(config, parallel=attrs.evolve(config.parallel, device="cpu"))
     ctx = _context()
     results = ctx.Queue()
     caller = {"environ": dict(os.environ), "path": list(sys.path), "threads": torch.get_num_threads()}

@@ -11,7 +11,7 @@ TINY = {
 
 def tiny_config(strategy="none", microbatches=1, **sections):
     data = {k: dict(v) for k, v in TINY.items()}
-    data["parallel"] = {"strategy": strategy}
+    data["parallel"] = {"strategy": strategy, "device": "cpu"}  # unless a test asks for CUDA
     data["train"]["microbatches"] = microbatches
     for section, values in sections.items():
         data.setdefault(section, {}).update(values)

@@ -17,7 +17,7 @@ from snnfw.testing import RankFailure, run_on_ranks
 from conftest import tiny_config
 
 TINY = ["data.batch_size=8", "data.train_samples=64", "data.test_samples=16", "train.lr=0.01", "train.seed=3",
-        "train.log_every=1"]
+        "train.log_every=1", 'parallel.device="cpu"']
 QUICKSTART = "examples/quickstart.toml"
 
 
