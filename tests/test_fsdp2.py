@@ -8,10 +8,12 @@ diverges the same way. Two-way sums round identically, so Adam stays there.
 """
 
 import functools
+import warnings
 
 import pytest
 import torch
 
+from snnfw import data as datalib
 from snnfw.errors import PlanError
 from snnfw.plugins import Plugins
 from snnfw.prepare import prepare
@@ -57,9 +59,34 @@ def assert_sharded_replicas(summaries, shard_index, shards_count=2):
             assert torch.equal(mine["local"][name], expected), f"rank {rank}: {name} shard holds other values"
 
 
+def view_warnings(trainer):
+    """FSDP2's warnings that a unit returned a view, caught over one more forward and backward of step 0."""
+    plan = trainer.plan
+    chunks = datalib.microbatch_indices(0, plan, len(trainer.train_set), trainer.config.train.seed, trainer.replica)
+    batches = [datalib.load(trainer.train_set, chunk, trainer.device, trainer.dtype) for chunk in chunks]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        trainer.plugins.forward_backward(trainer.model, batches, plan)
+    trainer.optimizer.zero_grad(set_to_none=True)
+    return [str(w.message) for w in caught if "returned a view tensor" in str(w.message)]
+
+
+def shards_and_view_warnings(trainer):
+    return {**shards(trainer), "view_warnings": view_warnings(trainer)}
+
+
 @pytest.fixture(scope="module")
 def fsdp2_two_ranks():
-    return run_on_ranks(tiny_config("fsdp2"), 2, inspect=shards)
+    return run_on_ranks(tiny_config("fsdp2"), 2, inspect=shards_and_view_warnings)
+
+
+def test_fsdp2_units_return_no_views(fsdp2_two_ranks):
+    """The VGG's root ends in a Linear on [T, N, F], Spikformer's blocks in a reshape: views FSDP2 warns about."""
+    spikformer = run_on_ranks(tiny_config("fsdp2", model={"family": "spikformer"}), 2, inspect=view_warnings)
+    for summary in fsdp2_two_ranks:
+        assert summary["inspect"]["view_warnings"] == []
+    for summary in spikformer:
+        assert summary["inspect"] == []
 
 
 def test_fsdp2_two_ranks_matches_none_with_two_microbatches(fsdp2_two_ranks):

@@ -7,6 +7,8 @@ over ``dp_shard`` and replicated over ``dp_replicate`` (HSDP). With bf16
 mixed precision (CUDA only), BatchNorm layers are units of their own that keep
 fp32 parameters, matching their fp32 running statistics. No other strategy
 applies ``parallel.mixed_precision``, so this plugin refuses them when it is set.
+A unit whose output is a view returns a copy, so FSDP2's pre-backward hook on
+it cannot be dropped by an in-place op.
 """
 
 from snnfw import hookimpl
@@ -115,10 +117,28 @@ def _scalars_to_vectors(model) -> None:
                 setattr(module, name, torch.nn.Parameter(param.detach().reshape(1), requires_grad=param.requires_grad))
 
 
+def _own_output(module, args, output):
+    """A view output that requires grad copied into a tensor of its own (a forward hook).
+
+    FSDP2 registers its pre-backward hook on each unit's output, and warns when
+    that output is a view (a Linear on ``[T, N, F]``, a closing reshape): an
+    in-place op on the view would drop the hook and skip the all-gather.
+    """
+    return output.clone() if getattr(output, "requires_grad", False) and output._base is not None else output
+
+
+def _fully_shard(module, **options):
+    """``fully_shard`` on a unit whose view outputs are copied first (the hook runs before FSDP2's)."""
+    from torch.distributed.fsdp import fully_shard
+
+    module.register_forward_hook(_own_output)
+    return fully_shard(module, **options)
+
+
 def apply_fully_shard(model, plan, mesh):
     """``fully_shard`` on each family block, then the root, with the plan's FSDP2 options."""
     import torch
-    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+    from torch.distributed.fsdp import MixedPrecisionPolicy
 
     _scalars_to_vectors(model)
     parallel = plan.config.parallel
@@ -126,13 +146,13 @@ def apply_fully_shard(model, plan, mesh):
     root_options = options
     if parallel.mixed_precision == "bf16":
         for norm in [m for m in model.modules() if isinstance(m, torch.nn.modules.batchnorm._BatchNorm)]:
-            fully_shard(norm, **options, mp_policy=MixedPrecisionPolicy(reduce_dtype=torch.float32))
+            _fully_shard(norm, **options, mp_policy=MixedPrecisionPolicy(reduce_dtype=torch.float32))
         bf16 = {"param_dtype": torch.bfloat16, "reduce_dtype": torch.float32}
         options = {**options, "mp_policy": MixedPrecisionPolicy(**bf16)}
         root_options = {**options, "mp_policy": MixedPrecisionPolicy(**bf16, output_dtype=torch.float32)}
     for name in plan.analysis.blocks:
-        fully_shard(submodule(model, name), **options)
-    return fully_shard(model, **root_options)
+        _fully_shard(submodule(model, name), **options)
+    return _fully_shard(model, **root_options)
 
 
 @hookimpl
