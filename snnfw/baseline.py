@@ -3,7 +3,12 @@
 ``python -m snnfw.baseline CONFIG --run-dir DIR``, alone or under torchrun:
 one process runs a hand-written loop, several wrap the model in DDP. It uses
 only the family's model builder and the data set; no snnfw runtime, hooks or
-metrics machinery. It writes ``metrics.jsonl`` (step, loss, step_ms,
+metrics machinery. It trains what the config asks of ``none`` or ``dp``: on
+the device snnfw would use (CUDA with NCCL when present, else CPU with
+gloo), in ``train.dtype``, with ``train.optimizer`` as the built-in plugin
+builds it, and ``train.microbatches`` per replica (neurons reset before each,
+gradients accumulated as the mean, synchronised after the last). It writes
+``metrics.jsonl`` (step, loss over the global batch, step_ms,
 peak_mem_mb_per_rank) and ``summary.json`` like a snnfw run, so ``snnfw
 bench --baseline`` can compare them.
 """
@@ -11,6 +16,7 @@ bench --baseline`` can compare them.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import time
@@ -27,9 +33,11 @@ def main(argv=None) -> int:
     from snnfw import data as datalib
     from snnfw.config import load_config
     from snnfw.metrics import peak_memory_mb
+    from snnfw.plan import Topology
     from snnfw.plugins import Plugins
     from snnfw.prepare import build_model
     from snnfw.train import mark_done
+    from snnfw_plugins.defaults import optimizer_spec
 
     parser = argparse.ArgumentParser(prog="python -m snnfw.baseline")
     parser.add_argument("config")
@@ -38,33 +46,50 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     config = load_config(args.config, args.overrides)
     rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
-    torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
+    topology = Topology.detect(world)
+    if topology.device_type == "cuda":
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
+        torch.cuda.set_device(device)
+    else:
+        device = torch.device("cpu")
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
     plugins = Plugins()
     model, spec = build_model(config, plugins)
+    model = model.to(device, config.train.torch_dtype)
     dataset = plugins.datasets.get(config.data.name).build(config.data, spec, "train", config.train.seed)
     if world > 1:
-        dist.init_process_group("gloo")
-        model = torch.nn.parallel.DistributedDataParallel(model)
-    optimizer = torch.optim.Adam(model.parameters(), lr=config.train.lr)
+        dist.init_process_group(topology.backend)
+        model = torch.nn.parallel.DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
+    optimizer_class, kwargs = optimizer_spec(config.train)
+    optimizer = optimizer_class([p for p in model.parameters() if p.requires_grad], **kwargs)
+    microbatches = config.train.microbatches or 1
     run_dir = Path(args.run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     records = []
     for step in range(config.train.steps):
         started = time.perf_counter()
         indices = datalib.global_batch_indices(step, config.data.batch_size, len(dataset), config.train.seed)
-        frames, labels = datalib.load(dataset, indices.chunk(world)[rank], torch.device("cpu"))
-        functional.reset_net(model)
-        loss = F.cross_entropy(model(frames).mean(0), labels)
-        loss.backward()
+        loss_sum = 0.0
+        for m, chunk in enumerate(indices.chunk(world)[rank].chunk(microbatches)):
+            frames, labels = datalib.load(dataset, chunk, device, config.train.torch_dtype)
+            last = m == microbatches - 1
+            with model.no_sync() if world > 1 and not last else contextlib.nullcontext():
+                functional.reset_net(model)
+                loss = F.cross_entropy(model(frames).mean(0), labels)
+                (loss / microbatches).backward()
+            loss_sum += loss.item()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
         elapsed = time.perf_counter() - started
-        peaks = torch.zeros(world, dtype=torch.float64)
-        peaks[rank] = peak_memory_mb(torch.device("cpu"))
+        totals = torch.zeros(world + 1, dtype=torch.float64, device=device)  # each rank's peak, then the mean loss
+        totals[rank] = peak_memory_mb(device)
+        totals[world] = loss_sum / microbatches / world
         if world > 1:
-            dist.all_reduce(peaks)
-        records.append({"step": step + 1, "loss": loss.item(), "step_ms": elapsed * 1e3,
-                        "peak_mem_mb_per_rank": peaks.tolist()})
+            dist.all_reduce(totals)
+        records.append({"step": step + 1, "loss": totals[world].item(), "step_ms": elapsed * 1e3,
+                        "peak_mem_mb_per_rank": totals[:world].tolist()})
     if rank == 0:
         (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
         (run_dir / "summary.json").write_text(json.dumps({"final_loss": records[-1]["loss"]}) + "\n")

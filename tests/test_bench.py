@@ -4,6 +4,8 @@ import json
 import subprocess
 import sys
 
+from conftest import TINY
+
 SMALL = ["--set", "data.test_samples=16", "--set", "data.batch_size=8", "--warmup", "1", "--steps", "2"]
 
 
@@ -45,3 +47,23 @@ def test_overhead_pairs_each_run_with_the_nearest_baseline_run():
     baseline = [(0, 100.0), (2, 200.0), (4, 100.0)]  # the machine slowed down during the middle pair
     runs = [(1, 104.0), (3, 210.0), (5, 106.0)]
     assert overhead(runs, baseline) == 1.05  # the ratio of medians, 106 / 100, would blame the drift on snnfw
+
+
+def test_the_baseline_trains_the_configs_dtype_optimizer_and_microbatches_as_none_does(tmp_path):
+    """A plain loop on the config's device, in float64, with SGD (momentum as snnfw builds it) and 2 microbatches."""
+    from snnfw.config import build_config
+    from snnfw.runtime import run_training
+
+    document = {k: dict(v) for k, v in TINY.items()}
+    document["train"].update(optimizer="sgd", dtype="float64", microbatches=2)
+    reference = run_training(build_config(document))["losses"]
+    path = tmp_path / "config.toml"
+    path.write_text("".join(f"[{section}]\n" + "".join(f"{k} = {json.dumps(v)}\n" for k, v in table.items())
+                            for section, table in document.items()))
+    done = subprocess.run([sys.executable, "-m", "snnfw.baseline", str(path), "--run-dir", str(tmp_path / "run")],
+                          capture_output=True, text=True, timeout=180)
+    assert done.returncode == 0, done.stderr
+    losses = [json.loads(line)["loss"] for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert len(losses) == len(reference) == 3
+    for step, (want, got) in enumerate(zip(reference, losses), start=1):
+        assert abs(want - got) < 1e-9, f"step {step}: baseline loss {got}, none {want}"
