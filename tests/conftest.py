@@ -1,3 +1,7 @@
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 
 from snnfw.config import build_config
@@ -34,3 +38,19 @@ def one_thread():
         torch.set_num_threads(1)
         yield
     torch.set_num_threads(threads)
+
+
+EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "spiking_mlp_plugin"
+
+
+@pytest.fixture(scope="session")
+def installed(tmp_path_factory):
+    """pip-installs the example package into a folder put on sys.path (spawned ranks inherit it)."""
+    target = tmp_path_factory.mktemp("site")
+    subprocess.run(
+        [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation", "--target", str(target), str(EXAMPLE)],
+        check=True, timeout=180,
+    )
+    sys.path.insert(0, str(target))
+    yield target
+    sys.path.remove(str(target))

@@ -18,13 +18,24 @@ def assert_same_losses(reference, summary, tol=1e-5):
         assert SPIKE_RATE[0] <= rate <= SPIKE_RATE[1], f"spike rate {rate} outside {SPIKE_RATE}: neurons barely fire"
 
 
+def parameters_and_buffers(trainer):
+    buffers = {name: b.detach().clone() for name, b in getattr(trainer.model, "module", trainer.model).named_buffers()}
+    return {"parameters": local_parameters(trainer), "buffers": buffers}
+
+
 def assert_dp_matches_none(make_config, tmp_path):
-    """dp on 2 ranks loses what none does with 2 microbatches, and the replicas end identical."""
-    reference = run_training(make_config("none", microbatches=2))
-    summaries = run_on_ranks(make_config("dp"), 2, tmp_path, inspect=local_parameters)
+    """dp on 2 ranks loses what none does with 2 microbatches; the replicas end identical, BatchNorm
+    running statistics equal to none's included, so the test accuracy is none's."""
+    reference = run_training(make_config("none", microbatches=2), on_finish=parameters_and_buffers)
+    summaries = run_on_ranks(make_config("dp"), 2, tmp_path, inspect=parameters_and_buffers)
     for summary in summaries:
         assert_same_losses(reference, summary)
-    params = [s["inspect"] for s in summaries]
+        assert summary["test_accuracy"] == reference["test_accuracy"]
+        buffers = summary["inspect"]["buffers"]
+        assert buffers.keys() == reference["inspect"]["buffers"].keys() and any("running_mean" in n for n in buffers)
+        for name, tensor in reference["inspect"]["buffers"].items():
+            assert torch.allclose(buffers[name], tensor, rtol=1e-5, atol=1e-7), f"buffer {name} differs from none's"
+    params = [s["inspect"]["parameters"] for s in summaries]
     for name, tensor in params[0].items():
         assert torch.equal(tensor, params[1][name]), f"replicas differ in {name}"
 

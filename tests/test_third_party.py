@@ -4,7 +4,6 @@ import json
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -14,22 +13,6 @@ from snnfw.testing import full_parameters, run_on_ranks
 
 from conftest import tiny_config
 from test_equivalence import assert_same_losses
-
-EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "spiking_mlp_plugin"
-
-
-@pytest.fixture(scope="module")
-def installed(tmp_path_factory):
-    """pip-installs the example package into a folder put on sys.path (spawned ranks inherit it)."""
-    target = tmp_path_factory.mktemp("site")
-    subprocess.run(
-        [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation", "--target", str(target), str(EXAMPLE)],
-        check=True, timeout=180,
-    )
-    sys.path.insert(0, str(target))
-    yield target
-    sys.path.remove(str(target))
-
 
 def mlp(strategy, **sections):
     return tiny_config(strategy, model={"family": "spiking_mlp"}, **sections)

@@ -44,13 +44,13 @@ def propose_replicas(strategy: str, request, rationale: str, shard_optimizer: bo
 def wrap_ddp(model, plan, mesh, hooks):
     """The model's blocks compiled (``hooks.compile``), then DistributedDataParallel over the mesh's ``dp`` dimension.
 
-    Buffers are not broadcast from rank 0: snnfw's BatchNorm running statistics are equal on every
+    Buffers are not broadcast from rank 0 before each forward: snnfw's BatchNorm running statistics are equal on every
     replica already (:mod:`snnfw.running_stats`)."""
     from torch.nn.parallel import DistributedDataParallel
 
     hooks.compile(model, plan)
     device_ids = [next(model.parameters()).device.index] if plan.device_type == "cuda" else None
-    return DistributedDataParallel(model, device_ids=device_ids, process_group=mesh.get_group("dp"), broadcast_buffers=False)
+    return DistributedDataParallel(model, device_ids=device_ids, process_group=mesh.get_group("dp"), forward_sync_buffers=False)
 
 
 @hookimpl

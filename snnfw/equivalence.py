@@ -1,0 +1,83 @@
+"""The equivalence matrix: each strategy's run beside ``none``'s with the same microbatches.
+
+Every case trains the quickstart's recipe (Adam at lr 3e-3, a global batch
+of 32) on a tiny flavor of a family. A strategy with ``D`` data replicas of
+``M`` microbatches each must compute what ``none`` computes with ``D x M``
+microbatches. ``tests/test_guarantee.py`` asserts it in float64;
+``benchmark/drift.py`` measures how far float32 rounding carries each case.
+"""
+
+from __future__ import annotations
+
+import attrs
+
+from snnfw.config import Config, build_config
+
+FAMILIES = ("cifar10dvs_vgg", "spikformer", "spiking_mlp")
+HSDP = {"dp_replicate": 2, "dp_shard": 2}
+
+
+@attrs.frozen
+class Case:
+    """One strategy layout: ``ranks`` processes, ``replicas`` data replicas of ``microbatches`` each."""
+
+    name: str
+    strategy: str
+    ranks: int
+    replicas: int
+    microbatches: int
+    sections: dict = attrs.field(factory=dict)
+
+    @property
+    def reference_microbatches(self) -> int:
+        return self.replicas * self.microbatches
+
+
+def _pipeline(schedule: str, virtual: int = 1, mesh: dict | None = None) -> dict:
+    parallel = {"parallel": {"mesh": mesh}} if mesh else {}
+    return {"pipeline": {"schedule": schedule, "virtual_stages": virtual}, **parallel}
+
+
+CASES = (
+    Case("dp", "dp", 2, 2, 1),
+    Case("zero", "zero", 2, 2, 1),
+    Case("fsdp2", "fsdp2", 2, 2, 1),
+    Case("hsdp", "fsdp2", 4, 4, 1, {"parallel": {"mesh": HSDP}}),
+    Case("tp", "tp", 2, 1, 1),
+    Case("fsdp2_tp", "fsdp2_tp", 4, 2, 1, {"parallel": {"mesh": {"dp": 2, "tp": 2}}}),
+    Case("pp-gpipe", "pp", 2, 1, 4, _pipeline("gpipe")),
+    Case("pp-1f1b", "pp", 2, 1, 4, _pipeline("1f1b")),
+    Case("pp-interleaved", "pp", 2, 1, 4, _pipeline("interleaved", 2)),
+    Case("pp-zero_bubble", "pp", 2, 1, 4, _pipeline("zero_bubble", 2)),
+    Case("pp-looped_bfs", "pp", 2, 1, 4, _pipeline("looped_bfs", 2)),
+    Case("pp-zbv", "pp", 2, 1, 4, _pipeline("zbv", 2)),
+    Case("pp-dualpipev", "pp", 2, 1, 4, _pipeline("dualpipev", 2)),
+    Case("pp-x-dp", "pp", 4, 2, 2, _pipeline("1f1b", mesh={"dp": 2, "pp": 2})),
+)
+
+
+def case_config(family: str, case: Case | None, dtype: str, steps: int = 20) -> Config:
+    """The config of ``case`` on ``family`` (``None``: the ``none`` reference with one microbatch)."""
+    strategy, microbatches, sections = ("none", 1, {}) if case is None else (case.strategy, case.microbatches, case.sections)
+    data = {
+        "model": {"family": family, "flavor": "tiny", "time_steps": 4},
+        "data": {"name": "synthetic_dvs", "batch_size": 32, "train_samples": 256, "test_samples": 64},
+        "train": {"steps": steps, "lr": 3e-3, "optimizer": "adam", "seed": 3, "dtype": dtype, "microbatches": microbatches},
+        "parallel": {"strategy": strategy},
+    }
+    for section, values in sections.items():
+        data[section] = {**data.get(section, {}), **values}
+    return build_config(data)
+
+
+def reference_config(family: str, microbatches: int, dtype: str, steps: int = 20) -> Config:
+    """``none`` with ``microbatches``: what every case with as many replicas x microbatches must compute."""
+    config = case_config(family, None, dtype, steps)
+    return attrs.evolve(config, train=attrs.evolve(config.train, microbatches=microbatches))
+
+
+def max_relative_difference(reference: list[float], losses: list[float]) -> float:
+    """The largest ``|loss - reference| / |reference|`` over the steps."""
+    if len(reference) != len(losses):
+        raise ValueError(f"{len(losses)} losses against {len(reference)} reference losses")
+    return max(abs(got - want) / abs(want) for got, want in zip(losses, reference))
