@@ -3,11 +3,11 @@
 ``RUN_DIR/checkpoints/step-N`` is a torch.distributed.checkpoint (DCP) folder
 with the unsharded model (BatchNorm buffers included) and optimizer state keyed
 by the model's parameter and buffer names (``snnfw_state_dict``), every rank's
-RNG state, and ``meta.json`` (step, loss, seed, global batch). The step is the
-data position, since the data order is a function of step, seed and global
-batch; the learning rate on resuming is the config's. Every rank writes into
-``.tmp-step-N``; after a barrier rank 0 renames it, so a checkpoint is whole or
-absent. Unsharded, it resumes under any strategy and world size, each strategy
+RNG state, and ``meta.json`` (step, loss, and the ``FIXED`` settings). The step
+is the data position, since the data order is a function of step, seed, global
+batch and the data set (name, folder, size, time steps); the learning rate on
+resuming is the config's. Every rank writes into ``.tmp-step-N``; after a
+barrier rank 0 renames it, so a checkpoint is whole or absent. Unsharded, it resumes under any strategy and world size, each strategy
 taking its part (``snnfw_load_state_dict``). Loading runs no code from the
 files: DCP's metadata is unpickled through an allowlist and its other values
 through ``torch.load(weights_only=True)``.
@@ -31,7 +31,10 @@ from torch.distributed.checkpoint.metadata import StorageMeta, TensorStorageMeta
 from snnfw.errors import CheckpointError, DivergedError
 
 FOLDER = "checkpoints"
-FIXED = ("model.family", "model.flavor", "data.batch_size", "train.seed", "train.optimizer")
+FIXED = (  # what a resumed run must share: the model, the optimizer and what fixes the data order
+    "model.family", "model.flavor", "model.time_steps", "data.name", "data.root", "data.train_samples", "data.batch_size",
+    "train.seed", "train.optimizer", "train.dtype",
+)
 PREFIX = "step-"
 TEMP = ".tmp-"
 META = "meta.json"
@@ -203,9 +206,15 @@ class Checkpoints:
         """Restores model, optimizer (with the config's ``train.lr``) and this rank's RNG from ``path``; returns its meta."""
         meta = json.loads((path / META).read_text())
         mine = _fixed(self.config)
-        changed = [f"{key} {value!r} (now {mine[key]!r})" for key, value in meta["fixed"].items() if mine.get(key) != value]
+        changed = [
+            f"{key} is {value!r} in the checkpoint and {mine[key]!r} in the config"
+            for key, value in meta["fixed"].items() if mine.get(key) != value
+        ]
         if changed:
-            raise CheckpointError(f"{path} was written with {', '.join(changed)}; resuming needs the same model, optimizer and data order")
+            raise CheckpointError(
+                f"{path} cannot be resumed: {'; '.join(changed)}; resuming needs the same model, optimizer, dtype and "
+                "data order, so set them as the checkpoint has them or choose another --run-dir"
+            )
         reader = _SafeReader(path)
         try:
             metadata = reader.read_metadata()

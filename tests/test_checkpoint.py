@@ -4,6 +4,7 @@ import json
 import pickle
 import shutil
 
+import attrs
 import pytest
 
 import snnfw.checkpoint
@@ -50,6 +51,33 @@ def test_none_resumed_equals_uninterrupted_and_keeps_the_last(tmp_path, referenc
     assert steps_in(tmp_path) == ["step-5", "step-6"]
     logged = [json.loads(line)["loss"] for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert logged == reference
+
+
+@pytest.fixture(scope="module")
+def one_step(tmp_path_factory):
+    """A run directory with the checkpoint of one step of ``none``."""
+    run_dir = tmp_path_factory.mktemp("one-step")
+    run_training(config(steps=1, every=1), run_dir)
+    return run_dir
+
+
+def test_resuming_with_another_data_set_is_refused_naming_the_key(one_step):
+    with pytest.raises(CheckpointError) as err:
+        run_training(config(steps=2, every=1, data={"train_samples": 128}), one_step, resume=True)
+    assert "data.train_samples is 64 in the checkpoint and 128 in the config" in str(err.value)
+
+
+@pytest.mark.parametrize(
+    "section, key, value, saved",
+    [("data", "name", "cifar10", "'synthetic_dvs'"), ("data", "root", "elsewhere", "None"),
+     ("model", "time_steps", 2, "4"), ("train", "dtype", "float64", "'float32'")],
+)
+def test_what_fixes_the_data_order_is_pinned(one_step, section, key, value, saved):
+    base = config(steps=2, every=1)
+    changed = attrs.evolve(base, **{section: attrs.evolve(getattr(base, section), **{key: value})})
+    with pytest.raises(CheckpointError) as err:
+        snnfw.checkpoint.Checkpoints(one_step, changed, rank=0).begin(trainer=None, resume=True)
+    assert f"{section}.{key} is {saved} in the checkpoint and {value!r} in the config" in str(err.value)
 
 
 class Killed(BaseException):
