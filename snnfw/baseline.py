@@ -4,10 +4,10 @@
 one process runs a hand-written loop, several wrap the model in DDP. It uses
 only the family's model builder and the data set; no snnfw runtime, hooks or
 metrics machinery. It trains what the config asks of ``none`` or ``dp``: on
-the device snnfw would use (CUDA with NCCL when present, else CPU with
-gloo), in ``train.dtype``, with ``train.optimizer`` as the built-in plugin
-builds it, and ``train.microbatches`` per replica (neurons reset before each,
-gradients accumulated as the mean, synchronised after the last). It writes
+the device snnfw's plan takes for ``parallel.device`` (CUDA with NCCL, or the
+CPU with gloo), in ``train.dtype``, with ``train.optimizer`` as the built-in
+plugin builds it, and ``train.microbatches`` per replica (neurons reset before
+each, gradients accumulated as the mean, synchronised after the last). It writes
 ``metrics.jsonl`` (step, loss over the global batch, step_ms,
 peak_mem_mb_per_rank) and ``summary.json`` like a snnfw run, so ``snnfw
 bench --baseline`` can compare them.
@@ -46,7 +46,7 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     config = load_config(args.config, args.overrides)
     rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
-    topology = Topology.detect(world)
+    topology = Topology.detect(world, config.parallel.device)
     if topology.device_type == "cuda":
         device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
         torch.cuda.set_device(device)
