@@ -32,19 +32,22 @@ def test_user_errors_exit_2_with_one_line_and_no_traceback(capsys):
     assert capsys.readouterr().err.startswith("snnfw: error: unknown dataset 'mnist'; registered dataset names: cifar10, ")
 
 
-def test_train_launches_ranks_and_writes_metrics(tmp_path):
+QUICKSTART_ACCURACY = 0.7  # measured 0.842 on this 2-core machine; chance is 0.1
+
+
+def test_the_quickstart_trains_to_its_stated_accuracy(tmp_path):
+    """README command 1 as written: 150 dp steps on 2 ranks, metrics per step, test accuracy far above chance."""
     run_dir = tmp_path / "run"
-    cmd = [sys.executable, "-m", "snnfw", "train", "examples/quickstart.toml", "--nproc", "2",
-           "--run-dir", str(run_dir), "--set", "train.steps=3", "--set", "data.test_samples=64"]
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=180)
+    cmd = [sys.executable, "-m", "snnfw", "train", "examples/quickstart.toml", "--nproc", "2", "--run-dir", str(run_dir)]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    assert [r["step"] for r in records] == [1, 2, 3]
+    assert [r["step"] for r in records] == list(range(1, 151))
     for key in ("loss", "spike_rate", "step_ms", "samples_per_s", "peak_mem_mb", "train_acc"):
         assert all(r[key] > 0 for r in records), key
     summary = json.loads((run_dir / "summary.json").read_text())
-    assert 0 <= summary["test_accuracy"] <= 1 and summary["plan"]["world_size"] == 2
-    assert "step 3/3" in done.stderr
+    assert summary["test_accuracy"] >= QUICKSTART_ACCURACY and summary["plan"]["world_size"] == 2
+    assert "step 150/150" in done.stderr
 
 
 def test_plain_torchrun_runs_the_worker_entry(tmp_path):
