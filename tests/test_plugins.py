@@ -111,10 +111,10 @@ def test_an_entry_point_named_like_a_builtin_fails_naming_both(tmp_path, monkeyp
 
 def test_ranks_with_different_plugins_fail_naming_the_difference():
     with pytest.raises(RankFailure) as err:
-        run_on_ranks(tiny_config("dp"), 2, env={1: {ENV_BLOCK: "synthetic_dvs"}}, timeout_s=120)
+        run_on_ranks(tiny_config("dp"), 2, env={1: {ENV_BLOCK: "neuromorphic"}}, timeout_s=120)
     text = str(err.value)
     assert "ranks loaded different plugins" in text
-    assert "rank 0 has synthetic_dvs 0.1.0 that rank 1 lacks" in text
+    assert "rank 0 has neuromorphic 0.1.0 that rank 1 lacks" in text
 
 
 OVERRIDE_NONE = """
