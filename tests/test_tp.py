@@ -108,3 +108,43 @@ def test_tp_spikformer_shards_whole_heads_and_matches_none(tmp_path):
     assert shards["attn_state"][1] == 2  # attention neurons keep state per local head
     assert shards["proj_weight"] == (32, 16, 1)
     assert shards["mlp_state"][1] == 64  # MLP hidden 128 split in two
+
+
+def comm_counts(trainer):
+    """What snnfw's tp counters report for one step's forward and backward, beside the collectives
+    torch dispatched (c10d's and DTensor's functional ones alike)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from snnfw import data as datalib
+    from snnfw_plugins.strategies.tp_comm import COUNTER
+
+    seen = {"all_reduce": 0, "all_gather": 0}
+
+    class Collectives(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            name = func.name().replace("allreduce", "all_reduce").replace("allgather", "all_gather")
+            for kind in seen:
+                seen[kind] += ("c10d" in name and kind in name)
+            return func(*args, **(kwargs or {}))
+
+    chunks = datalib.microbatch_indices(0, trainer.plan, len(trainer.train_set), trainer.config.train.seed, trainer.replica)
+    batches = [datalib.load(trainer.train_set, chunk, trainer.device, trainer.dtype) for chunk in chunks]
+    COUNTER.take()
+    with Collectives():
+        trainer.plugins.forward_backward(trainer.model, batches, trainer.plan)
+    trainer.optimizer.zero_grad(set_to_none=True)
+    counted = COUNTER.take()
+    return {"seen": seen, "counted": {"all_reduce": counted["tp_allreduce_calls"], "all_gather": counted["tp_allgather_calls"]}}
+
+
+@pytest.mark.parametrize("family", ["cifar10dvs_vgg", "spiking_mlp"])
+def test_tp_comm_counters_count_every_collective(family, request):
+    """The per-step tp counters (own styles and DTensor's) equal the collectives torch ran, and are non-zero."""
+    if family == "spiking_mlp":
+        request.getfixturevalue("installed")
+    config = tiny_config("tp", model={"family": family}, train={"steps": 1, "microbatches": 2})
+    for summary in run_on_ranks(config, 2, inspect=comm_counts):
+        seen, counted = summary["inspect"]["seen"], summary["inspect"]["counted"]
+        assert counted == seen and counted["all_reduce"] > 0, summary["inspect"]
+        if family == "cifar10dvs_vgg":
+            assert counted["all_gather"] > 0

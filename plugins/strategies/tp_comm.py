@@ -9,6 +9,10 @@ sharded. Three functions cross the boundary:
 - ``reduce_out``: partial sums leaving a row-parallel layer (forward all-reduce);
 - ``gather_out``: a channel shard leaving a unit (forward all-gather, backward
   keeps this rank's slice of the replicated gradient).
+
+Units that torch's DTensor styles parallelize (``ColwiseParallel`` then
+``RowwiseParallel``) run DTensor's own collectives; :func:`count_dtensor_mlp`
+counts them into the same counters.
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ import torch.distributed as dist
 
 
 class CommCounter:
-    """Collective calls and bytes since the last ``take()``."""
+    """Collective calls and bytes of tensor parallelism since the last ``take()``, per rank."""
 
     def __init__(self):
         self.all_reduce = self.all_gather = 0
@@ -33,7 +37,9 @@ class CommCounter:
 COUNTER = CommCounter()
 
 
-def _all_reduce(tensor: torch.Tensor, group) -> torch.Tensor:
+def all_reduce(tensor: torch.Tensor, group) -> torch.Tensor:
+    """An in-place sum over ``group``, counted; plugins that add tensor-parallel collectives (a neuron's
+    shard rule, say) call it so the step's counters see them."""
     COUNTER.all_reduce += 1
     COUNTER.bytes += tensor.numel() * tensor.element_size()
     dist.all_reduce(tensor, group=group)
@@ -48,13 +54,13 @@ class _CopyIn(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad):
-        return _all_reduce(grad.contiguous().clone(), ctx.group), None
+        return all_reduce(grad.contiguous().clone(), ctx.group), None
 
 
 class _ReduceOut(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, group):
-        return _all_reduce(x.contiguous().clone(), group)
+        return all_reduce(x.contiguous().clone(), group)
 
     @staticmethod
     def backward(ctx, grad):
@@ -87,3 +93,19 @@ def reduce_out(x: torch.Tensor, group) -> torch.Tensor:
 
 def gather_out(x: torch.Tensor, group, dim: int) -> torch.Tensor:
     return _GatherOut.apply(x, group, dim)
+
+
+def count_dtensor_mlp(module: torch.nn.Module) -> None:
+    """Counts the collectives of a Colwise-then-Rowwise DTensor unit: the forward all-reduce of the
+    row-parallel output and, where its input needs a gradient, the backward all-reduce of that gradient."""
+
+    def count_all_reduce(tensor: torch.Tensor) -> None:
+        COUNTER.all_reduce += 1
+        COUNTER.bytes += tensor.numel() * tensor.element_size()
+
+    def before(m, args):
+        if args[0].requires_grad:
+            args[0].register_hook(count_all_reduce)
+
+    module.register_forward_pre_hook(before)
+    module.register_forward_hook(lambda m, args, out: count_all_reduce(out))

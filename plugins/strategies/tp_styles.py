@@ -27,7 +27,7 @@ import attrs
 import torch
 from torch import nn
 
-from snnfw_plugins.strategies.tp_comm import copy_in, gather_out, reduce_out
+from snnfw_plugins.strategies.tp_comm import copy_in, count_dtensor_mlp, gather_out, reduce_out
 
 CHANNEL_DIM = 2  # multi-step activations are [T, N, C, ...]
 SLICES = "snnfw_slices"
@@ -227,6 +227,7 @@ def apply_linear_mlp(module: nn.Module, shard: Shard) -> None:
             shard_neuron(neuron, hidden // shard.size, hidden, shard)
     plan = {children[first][0]: ColwiseParallel(), children[second][0]: RowwiseParallel()}
     parallelize_module(module, shard.mesh, plan)
+    count_dtensor_mlp(module)
 
 
 @attrs.frozen

@@ -54,21 +54,16 @@ def snnfw_analyze(model, family):
 @hookimpl(tryfirst=True)
 def snnfw_shard_neuron(module, placement, mesh):
     """A PLIF's time constant is one scalar for all channels: sum its gradient over the shards."""
-    import torch
     from spikingjelly.activation_based.neuron import ParametricLIFNode
 
     from snnfw_plugins.strategies.tp import snnfw_shard_neuron as check_local_size
+    from snnfw_plugins.strategies.tp_comm import all_reduce
 
     if not isinstance(module, ParametricLIFNode):
         return None
     group = mesh.get_group()  # the 1-D tensor-parallel mesh
 
-    def all_reduce(grad):
-        grad = grad.clone()
-        torch.distributed.all_reduce(grad, group=group)
-        return grad
-
-    module.w.register_hook(all_reduce)
+    module.w.register_hook(lambda grad: all_reduce(grad.clone(), group))  # counted in tp_allreduce_calls
     return check_local_size(module, placement, mesh)
 
 
