@@ -99,6 +99,16 @@ class Proposal:
         return cls(strategy=strategy, refusal=reason)
 
 
+def refuse_others(request: PlanRequest, owners: tuple[str, ...], reason: str) -> list[Proposal]:
+    """Refusals of the strategies asked for (under ``auto``, every registered one) but ``owners``.
+
+    How a plugin refuses a key only ``owners`` apply: under ``auto`` these rule out
+    the other candidates alone.
+    """
+    asked = request.plugins.strategies.names() if request.strategy == AUTO else [request.strategy]
+    return [Proposal.refuse(name, reason) for name in asked if name not in owners]
+
+
 @attrs.frozen
 class Plan:
     """The resolved layout every rank runs: recorded in metrics and shown by ``snnfw plan``."""

@@ -159,3 +159,27 @@ def test_mixed_precision_is_refused_where_it_is_not_applied(strategy, world):
 def test_auto_with_mixed_precision_on_cpu_finds_no_strategy():
     with pytest.raises(PlanError, match="auto found no strategy.*dp: cannot run: parallel.mixed_precision = 'bf16' is applied only"):
         prepare(tiny_config("auto", parallel={"mixed_precision": "bf16"}), 2, Plugins())
+
+
+@pytest.mark.parametrize("strategy, world", [("none", 1), ("dp", 2), ("zero", 2), ("tp", 2), ("pp", 2)])
+def test_reshard_after_forward_is_refused_where_fully_shard_does_not_run(strategy, world):
+    with pytest.raises(PlanError) as err:
+        prepare(tiny_config(strategy, microbatches=2, parallel={"reshard_after_forward": True}), world, Plugins())
+    assert (
+        f"strategy {strategy!r} cannot run: parallel.reshard_after_forward = true is applied only by strategies "
+        "fsdp2 and fsdp2_tp (fully_shard); remove it" in str(err.value)
+    )
+
+
+def test_reshard_after_forward_plans_with_fsdp2_and_fsdp2_tp():
+    plugins = Plugins()
+    parallel = {"reshard_after_forward": False}
+    assert "reshard_after_forward=False" in prepare(tiny_config("fsdp2", parallel=parallel), 2, plugins).plan.rationale[1]
+    assert prepare(tiny_config("fsdp2_tp", parallel=parallel), 4, plugins).plan.strategy == "fsdp2_tp"
+
+
+def test_auto_with_reshard_after_forward_chooses_among_fsdp2_and_fsdp2_tp_only():
+    plan = prepare(tiny_config("auto", parallel={"reshard_after_forward": False}), 4, Plugins()).plan
+    assert plan.strategy in ("fsdp2", "fsdp2_tp")
+    refused = [line for line in plan.rationale if "cannot run: parallel.reshard_after_forward" in line]
+    assert {line.split()[1].rstrip(":") for line in refused} == {"none", "dp", "zero", "tp", "pp"}, plan.rationale

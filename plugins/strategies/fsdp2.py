@@ -6,7 +6,9 @@ gradients and optimizer state are sharded on dim 0 over ``dp`` (FSDP), or
 over ``dp_shard`` and replicated over ``dp_replicate`` (HSDP). With bf16
 mixed precision (CUDA only), BatchNorm layers are units of their own that keep
 fp32 parameters, matching their fp32 running statistics. No other strategy
-applies ``parallel.mixed_precision``, so this plugin refuses them when it is set.
+applies ``parallel.mixed_precision``, and none but this and ``fsdp2_tp``
+``parallel.reshard_after_forward``, so this plugin refuses the others when
+these are set.
 A unit whose output is a view returns a copy, so FSDP2's pre-backward hook on
 it cannot be dropped by an in-place op.
 """
@@ -14,7 +16,7 @@ it cannot be dropped by an in-place op.
 from snnfw import hookimpl
 from snnfw.analysis import submodule
 from snnfw.estimate import estimate, ring_bytes
-from snnfw.plan import AUTO, Proposal
+from snnfw.plan import Proposal, refuse_others
 
 NAME = "fsdp2"
 HSDP_DIMS = ("dp_replicate", "dp_shard")
@@ -37,23 +39,28 @@ def _mesh(config_mesh, world):
     return None
 
 
-def _mixed_precision_refusals(request) -> list[Proposal]:
-    """Mixed precision is applied by this strategy alone: refusals of every other strategy asked for."""
-    precision = request.config.parallel.mixed_precision
-    if precision == "none":
-        return []
-    asked = request.plugins.strategies.names() if request.strategy == AUTO else [request.strategy]
-    reason = (
-        f"parallel.mixed_precision = {precision!r} is applied only by strategy fsdp2, on CUDA; "
-        "set parallel.mixed_precision = \"none\", or use strategy fsdp2 on CUDA"
-    )
-    return [Proposal.refuse(name, reason) for name in asked if name != NAME]
+def _scope_refusals(request) -> list[Proposal]:
+    """Refusals of the strategies asked for that would ignore parallel.mixed_precision or parallel.reshard_after_forward."""
+    parallel, refusals = request.config.parallel, []
+    if parallel.mixed_precision != "none":
+        reason = (
+            f"parallel.mixed_precision = {parallel.mixed_precision!r} is applied only by strategy fsdp2, on CUDA; "
+            "set parallel.mixed_precision = \"none\", or use strategy fsdp2 on CUDA"
+        )
+        refusals += refuse_others(request, (NAME,), reason)
+    if "parallel.reshard_after_forward" in request.config.explicit:
+        reason = (
+            f"parallel.reshard_after_forward = {str(parallel.reshard_after_forward).lower()} is applied only by "
+            "strategies fsdp2 and fsdp2_tp (fully_shard); remove it, or use one of them"
+        )
+        refusals += refuse_others(request, (NAME, "fsdp2_tp"), reason)
+    return refusals
 
 
 @hookimpl
 def snnfw_plan(request):
     own = [_propose(request)] if request.asks_for(NAME) else []
-    return own + _mixed_precision_refusals(request)
+    return own + _scope_refusals(request)
 
 
 def _propose(request) -> Proposal:
