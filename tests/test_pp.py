@@ -201,6 +201,29 @@ def test_impossible_pipelines_fail_in_plan(plugins, config, world, message):
     assert message in str(err.value)
 
 
+@pytest.mark.parametrize(
+    "strategy, world, sections, keys",
+    [
+        ("none", 1, {"pipeline": {"schedule": "gpipe"}}, "pipeline.schedule is"),
+        ("dp", 2, {"pipeline": {"virtual_stages": 1}}, "pipeline.virtual_stages is"),
+        ("tp", 2, {"pipeline": {"layout": "4|5"}}, "pipeline.layout is"),
+        ("fsdp2", 2, {"memopt": {"level": 1, "stage_ratio": 0.5}}, "memopt.stage_ratio is"),
+        ("zero", 2, {"pipeline": {"schedule": "1f1b", "layout": "4|5"}}, "pipeline.schedule, pipeline.layout are"),
+    ],
+)
+def test_pipeline_keys_are_refused_by_other_strategies(plugins, strategy, world, sections, keys):
+    with pytest.raises(PlanError) as err:
+        prepare(tiny_config(strategy, **sections), world, plugins)
+    assert f"strategy {strategy!r} cannot run: {keys} applied only by strategy pp; remove" in str(err.value)
+
+
+def test_auto_with_a_pipeline_key_plans_only_pipelines(plugins):
+    plan = prepare(tiny_config("auto", microbatches=None, pipeline={"layout": "4|5"}), 2, plugins).plan
+    assert plan.strategy == "pp" and plan.config.pipeline.layout == "4|5"
+    refused = {line.split()[1].rstrip(":") for line in plan.rationale if "applied only by strategy pp" in line}
+    assert refused == set(plugins.strategies.names()) - {"pp"}, plan.rationale
+
+
 def test_unknown_schedule_lists_the_registered_ones(plugins):
     with pytest.raises(UnknownNameError) as err:
         prepare(pp_config("zb2"), 2, plugins)

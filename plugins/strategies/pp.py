@@ -11,7 +11,9 @@ names (``pp_state``). Microbatches split the batch, never the time axis:
 torch's default chunking takes dim 0 of the frames
 ``[N, T, ...]`` and of the labels; activations cross stages as ``[T, N, ...]``
 whole microbatches, and the last stage's loss function also counts correct
-predictions, so outputs are not merged.
+predictions, so outputs are not merged. The ``[pipeline]`` keys and
+``memopt.stage_ratio`` apply to this strategy alone; set by the user, they make
+every other strategy refuse.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ import attrs
 
 from snnfw import hookimpl
 from snnfw.estimate import estimate, ring_bytes
-from snnfw.plan import Proposal
+from snnfw.plan import Proposal, refuse_others
 from snnfw.pipeline import parse_layout
 
 NAME = "pp"
@@ -150,9 +152,23 @@ def _estimate(request, spec, pp: int, dp: int, virtual: int, microbatches: int):
     )
 
 
+PIPELINE_KEYS = ("pipeline.schedule", "pipeline.virtual_stages", "pipeline.layout", "memopt.stage_ratio")
+
+
+def _scope_refusals(request) -> list[Proposal]:
+    """Refusals of the other strategies asked for when the user set a key only a pipeline applies."""
+    keys = [key for key in PIPELINE_KEYS if key in request.config.explicit]
+    if not keys:
+        return []
+    verb, pronoun = ("is", "it") if len(keys) == 1 else ("are", "them")
+    reason = f"{', '.join(keys)} {verb} applied only by strategy pp; remove {pronoun}, or use strategy pp"
+    return refuse_others(request, (NAME,), reason)
+
+
 @hookimpl
 def snnfw_plan(request):
-    return _proposals(request) if request.asks_for(NAME) else None
+    own = _proposals(request) if request.asks_for(NAME) else []
+    return (own if isinstance(own, list) else [own]) + _scope_refusals(request)
 
 
 @hookimpl
