@@ -41,3 +41,17 @@ def test_zero_is_refused_where_it_does_not_compose():
         prepare(tiny_config("none", parallel={"zero": True}), 1, plugins)
     with pytest.raises(PlanError, match="fsdp2 shards optimizer state already"):
         prepare(tiny_config("fsdp2", parallel={"zero": True}), 2, plugins)
+
+
+def test_zero_refuses_parallel_zero_false():
+    with pytest.raises(PlanError, match="strategy 'zero' cannot run: parallel.zero = false asks for an unsharded optimizer"):
+        prepare(tiny_config("zero", parallel={"zero": False}), 2, Plugins())
+
+
+def test_auto_with_parallel_zero_keeps_the_candidates_it_composes_with():
+    plan = prepare(tiny_config("auto", microbatches=None, parallel={"zero": True, "prefer": "memory"}), 2, Plugins()).plan
+    assert plan.strategy in ("dp", "zero") and plan.config.parallel.zero is True
+    refused = {line.split()[1].rstrip(":") for line in plan.rationale if "composes with dp and zero only" in line}
+    assert refused == {"none", "fsdp2", "tp", "pp", "fsdp2_tp"}, plan.rationale
+    plan = prepare(tiny_config("auto", microbatches=None, parallel={"zero": False}), 2, Plugins()).plan
+    assert any(line.startswith("candidate zero: cannot run: parallel.zero = false") for line in plan.rationale)

@@ -2,12 +2,13 @@
 
 ``strategy = "zero"`` is DDP plus the sharded optimizer; ``parallel.zero =
 true`` adds the sharded optimizer to ``dp``. Strategies that already shard
-optimizer state, or whose ranks hold different parameters, refuse it. Checkpoints
+optimizer state, or whose ranks hold different parameters, refuse it, and
+``zero`` refuses ``parallel.zero = false``. Checkpoints
 gather the optimizer shards into one whole state, so they resume under any strategy.
 """
 
 from snnfw import hookimpl
-from snnfw.plan import Proposal
+from snnfw.plan import Proposal, refuse_others
 from snnfw_plugins.defaults import load_full_state, merge_optimizer_states, optimizer_spec
 from snnfw_plugins.strategies.dp import propose_replicas, wrap_ddp
 
@@ -26,16 +27,20 @@ def snnfw_register_strategies(register):
 
 @hookimpl
 def snnfw_plan(request):
+    own = []
     if request.asks_for(NAME):
         rationale = "gradients averaged by DDP, each rank keeps 1/N of the optimizer state"
-        return propose_replicas(NAME, request, rationale, shard_optimizer=True)
-    if request.config.parallel.zero and request.strategy not in COMPOSES_WITH:
-        return Proposal.refuse(
-            request.strategy,
-            f"parallel.zero shards optimizer state across data-parallel replicas and composes with "
-            f"{' and '.join(COMPOSES_WITH)} only (fsdp2 shards optimizer state already); remove parallel.zero",
-        )
-    return None
+        own = [propose_replicas(NAME, request, rationale, shard_optimizer=True)]
+    if "parallel.zero" not in request.config.explicit:
+        return own
+    if not request.config.parallel.zero:
+        reason = "parallel.zero = false asks for an unsharded optimizer, which strategy zero shards; remove it, or use dp"
+        return own + ([Proposal.refuse(NAME, reason)] if request.asks_for(NAME) else [])
+    reason = (
+        f"parallel.zero shards optimizer state across data-parallel replicas and composes with "
+        f"{' and '.join(COMPOSES_WITH)} only (fsdp2 shards optimizer state already); remove parallel.zero"
+    )
+    return own + refuse_others(request, COMPOSES_WITH, reason)
 
 
 @hookimpl
