@@ -10,14 +10,15 @@ torchtitan orders them), so hooks those put on a block stay outside its
 graph. Whenever anything is compiled (this, or the ``inductor`` neuron
 backend), each step's metrics hold ``compile_s`` (compiling time within the
 step), ``compiles``, ``recompiles`` and ``graph_breaks``, and the summary
-holds their totals over the run, evaluation included.
+holds their totals over the run, evaluation included. Without
+``compile.enable`` the plan refuses the other ``[compile]`` keys the user set.
 """
 
 from __future__ import annotations
 
 from snnfw import hookimpl
 from snnfw.analysis import submodule
-from snnfw.plan import Proposal
+from snnfw.plan import Proposal, keys_phrase
 
 
 def inductor_refusal(device_type: str) -> str | None:
@@ -39,10 +40,20 @@ def compiling(plan) -> bool:
     return plan.config.compile.enable or plan.config.model.neuron_backend == "inductor"
 
 
+OPTIONS = ("compile.backend", "compile.mode", "compile.fullgraph")
+
+
 @hookimpl
 def snnfw_plan(request):
     options = request.config.compile
     if not options.enable:
+        if keys := [key for key in OPTIONS if key in request.config.explicit]:
+            subject, pronoun = keys_phrase(keys)
+            reason = (
+                f"{subject} applied only with compile.enable = true (the inductor neuron backend has options of "
+                f"its own); set compile.enable = true, or remove {pronoun}"
+            )
+            return Proposal.refuse(request.strategy, reason)
         return None
     if options.mode != "default" and options.backend != "inductor":
         reason = f"compile.mode {options.mode!r} is an Inductor mode; set compile.backend = \"inductor\""

@@ -12,7 +12,8 @@ wrappers chosen are cached as JSON in ``$SNNFW_CACHE_DIR/memopt`` (default
 ``~/.cache/snnfw/memopt``), keyed by module, input shape and options, and
 reapplied without a search on the next run. The summary holds the seconds it
 took (``memopt_s``), whether any rank searched (``memopt_searched``) and the
-most wrappers a rank holds (``memopt_wrappers``).
+most wrappers a rank holds (``memopt_wrappers``). At level 0 the plan refuses
+the other ``[memopt]`` keys when the user set them.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from typing import TYPE_CHECKING
 
 from snnfw import hookimpl
 from snnfw.analysis import submodule
-from snnfw.plan import Proposal
+from snnfw.plan import Proposal, keys_phrase
 from snnfw_plugins.memopt_cache import cache_dir, cache_key, load, reapply, save, wrappers
 
 if TYPE_CHECKING:
@@ -34,10 +35,17 @@ SEARCHING_LEVELS = (2, 3, 4)
 _last_run: dict[str, float] = {}
 
 
+OPTIONS = ("memopt.budget", "memopt.compress", "memopt.stage_ratio")
+
+
 @hookimpl
 def snnfw_plan(request):
     memopt = request.config.memopt
     if memopt.level == 0:
+        if keys := [key for key in OPTIONS if key in request.config.explicit]:
+            subject, pronoun = keys_phrase(keys)
+            reason = f"{subject} applied only with memopt.level 1 or more; set memopt.level, or remove {pronoun}"
+            return Proposal.refuse(request.strategy, reason)
         return None
     if memopt.level in SEARCHING_LEVELS and request.topology.device_type != "cuda":
         return Proposal.refuse(

@@ -100,9 +100,15 @@ def example_batch(spec, samples: int = 2) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def ranked_candidates(request, plugins) -> tuple[list[Candidate], list[Candidate]]:
-    """(runnable candidates, best first under ``parallel.prefer``; refused candidates)."""
+    """(runnable candidates, best first under ``parallel.prefer``; refused candidates).
+
+    A refusal of ``auto`` itself (a setting no strategy can run) refuses the request at once.
+    """
     topology = request.topology
-    feasible, refused = candidates(request, [p for p in plugins.propose(request) if p.strategy != AUTO])
+    proposals = plugins.propose(request)
+    if refusals := [p.refusal for p in proposals if p.strategy == AUTO and p.refusal]:
+        raise PlanError(f"strategy {AUTO!r} cannot run: {'; '.join(refusals)}")
+    feasible, refused = candidates(request, [p for p in proposals if p.strategy != AUTO])
     if not feasible:
         reasons = "; ".join(c.describe(topology.device_type) for c in refused) or "no strategy plugin proposed a plan"
         raise PlanError(f"auto found no strategy that can run on {topology.world_size} rank(s): {reasons}")

@@ -99,6 +99,11 @@ class Proposal:
         return cls(strategy=strategy, refusal=reason)
 
 
+def keys_phrase(keys: list[str]) -> tuple[str, str]:
+    """A refusal's subject and pronoun: ``("a.b is", "it")`` or ``("a.b, c.d are", "them")``."""
+    return (f"{keys[0]} is", "it") if len(keys) == 1 else (f"{', '.join(keys)} are", "them")
+
+
 def refuse_others(request: PlanRequest, owners: tuple[str, ...], reason: str) -> list[Proposal]:
     """Refusals of the strategies asked for (under ``auto``, every registered one) but ``owners``.
 

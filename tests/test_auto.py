@@ -95,16 +95,19 @@ def test_a_value_the_user_set_is_kept_when_it_equals_the_default(plugins):
 
 
 def pp_line(plan, schedule):
-    """The rationale line of the pp candidate with ``schedule`` (named when auto chose among schedules)."""
-    lines = [line for line in plan.rationale if line.startswith("candidate pp (")]
+    """The rationale of the pp candidate with ``schedule``, chosen or not (named when auto chose among schedules)."""
+    lines = [
+        line.split(": chose ", 1)[-1].removeprefix("candidate ")
+        for line in plan.rationale if line.startswith("candidate pp (") or ": chose pp (" in line
+    ]
     return next(line for line in lines if f"'{schedule}'" in line or len(lines) == 1)
 
 
 @pytest.mark.parametrize("schedule, bubble", [("gpipe", "43%"), ("zero_bubble", "14%")])
-def test_a_configured_schedule_takes_part_with_its_bubble(plugins, schedule, bubble):
+def test_a_configured_schedule_leaves_only_pp_with_its_bubble(plugins, schedule, bubble):
     plan = prepare(auto(4, "speed", pipeline={"schedule": schedule}), 4, plugins).plan
     line = pp_line(plan, schedule)
-    assert line.startswith("candidate pp (pp=4):")
+    assert plan.strategy == "pp" and line.startswith("pp (pp=4):")
     assert line.endswith(f"bubble {bubble}")  # (P - 1) / (M + P - 1) with M = 4 microbatches, scaled for zero bubble
 
 

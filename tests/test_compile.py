@@ -75,8 +75,17 @@ def test_compiled_training_matches_eager(strategy, feature, eager):
         ({"model": {"neuron_backend": "triton"}}, "model.neuron_backend = 'triton': it runs SpikingJelly's Triton neuron kernels, which need CUDA"),
         ({"model": {"neuron_backend": "cuda"}}, "native CUDA neuron kernels, which need CUDA"),
         ({"compile": {"enable": True, "backend": "aot_eager", "mode": "max-autotune"}}, "is an Inductor mode"),
+        ({"compile": {"backend": "aot_eager"}}, "compile.backend is applied only with compile.enable = true"),
+        ({"compile": {"enable": False, "mode": "default", "fullgraph": True}},
+         "compile.mode, compile.fullgraph are applied only with compile.enable = true"),
+        ({"model": NEURONS, "compile": {"fullgraph": False}}, "compile.fullgraph is applied only with compile.enable"),
     ],
 )
 def test_unavailable_choices_are_refused_when_planning(sections, reason):
     with pytest.raises(PlanError, match=reason):
         prepare(tiny_config("none", **sections), 1, Plugins())
+
+
+def test_compile_options_refused_without_enable_rule_out_auto_at_once():
+    with pytest.raises(PlanError, match="strategy 'auto' cannot run: compile.backend is applied only with compile.enable"):
+        prepare(tiny_config("auto", compile={"backend": "inductor"}), 2, Plugins())

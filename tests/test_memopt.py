@@ -97,3 +97,24 @@ def test_pipeline_checkpoints_the_stages_with_the_largest_inputs(plain):
 def test_searching_levels_are_refused_on_cpu():
     with pytest.raises(PlanError, match="memopt.level 2 searches by measured CUDA peak memory"):
         prepare(tiny_config("dp", memopt={"level": 2}), 2, Plugins())
+
+
+@pytest.mark.parametrize(
+    "strategy, world, memopt, subject",
+    [
+        ("none", 1, {"budget": "speed"}, "memopt.budget is"),
+        ("dp", 2, {"compress": True}, "memopt.compress is"),
+        ("pp", 2, {"level": 0, "stage_ratio": 0.5, "budget": "memory"}, "memopt.budget, memopt.stage_ratio are"),
+        ("auto", 2, {"compress": False}, "memopt.compress is"),
+    ],
+)
+def test_memopt_options_at_level_0_are_refused_in_the_plan(strategy, world, memopt, subject):
+    with pytest.raises(PlanError) as err:
+        prepare(tiny_config(strategy, microbatches=None, memopt=memopt), world, Plugins())
+    expected = f"strategy {strategy!r} cannot run: {subject} applied only with memopt.level 1 or more; set memopt.level"
+    assert expected in str(err.value)
+
+
+def test_memopt_options_plan_at_level_1():
+    memopt = {"level": 1, "budget": "balanced", "compress": False}
+    assert prepare(tiny_config("dp", memopt=memopt), 2, Plugins()).plan.config.memopt.budget == "balanced"

@@ -22,7 +22,7 @@ import attrs
 
 from snnfw import hookimpl
 from snnfw.estimate import estimate, ring_bytes
-from snnfw.plan import Proposal, refuse_others
+from snnfw.plan import Proposal, keys_phrase, refuse_others
 from snnfw.pipeline import parse_layout
 
 NAME = "pp"
@@ -160,8 +160,8 @@ def _scope_refusals(request) -> list[Proposal]:
     keys = [key for key in PIPELINE_KEYS if key in request.config.explicit]
     if not keys:
         return []
-    verb, pronoun = ("is", "it") if len(keys) == 1 else ("are", "them")
-    reason = f"{', '.join(keys)} {verb} applied only by strategy pp; remove {pronoun}, or use strategy pp"
+    subject, pronoun = keys_phrase(keys)
+    reason = f"{subject} applied only by strategy pp; remove {pronoun}, or use strategy pp"
     return refuse_others(request, (NAME,), reason)
 
 
