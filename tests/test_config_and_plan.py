@@ -92,12 +92,18 @@ def test_missing_config_file_says_so(tmp_path):
         (tiny_config("dp", parallel={"mesh": {"dp": 4}}), 2, PlanError, "mesh dp=4 has 4 ranks but the world has 2"),
         (tiny_config("dp", parallel={"mesh": {"tp": 2}}), 2, PlanError, "data parallel with tensor parallel is strategy fsdp2_tp"),
         (tiny_config("dp", parallel={"mesh": {"pp": 2}}), 2, PlanError, "one dimension named dp"),
+        (tiny_config("none", parallel={"mesh": {"tp": 1}}), 1, PlanError,
+         "strategy 'none' cannot run: its mesh is {dp = 1}, got {'tp': 1}; remove parallel.mesh"),
     ],
 )
 def test_impossible_requests_fail_in_plan(plugins, config, world, error, message):
     with pytest.raises(error) as err:
         prepare(config, world, plugins)
     assert message in str(err.value)
+
+
+def test_none_plans_with_its_own_mesh(plugins):
+    assert prepare(tiny_config("none", parallel={"mesh": {"dp": 1}}), 1, plugins).plan.mesh == (("dp", 1),)
 
 
 def test_unknown_strategy_lists_every_registered_one(plugins):

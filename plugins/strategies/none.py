@@ -20,6 +20,9 @@ def snnfw_plan(request):
         return Proposal.refuse(
             NAME, f"it runs on one rank, not {request.topology.world_size}; use --nproc 1, or strategy dp"
         )
+    mesh = request.config.parallel.mesh
+    if mesh not in (None, (("dp", 1),)):
+        return Proposal.refuse(NAME, f"its mesh is {{dp = 1}}, got {dict(mesh)}; remove parallel.mesh")
     return Proposal(
         NAME,
         mesh=(("dp", 1),),
