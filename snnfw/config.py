@@ -219,6 +219,11 @@ def build_config(data: dict[str, Any], overrides: list[str] = ()) -> Config:
         except (TypeError, ValueError) as err:
             reason = err.args[0] if err.args else err
             raise ConfigError(f"invalid value in [{section}]: {reason}") from None
+    if "checkpoint.keep" in explicit and sections["checkpoint"].every == 0:
+        raise ConfigError(
+            "checkpoint.keep applies only when checkpoints are written (checkpoint.every > 0, 0 writes none); "
+            "set checkpoint.every, or remove checkpoint.keep"
+        )
     return Config(**sections, explicit=explicit)
 
 

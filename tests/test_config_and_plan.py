@@ -32,6 +32,8 @@ def test_quickstart_config_loads_with_overrides():
         ({"train": {"steps": True}}, "train.steps must be an integer, got True (bool)"),
         ({"train": {"lr": "fast"}}, "train.lr must be a number, got 'fast' (str)"),
         ({"parallel": {"zero": 1}}, "parallel.zero must be true or false, got 1 (int)"),
+        ({"checkpoint": {"keep": 3}}, "checkpoint.keep applies only when checkpoints are written (checkpoint.every > 0"),
+        ({"checkpoint": {"every": 0, "keep": 2}}, "set checkpoint.every, or remove checkpoint.keep"),
         ({"train": {"steps": 0}}, "'steps' must be > 0"),
         ({"train": {"optimizer": "lamb"}}, "'optimizer' must be in"),
         ({"parallel": {"mesh": {"dp": 0}}}, "parallel.mesh must be a table"),
@@ -64,6 +66,10 @@ def test_the_keys_the_user_set_are_tracked_through_a_round_trip(tmp_path):
     assert build_config(config.to_dict(), ["train.lr=0.1"]).explicit == config.explicit | {"train.lr"}
     with pytest.raises(ConfigError, match="explicit lists unknown config keys train.stpes"):
         build_config({"explicit": ["train.stpes"]})
+
+
+def test_checkpoint_keep_is_taken_with_checkpoints():
+    assert build_config({"checkpoint": {"every": 2, "keep": 3}}).checkpoint.keep == 3
 
 
 def test_override_values_are_read_as_toml_else_as_strings():
