@@ -13,7 +13,9 @@ from typing import TYPE_CHECKING, Callable
 
 import attrs
 
-from snnfw.config import DataConfig
+from snnfw.config import Config, DataConfig
+from snnfw.errors import ConfigError
+from snnfw.plan import keys_phrase
 
 if TYPE_CHECKING:
     import torch
@@ -34,10 +36,23 @@ class DatasetSpec:
     """A data-set plugin's builder: ``build(config, spec, split, seed) -> Dataset``.
 
     Items are ``(frames [T, C, H, W] float, label int)``; ``split`` is "train" or "test".
+    ``unread`` names the ``[data]`` keys the set does not read (``root`` for a generated
+    set, ``train_samples`` and ``test_samples`` for one on disk), which are refused when set.
     """
 
     build: Callable[[DataConfig, InputSpec, str, int], Dataset]
     description: str = ""
+    unread: tuple[str, ...] = ()
+
+
+def check_keys(config: Config, spec: DatasetSpec) -> None:
+    """Refuses the ``[data]`` keys the user set that the configured data set does not read."""
+    if keys := [f"data.{key}" for key in spec.unread if f"data.{key}" in config.explicit]:
+        subject, pronoun = keys_phrase(keys)
+        raise ConfigError(
+            f"{subject} not read by data set {config.data.name!r} ({spec.description}); remove {pronoun}, "
+            f"or choose a data set that reads {pronoun}"
+        )
 
 
 def global_batch_indices(step: int, batch_size: int, length: int, seed: int) -> torch.Tensor:

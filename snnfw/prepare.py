@@ -40,6 +40,7 @@ class Prepared:
 def prepare(config: Config, world_size: int, plugins: Plugins, local_ranks: int | None = None) -> Prepared:
     """analyze -> plan for a world of ``world_size`` ranks, ``local_ranks`` on this node; starts no process."""
     plugins.datasets.entry(config.data.name)  # unknown names list the registered ones
+    datalib.check_keys(config, plugins.datasets.get(config.data.name))
     topology = Topology.detect(world_size, config.parallel.device, local_ranks)
     model, spec = build_model(config, plugins)
     analysis = analyze(model, config.model.family, plugins)
@@ -52,6 +53,7 @@ def prepare(config: Config, world_size: int, plugins: Plugins, local_ranks: int 
 def auto_candidates(config: Config, world_size: int, plugins: Plugins) -> list:
     """``auto``'s runnable candidates for ``config`` on ``world_size`` ranks, best first; starts no process."""
     plugins.datasets.entry(config.data.name)
+    datalib.check_keys(config, plugins.datasets.get(config.data.name))
     model, spec = build_model(config, plugins)
     request = PlanRequest(
         config=config, topology=Topology.detect(world_size, config.parallel.device),

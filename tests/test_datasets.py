@@ -1,5 +1,7 @@
 """On-disk data sets: tiny files in each set's layout, read as frames of model.time_steps; clear errors."""
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
@@ -102,8 +104,16 @@ def test_spikformer_trains_on_rate_coded_cifar10(tmp_path):
     assert np.isfinite(run_training(config)["losses"][0])
 
 
-def train_error(capsys, *settings):
-    args = ["train", QUICKSTART, "--nproc", "2"] + [arg for item in settings for arg in ("--set", item)]
+def on_disk_quickstart(tmp_path) -> str:
+    """The quickstart without its sample counts, which on-disk data sets do not read."""
+    lines = Path(QUICKSTART).read_text().splitlines()
+    path = tmp_path / "on_disk.toml"
+    path.write_text("\n".join(line for line in lines if not line.startswith(("train_samples", "test_samples"))))
+    return str(path)
+
+
+def train_error(capsys, config, *settings):
+    args = ["train", config, "--nproc", "2"] + [arg for item in settings for arg in ("--set", item)]
     assert main(args) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "Traceback" not in err
@@ -111,26 +121,34 @@ def train_error(capsys, *settings):
 
 
 def test_missing_or_malformed_data_fails_before_launch_saying_what_was_expected(tmp_path, capsys):
-    err = train_error(capsys, "data.name=\"dvs128_gesture\"")
+    config = on_disk_quickstart(tmp_path)
+    err = train_error(capsys, config, "data.name=\"dvs128_gesture\"")
     assert "reads SpikingJelly's frames from data.root" in err
-    err = train_error(capsys, "data.name=\"n_mnist\"", f"data.root=\"{tmp_path}\"")
+    err = train_error(capsys, config, "data.name=\"n_mnist\"", f"data.root=\"{tmp_path}\"")
     assert f"{tmp_path}/frames_number_4_split_by_number does not exist" in err and "NMNIST(root" in err
     split_layout(tmp_path / "t8", time_steps=8)
-    err = train_error(capsys, "data.name=\"n_mnist\"", f"data.root=\"{tmp_path / 't8'}\"")
+    err = train_error(capsys, config, "data.name=\"n_mnist\"", f"data.root=\"{tmp_path / 't8'}\"")
     assert "frames of model.time_steps = 4" in err
     root = split_layout(tmp_path / "bad")
     (root / "frames_number_4_split_by_number" / "train" / "0" / "user0.npz").write_text("not an archive")
-    err = train_error(capsys, "data.name=\"dvs128_gesture\"", f"data.root=\"{root}\"")
+    err = train_error(capsys, config, "data.name=\"dvs128_gesture\"", f"data.root=\"{root}\"")
     assert "user0.npz is not a frames file" in err
-    err = train_error(capsys, "data.name=\"cifar10\"", f"data.root=\"{tmp_path}\"", "model.family=\"spikformer\"",
-                      "model.flavor=\"cifar10\"")
+    err = train_error(capsys, config, "data.name=\"cifar10\"", f"data.root=\"{tmp_path}\"",
+                      "model.family=\"spikformer\"", "model.flavor=\"cifar10\"")
     assert "data_batch_1.bin does not exist" in err
     (write_cifar10(tmp_path / "c") / "test_batch.bin").write_bytes(b"\0" * 100)
-    err = train_error(capsys, "data.name=\"cifar10\"", f"data.root=\"{tmp_path / 'c'}\"", "model.family=\"spikformer\"",
-                      "model.flavor=\"cifar10\"")
+    err = train_error(capsys, config, "data.name=\"cifar10\"", f"data.root=\"{tmp_path / 'c'}\"",
+                      "model.family=\"spikformer\"", "model.flavor=\"cifar10\"")
     assert "test_batch.bin is not a CIFAR-10 binary batch" in err
-    err = train_error(capsys, "data.name=\"cifar10\"", f"data.root=\"{tmp_path / 'c'}\"")
+    err = train_error(capsys, config, "data.name=\"cifar10\"", f"data.root=\"{tmp_path / 'c'}\"")
     assert "the model takes 2 channels" in err
+
+
+def test_data_keys_a_data_set_does_not_read_are_refused_before_launch(tmp_path, capsys):
+    err = train_error(capsys, QUICKSTART, "data.name=\"n_mnist\"", f"data.root=\"{split_layout(tmp_path)}\"")
+    assert "data.train_samples, data.test_samples are not read by data set 'n_mnist'" in err and "remove them" in err
+    err = train_error(capsys, QUICKSTART, f"data.root=\"{tmp_path}\"")
+    assert "data.root is not read by data set 'synthetic_dvs' (moving blobs of DVS events" in err
 
 
 def test_loader_workers_feed_the_same_microbatches_and_resume_mid_run(tmp_path):

@@ -18,7 +18,7 @@ import numpy as np
 from snnfw import hookimpl
 from snnfw.data import DatasetSpec
 from snnfw.errors import DataError
-from snnfw_plugins.datasets.neuromorphic import resize
+from snnfw_plugins.datasets.neuromorphic import ON_DISK_UNREAD, resize
 
 NAME = "cifar10"
 FILES = {"train": [f"data_batch_{i}.bin" for i in range(1, 6)], "test": ["test_batch.bin"]}
@@ -72,4 +72,5 @@ def build(config, spec, split, seed):
 
 @hookimpl
 def snnfw_register_datasets(register):
-    register(NAME, DatasetSpec(build, "CIFAR-10 images, rate-coded into spikes per time step"), "binary batches in data.root")
+    spec = DatasetSpec(build, "CIFAR-10 images, rate-coded into spikes per time step", unread=ON_DISK_UNREAD)
+    register(NAME, spec, "binary batches in data.root")

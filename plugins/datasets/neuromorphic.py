@@ -31,6 +31,7 @@ if TYPE_CHECKING:
     import torch
 
 EXTENSIONS = (".npz", ".npy")
+ON_DISK_UNREAD = ("train_samples", "test_samples")  # an on-disk set has the samples its files hold
 SETS = {
     "cifar10_dvs": ("CIFAR10DVS", "CIFAR10-DVS, 10 classes of 128x128 event frames"),
     "dvs128_gesture": ("DVS128Gesture", "DVS128 Gesture, 11 classes of 128x128 event frames"),
@@ -140,4 +141,4 @@ def builder(name: str):
 @hookimpl
 def snnfw_register_datasets(register):
     for name, (_, description) in SETS.items():
-        register(name, DatasetSpec(builder(name), description), "SpikingJelly's frames in data.root")
+        register(name, DatasetSpec(builder(name), description, unread=ON_DISK_UNREAD), "SpikingJelly's frames in data.root")

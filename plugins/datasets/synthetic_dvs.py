@@ -83,4 +83,4 @@ def build(config, spec, split, seed):
 
 @hookimpl
 def snnfw_register_datasets(register):
-    register(NAME, DatasetSpec(build, "moving blobs of DVS events, one direction per class"), "embedded; no download")
+    register(NAME, DatasetSpec(build, "moving blobs of DVS events, one direction per class", unread=("root",)), "embedded; no download")
