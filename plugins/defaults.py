@@ -1,13 +1,16 @@
-"""Fallbacks every run needs: the plain optimizer, SpikingJelly's state reset, whole-tensor
-checkpoint state, and the microbatch loop of every strategy that does not bring its own (pipelines do)."""
+"""Fallbacks every run needs: the optimizers and learning-rate schedules by name, the plain optimizer,
+SpikingJelly's state reset, whole-tensor checkpoint state, and the microbatch loop of every strategy
+that does not bring its own (pipelines do)."""
 
 from __future__ import annotations
 
 import contextlib
+import math
 from typing import TYPE_CHECKING
 
 from snnfw import hookimpl
-from snnfw.errors import CheckpointError
+from snnfw.errors import CheckpointError, ConfigError
+from snnfw.optim import LrScheduleSpec, OptimizerSpec, build_optimizer
 from snnfw.phases import PHASES
 from snnfw.step import StepOutput, classification_loss, count_correct
 
@@ -15,19 +18,80 @@ if TYPE_CHECKING:
     import torch
 
 
-def optimizer_spec(train):
-    """The optimizer class and its arguments for ``train.optimizer`` and ``train.lr``."""
-    import torch
+def _torch_optimizer(name: str):
+    def torch_class():
+        import torch
 
-    if train.optimizer == "sgd":
-        return torch.optim.SGD, {"lr": train.lr, "momentum": 0.9}
-    return torch.optim.Adam, {"lr": train.lr}
+        return getattr(torch.optim, name)
+
+    return torch_class
+
+
+@hookimpl
+def snnfw_register_optimizers(register):
+    register("adamw", OptimizerSpec(_torch_optimizer("AdamW"), ("weight_decay", "betas"), state_tensors=2),
+             "torch.optim.AdamW: decoupled weight decay (0.01 unless train.weight_decay), train.betas")
+    register("adam", OptimizerSpec(_torch_optimizer("Adam"), ("weight_decay", "betas"), state_tensors=2),
+             "torch.optim.Adam: L2 penalty train.weight_decay (0), train.betas")
+    register("sgd", OptimizerSpec(_torch_optimizer("SGD"), ("weight_decay", "momentum", "nesterov"), {"momentum": 0.9}, 1),
+             "torch.optim.SGD: train.momentum (0.9), train.nesterov, train.weight_decay (0)")
+
+
+def _constant(options, train):
+    return lambda step: 1.0
+
+
+def _cosine(options, train):
+    floor, start, length = options["min_lr"] / train.lr, train.warmup_steps, train.steps - train.warmup_steps
+    return lambda step: floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * (step - start) / length))
+
+
+def _check_cosine(options, train):
+    if options["min_lr"] >= train.lr:
+        raise ConfigError(f"train.min_lr ({options['min_lr']}) must be below train.lr ({train.lr}); lower it")
+
+
+def _step(options, train):
+    start, size, gamma = train.warmup_steps, options["step_size"], options["gamma"]
+    return lambda step: gamma ** ((step - start) // size)
+
+
+def _check_step(options, train):
+    if options["step_size"] >= train.steps - train.warmup_steps:
+        raise ConfigError(
+            f"train.step_size ({options['step_size']}) never decays within the {train.steps - train.warmup_steps} "
+            "steps after warm-up; lower it or use lr_schedule = \"constant\""
+        )
+
+
+def _multistep(options, train):
+    milestones, gamma = options["milestones"], options["gamma"]
+    return lambda step: gamma ** sum(step >= m for m in milestones)
+
+
+def _check_multistep(options, train):
+    milestones = list(options["milestones"])
+    if not milestones or milestones != sorted(set(milestones)) or not train.warmup_steps < milestones[0] <= milestones[-1] < train.steps:
+        raise ConfigError(
+            f"train.milestones must be increasing steps after warm-up and before the last step "
+            f"({train.warmup_steps} < m < {train.steps}), got {milestones}"
+        )
+
+
+@hookimpl
+def snnfw_register_lr_schedules(register):
+    register("constant", LrScheduleSpec(_constant), "train.lr throughout (after warm-up)")
+    register("cosine", LrScheduleSpec(_cosine, ("min_lr",), {"min_lr": 0.0}, _check_cosine),
+             "half a cosine from train.lr after warm-up to train.min_lr (0) after the last step")
+    register("step", LrScheduleSpec(_step, ("step_size", "gamma"), {"gamma": 0.1}, _check_step),
+             "train.lr times train.gamma (0.1) every train.step_size steps after warm-up")
+    register("multistep", LrScheduleSpec(_multistep, ("milestones", "gamma"), {"gamma": 0.1}, _check_multistep),
+             "train.lr times train.gamma (0.1) after each of train.milestones")
 
 
 @hookimpl(trylast=True)
-def snnfw_build_optimizer(model, plan, mesh):
-    optimizer_class, kwargs = optimizer_spec(plan.config.train)
-    return optimizer_class([p for p in model.parameters() if p.requires_grad], **kwargs)
+def snnfw_build_optimizer(model, plan, mesh, hooks):
+    return build_optimizer(model, plan.config.train, hooks)
 
 
 WRAPPER_NAMES = ("_checkpoint_wrapped_module", "_orig_mod")  # activation checkpointing (memopt), torch.compile

@@ -10,7 +10,7 @@ if TYPE_CHECKING:
     from torch import nn
 
 
-def _is_neuron(module: nn.Module) -> bool:
+def is_neuron(module: nn.Module) -> bool:
     from spikingjelly.activation_based.neuron import BaseNode
 
     return isinstance(module, BaseNode)
@@ -47,7 +47,7 @@ def analyze(model: nn.Module, family: str, plugins) -> Analysis:
 
     neurons, candidates = [], []
     for name, module in model.named_modules():
-        if _is_neuron(module):
+        if is_neuron(module):
             neurons.append(name)
         elif isinstance(module, (nn.Linear, nn.Conv2d)):
             candidates.append(name)

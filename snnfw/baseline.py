@@ -5,9 +5,10 @@ one process runs a hand-written loop, several wrap the model in DDP. It uses
 only the family's model builder and the data set; no snnfw runtime, hooks or
 metrics machinery. It trains what the config asks of ``none`` or ``dp``: on
 the device snnfw's plan takes for ``parallel.device`` (CUDA with NCCL, or the
-CPU with gloo), in ``train.dtype``, with ``train.optimizer`` as the built-in
-plugin builds it, and ``train.microbatches`` per replica (neurons reset before
-each, gradients accumulated as the mean, synchronised after the last). It writes
+CPU with gloo), in ``train.dtype``, with ``train.optimizer`` and
+``train.lr_schedule`` as snnfw builds them, and ``train.microbatches`` per
+replica (neurons reset before each, gradients accumulated as the mean,
+synchronised after the last). It writes
 ``metrics.jsonl`` (step, loss over the global batch, step_ms,
 peak_mem_mb_per_rank) and ``summary.json`` like a snnfw run, so ``snnfw
 bench --baseline`` can compare them.
@@ -37,7 +38,7 @@ def main(argv=None) -> int:
     from snnfw.plugins import Plugins
     from snnfw.prepare import build_model
     from snnfw.train import mark_done
-    from snnfw_plugins.defaults import optimizer_spec
+    from snnfw.optim import build_optimizer, build_scheduler
 
     parser = argparse.ArgumentParser(prog="python -m snnfw.baseline")
     parser.add_argument("config")
@@ -60,8 +61,8 @@ def main(argv=None) -> int:
     if world > 1:
         dist.init_process_group(topology.backend)
         model = torch.nn.parallel.DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
-    optimizer_class, kwargs = optimizer_spec(config.train)
-    optimizer = optimizer_class([p for p in model.parameters() if p.requires_grad], **kwargs)
+    optimizer = build_optimizer(model, config.train, plugins)
+    scheduler = build_scheduler(optimizer, config.train, plugins)
     microbatches = config.train.microbatches or 1
     run_dir = Path(args.run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -80,6 +81,7 @@ def main(argv=None) -> int:
             loss_sum += loss.item()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
+        scheduler.step()
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         elapsed = time.perf_counter() - started

@@ -30,7 +30,7 @@ from snnfw.prepare import prepare
 
 DEFAULT_RESULTS = Path("benchmark/results/bench.jsonl")
 REGIMES = ("throughput", "latency", "memory")
-_CORE_METRICS = {"step", "loss", "train_acc", "spike_rate", "step_ms", "samples_per_s", "peak_mem_mb", "peak_mem_mb_per_rank"}
+_CORE_METRICS = {"step", "loss", "lr", "train_acc", "spike_rate", "step_ms", "samples_per_s", "peak_mem_mb", "peak_mem_mb_per_rank"}
 _CORE_SUMMARY = {"steps", "final_loss", "resumed_from", "test_accuracy", "mean_step_ms", "wall_s", "plan", "config", "losses",
                  "spike_rates"}
 

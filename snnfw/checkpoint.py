@@ -2,11 +2,13 @@
 
 ``RUN_DIR/checkpoints/step-N`` is a torch.distributed.checkpoint (DCP) folder
 with the unsharded model (BatchNorm buffers included) and optimizer state keyed
-by the model's parameter and buffer names (``snnfw_state_dict``), every rank's
-RNG state, and ``meta.json`` (step, loss, and the ``FIXED`` settings). The step
-is the data position, since the data order is a function of step, seed, global
-batch and the data set (name, folder, size, time steps); the learning rate on
-resuming is the config's. Every rank writes into ``.tmp-step-N``; after a
+by the model's parameter and buffer names (``snnfw_state_dict``), the
+learning-rate scheduler's state, every rank's RNG state, and ``meta.json``
+(step, loss, and the ``FIXED`` settings). The step is the data position, since
+the data order is a function of step, seed, global batch and the data set
+(name, folder, size, time steps); on resuming, the optimizer's hyperparameters
+are the config's, and the learning rate is the config's schedule at the
+checkpoint's step. Every rank writes into ``.tmp-step-N``; after a
 barrier rank 0 renames it, so a checkpoint is whole or absent. Unsharded, it resumes under any strategy and world size, each strategy
 taking its part (``snnfw_load_state_dict``). Loading runs no code from the
 files: DCP's metadata is unpickled through an allowlist and its other values
@@ -29,11 +31,12 @@ from torch.distributed.checkpoint import DefaultLoadPlanner, FileSystemReader, F
 from torch.distributed.checkpoint.metadata import StorageMeta, TensorStorageMetadata
 
 from snnfw.errors import CheckpointError, DivergedError
+from snnfw.optim import resume_scheduler
 
 FOLDER = "checkpoints"
 FIXED = (  # what a resumed run must share: the model, the optimizer and what fixes the data order
     "model.family", "model.flavor", "model.time_steps", "data.name", "data.root", "data.train_samples", "data.batch_size",
-    "train.seed", "train.optimizer", "train.dtype",
+    "train.seed", "train.optimizer", "train.no_decay", "train.dtype",
 )
 PREFIX = "step-"
 TEMP = ".tmp-"
@@ -105,8 +108,8 @@ def _quiet():
 
 
 def _fixed(config) -> dict:
-    """The settings a resumed run must share: the model, the optimizer, and what orders the data."""
-    return {key: getattr(getattr(config, key.split(".")[0]), key.split(".")[1]) for key in FIXED}
+    """The settings a resumed run must share: the model, the optimizer, and what orders the data (as JSON has them)."""
+    return json.loads(json.dumps({key: getattr(getattr(config, key.split(".")[0]), key.split(".")[1]) for key in FIXED}))
 
 
 def _barrier() -> None:
@@ -189,7 +192,10 @@ class Checkpoints:
                 "its plugin must implement snnfw_state_dict to name the state by the model's own parameter names"
             )
         with _quiet():
-            dcp.save({**state, "rng": {f"rank{self.rank}": _rng_state()}}, storage_writer=FileSystemWriter(temp))
+            dcp.save(
+                {**state, "scheduler": trainer.scheduler.state_dict(), "rng": {f"rank{self.rank}": _rng_state()}},
+                storage_writer=FileSystemWriter(temp),
+            )
         _barrier()
         if self.rank == 0:
             meta = {"step": step, "loss": loss, "fixed": _fixed(self.config),
@@ -203,7 +209,8 @@ class Checkpoints:
         _barrier()
 
     def load(self, trainer, path: Path) -> dict:
-        """Restores model, optimizer (with the config's ``train.lr``) and this rank's RNG from ``path``; returns its meta."""
+        """Restores model, optimizer (with the config's hyperparameters), the learning-rate scheduler at its step
+        (on the curve of the config's ``train.lr``) and this rank's RNG from ``path``; returns its meta."""
         meta = json.loads((path / META).read_text())
         mine = _fixed(self.config)
         changed = [
@@ -230,9 +237,11 @@ class Checkpoints:
         missing = sorted(trainer.state_names - set(state.get("model", {})))
         if missing:
             raise CheckpointError(f"checkpoint {path} lacks model state {', '.join(missing[:3])}: it is of another model")
+        configured = [{k: v for k, v in group.items() if k != "params"} for group in trainer.optimizer.param_groups]
         trainer.plugins.load_state_dict(trainer.model, trainer.optimizer, trainer.plan, state)
-        for group in trainer.optimizer.param_groups:
-            group["lr"] = self.config.train.lr
+        for group, settings in zip(trainer.optimizer.param_groups, configured):
+            group.update(settings)  # the config's hyperparameters, not the checkpoint's
+        resume_scheduler(trainer.scheduler, state["scheduler"], self.config.train.lr)
         rng = state.get("rng", {}).get(f"rank{self.rank}", {})
         if "cpu" in rng:
             torch.set_rng_state(rng["cpu"])

@@ -76,13 +76,57 @@ class PipelineConfig:
     layout: str | None = attrs.field(default=None, validator=v.optional([v.instance_of(str), _layout]))
 
 
+def _numbers(key: str, kind: type, length: int | None = None, example: str = ""):
+    """A converter of a TOML array into a tuple of ``kind``; refuses another value naming ``train.key``."""
+
+    def convert(value: Any) -> tuple | None:
+        if value is None or isinstance(value, tuple):
+            return value
+        accepted = (int, float) if kind is float else kind
+        if not isinstance(value, list) or not all(isinstance(x, accepted) and not isinstance(x, bool) for x in value) or (
+            length is not None and len(value) != length
+        ):
+            raise ConfigError(f"train.{key} must be an array like {example}, got {value!r}")
+        return tuple(kind(x) for x in value)
+
+    return convert
+
+
+NO_DECAY_KINDS = ("norm", "bias", "neuron")
+
+
+def _no_decay(value: Any) -> tuple[str, ...]:
+    if isinstance(value, tuple):
+        return value
+    if not isinstance(value, list) or any(kind not in NO_DECAY_KINDS for kind in value):
+        raise ConfigError(
+            f"train.no_decay lists parameter kinds exempt from weight decay, some of {list(NO_DECAY_KINDS)}; got {value!r}"
+        )
+    return tuple(value)
+
+
+def _optional_float(value: Any) -> float | None:
+    return None if value is None else float(value)
+
+
 @attrs.frozen
 class TrainConfig:
     steps: int = attrs.field(default=20, validator=_positive)
     lr: float = attrs.field(default=1e-3, converter=float, validator=v.gt(0))
     seed: int = attrs.field(default=0, validator=v.instance_of(int))
     microbatches: int | None = attrs.field(default=None, validator=v.optional(_positive))
-    optimizer: str = attrs.field(default="adam", validator=v.in_(("adam", "sgd")))
+    optimizer: str = attrs.field(default="adam", validator=v.instance_of(str))
+    weight_decay: float | None = attrs.field(default=None, converter=_optional_float, validator=v.optional(v.ge(0)))
+    betas: tuple[float, float] | None = attrs.field(default=None, converter=_numbers("betas", float, 2, "[0.9, 0.999]"))
+    momentum: float | None = attrs.field(default=None, converter=_optional_float, validator=v.optional(v.ge(0)))
+    nesterov: bool | None = attrs.field(default=None, validator=v.optional(v.instance_of(bool)))
+    no_decay: tuple[str, ...] = attrs.field(default=(), converter=_no_decay)
+    lr_schedule: str = attrs.field(default="constant", validator=v.instance_of(str))
+    warmup_steps: int = attrs.field(default=0, validator=[v.instance_of(int), v.ge(0)])
+    min_lr: float | None = attrs.field(default=None, converter=_optional_float, validator=v.optional(v.ge(0)))
+    step_size: int | None = attrs.field(default=None, validator=v.optional(_positive))
+    milestones: tuple[int, ...] | None = attrs.field(default=None, converter=_numbers("milestones", int, example="[10, 15]"))
+    gamma: float | None = attrs.field(default=None, converter=_optional_float, validator=v.optional(v.gt(0)))
     log_every: int = attrs.field(default=1, validator=_positive)
     dtype: str = attrs.field(default="float32", validator=v.in_(("float32", "float64")))
 

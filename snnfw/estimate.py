@@ -95,7 +95,7 @@ def estimate(
     cost = request.cost
     if cost is None:
         return None
-    moments = 2 if request.config.train.optimizer == "adam" else 1
+    moments = request.plugins.optimizers.get(request.config.train.optimizer).state_tensors
     params = cost.parameter_bytes
     return Estimate(
         parameter_bytes=params / parameter_shards,

@@ -46,6 +46,20 @@ def snnfw_register_schedules(register):
     """
 
 
+@hookspec
+def snnfw_register_optimizers(register):
+    """Register optimizers for ``train.optimizer``: ``register(name, snnfw.optim.OptimizerSpec(...))``."""
+
+
+@hookspec
+def snnfw_register_lr_schedules(register):
+    """Register learning-rate schedules for ``train.lr_schedule``: ``register(name, snnfw.optim.LrScheduleSpec(...))``.
+
+    Every schedule follows ``train.warmup_steps`` of linear warm-up and is
+    stepped once per optimizer step.
+    """
+
+
 # The flow: analyze -> plan -> apply (parallelize, optimizer) -> run.
 
 
@@ -118,10 +132,12 @@ def snnfw_compile(model, plan):
 
 
 @hookspec(firstresult=True)
-def snnfw_build_optimizer(model, plan, mesh):
+def snnfw_build_optimizer(model, plan, mesh, hooks):
     """Return the optimizer for the parallelized ``model`` on ``mesh``, or None to decline.
 
-    Stops at the first non-None result; a plain optimizer is the fallback.
+    Stops at the first non-None result; the fallback is ``train.optimizer``
+    over :func:`snnfw.optim.parameter_groups` of the parameters this rank holds
+    (``hooks.optimizers`` is the registry of optimizer specs).
     """
 
 

@@ -31,6 +31,8 @@ _REGISTRATION_HOOKS = {
     "model family": "snnfw_register_model_families",
     "dataset": "snnfw_register_datasets",
     "schedule": "snnfw_register_schedules",
+    "optimizer": "snnfw_register_optimizers",
+    "lr schedule": "snnfw_register_lr_schedules",
 }
 
 
@@ -184,6 +186,14 @@ class Plugins:
     def schedules(self) -> Registry:
         return self.registries["schedule"]
 
+    @property
+    def optimizers(self) -> Registry:
+        return self.registries["optimizer"]
+
+    @property
+    def lr_schedules(self) -> Registry:
+        return self.registries["lr schedule"]
+
     def info(self) -> list[PluginInfo]:
         """Every loaded plugin with its distribution, version and implemented hooks."""
         out = []
@@ -238,7 +248,7 @@ class Plugins:
         return result
 
     def build_optimizer(self, model, plan, mesh):
-        return self.hook.snnfw_build_optimizer(model=model, plan=plan, mesh=mesh)
+        return self.hook.snnfw_build_optimizer(model=model, plan=plan, mesh=mesh, hooks=self)
 
     def forward_backward(self, model, batches, plan):
         return self.hook.snnfw_forward_backward(model=model, batches=batches, plan=plan, hooks=self)

@@ -14,6 +14,7 @@ from snnfw import data as datalib
 from snnfw.analysis import Analysis, analyze
 from snnfw.auto import measure, ranked_candidates
 from snnfw.config import Config
+from snnfw.optim import check_train
 from snnfw.plan import AUTO, Plan, PlanRequest, Topology, make_plan
 from snnfw.plugins import Plugins
 
@@ -41,6 +42,7 @@ def prepare(config: Config, world_size: int, plugins: Plugins, local_ranks: int 
     """analyze -> plan for a world of ``world_size`` ranks, ``local_ranks`` on this node; starts no process."""
     plugins.datasets.entry(config.data.name)  # unknown names list the registered ones
     datalib.check_keys(config, plugins.datasets.get(config.data.name))
+    check_train(config.train, plugins)
     topology = Topology.detect(world_size, config.parallel.device, local_ranks)
     model, spec = build_model(config, plugins)
     analysis = analyze(model, config.model.family, plugins)
@@ -53,6 +55,7 @@ def prepare(config: Config, world_size: int, plugins: Plugins, local_ranks: int 
 def auto_candidates(config: Config, world_size: int, plugins: Plugins) -> list:
     """``auto``'s runnable candidates for ``config`` on ``world_size`` ranks, best first; starts no process."""
     plugins.datasets.entry(config.data.name)
+    check_train(config.train, plugins)
     datalib.check_keys(config, plugins.datasets.get(config.data.name))
     model, spec = build_model(config, plugins)
     request = PlanRequest(

@@ -1,4 +1,4 @@
-"""Named things that plugins contribute: strategies, model families, data sets, schedules."""
+"""Named things that plugins contribute: strategies, model families, data sets, schedules, optimizers, lr schedules."""
 
 from __future__ import annotations
 

@@ -18,6 +18,7 @@ from snnfw.checkpoint import Checkpoints
 from snnfw.config import Config
 from snnfw.distributed import RankEnv, all_reduce, device_for, dp_coordinate, dp_group, process_group
 from snnfw.metrics import MetricsLog, SpikeCounter, peak_memory_mb
+from snnfw.optim import build_scheduler
 from snnfw.phases import PHASES
 from snnfw.plugins import Plugins, check_same_plugins_on_all_ranks
 from snnfw.prepare import Prepared, build_datasets, prepare
@@ -48,6 +49,7 @@ class Trainer:
         self.running_stats.bind(self.model, self.replica, self.plan.dp_size, dp_group(self.plan, mesh))
         self.counter.clear()  # spikes of the transforms' and strategies' own forward passes
         self.optimizer = plugins.build_optimizer(self.model, self.plan, mesh)
+        self.scheduler = build_scheduler(self.optimizer, config.train, plugins)
         self._batches, self._next_step = None, None
         self.materialize_s = time.perf_counter() - started
 
@@ -75,9 +77,11 @@ class Trainer:
             out = self.plugins.forward_backward(self.model, batches, plan)
         with PHASES("running_stats"):
             self.running_stats.apply()
+        lr = self.optimizer.param_groups[0]["lr"]
         with PHASES("optimizer"):
             self.optimizer.step()
             self.optimizer.zero_grad(set_to_none=True)
+            self.scheduler.step()
         spikes, elements = self.counter.take()
         extra = {**PHASES.take(), **self.plugins.step_metrics(plan)}
         loss, correct, samples, spikes, elements, *extra_totals = all_reduce(
@@ -85,6 +89,7 @@ class Trainer:
         )
         return {
             "loss": loss / samples,
+            "lr": lr,
             "train_acc": correct / samples,
             "spike_rate": spikes / max(elements, 1.0),
             **{key: total / plan.world_size for key, total in zip(extra, extra_totals)},

@@ -9,7 +9,8 @@ gather the optimizer shards into one whole state, so they resume under any strat
 
 from snnfw import hookimpl
 from snnfw.plan import Proposal, refuse_others
-from snnfw_plugins.defaults import load_full_state, merge_optimizer_states, optimizer_spec
+from snnfw.optim import optimizer_options, parameter_groups
+from snnfw_plugins.defaults import load_full_state, merge_optimizer_states
 from snnfw_plugins.strategies.dp import propose_replicas, wrap_ddp
 
 NAME = "zero"
@@ -56,14 +57,14 @@ def snnfw_parallelize(model, plan, mesh, hooks):
 
 
 @hookimpl
-def snnfw_build_optimizer(model, plan, mesh):
+def snnfw_build_optimizer(model, plan, mesh, hooks):
     if not _wanted(plan):
         return None
     from torch.distributed.optim import ZeroRedundancyOptimizer
 
-    optimizer_class, kwargs = optimizer_spec(plan.config.train)
+    optimizer_class, kwargs = optimizer_options(plan.config.train, hooks)
     return ZeroRedundancyOptimizer(
-        [p for p in model.parameters() if p.requires_grad],
+        parameter_groups(model, plan.config.train),
         optimizer_class=optimizer_class,
         process_group=mesh.get_group("dp"),
         **kwargs,

@@ -1,0 +1,175 @@
+"""Optimizers and learning-rate schedules by name: curves, weight-decay groups, refusals, resuming."""
+
+import json
+import math
+
+import pytest
+import torch
+from spikingjelly.activation_based import neuron
+from torch import nn
+
+import snnfw.runtime
+from snnfw.config import build_config
+from snnfw.errors import ConfigError, UnknownNameError
+from snnfw.optim import build_optimizer, build_scheduler, check_train, parameter_groups
+from snnfw.plugins import Plugins
+from snnfw.runtime import run_training
+from snnfw.testing import RankFailure, run_on_ranks
+
+from conftest import tiny_config
+
+
+@pytest.fixture(scope="module")
+def plugins():
+    return Plugins()
+
+
+def train(**keys):
+    return build_config({"train": {"steps": 10, "lr": 1.0, **keys}}).train
+
+
+def curve(plugins, **keys):
+    """The learning rate of each optimizer step, stepping the scheduler as the runtime does."""
+    config = train(**keys)
+    optimizer = build_optimizer(nn.Linear(2, 2), config, plugins)
+    scheduler = build_scheduler(optimizer, config, plugins)
+    lrs = []
+    for _ in range(config.steps):
+        lrs.append(optimizer.param_groups[0]["lr"])
+        optimizer.step()
+        scheduler.step()
+    return lrs
+
+
+@pytest.mark.parametrize(
+    "keys, expected",
+    [
+        ({}, [1.0] * 10),
+        ({"warmup_steps": 4}, [0.2, 0.4, 0.6, 0.8] + [1.0] * 6),
+        ({"lr_schedule": "cosine", "warmup_steps": 2, "min_lr": 0.2},  # 0.2 + 0.4 (1 + cos(pi (s - 2) / 8))
+         [1 / 3, 2 / 3, 1.0, 0.2 + 0.4 * (1 + math.cos(math.pi / 8)), None, None, 0.6, None, None,
+          0.2 + 0.4 * (1 + math.cos(7 * math.pi / 8))]),
+        ({"lr_schedule": "step", "warmup_steps": 2, "step_size": 3, "gamma": 0.5},
+         [1 / 3, 2 / 3, 1.0, 1.0, 1.0, 0.5, 0.5, 0.5, 0.25, 0.25]),
+        ({"lr_schedule": "multistep", "milestones": [3, 7]}, [1.0] * 3 + [0.1] * 4 + [0.01] * 3),
+    ],
+    ids=["constant", "constant-warmup", "cosine", "step", "multistep"],
+)
+def test_lr_curve(plugins, keys, expected):
+    lrs = curve(plugins, **keys)
+    for step, (got, want) in enumerate(zip(lrs, expected)):
+        if want is not None:
+            assert got == pytest.approx(want, rel=1e-12), f"step {step}: lr {got}, expected {want}"
+
+
+def test_cosine_ends_near_its_floor_and_descends(plugins):
+    lrs = curve(plugins, lr_schedule="cosine", warmup_steps=2, min_lr=0.1)
+    assert lrs[2] == 1.0 and all(a > b for a, b in zip(lrs[2:], lrs[3:]))
+    assert 0.1 < lrs[-1] < 0.15
+
+
+class Net(nn.Module):
+    """A conv with bias, BatchNorm, a PLIF neuron (its time constant ``w`` a parameter) and a linear head."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(1, 2, 3, bias=True)
+        self.bn = nn.BatchNorm2d(2)
+        self.plif = neuron.ParametricLIFNode()
+        self.head = nn.Linear(2, 3)
+
+
+@pytest.mark.parametrize(
+    "kinds, exempt",
+    [
+        (["norm"], {"bn.weight", "bn.bias"}),
+        (["bias"], {"conv.bias", "bn.bias", "head.bias"}),
+        (["neuron"], {"plif.w"}),
+        (["norm", "bias", "neuron"], {"bn.weight", "bn.bias", "conv.bias", "head.bias", "plif.w"}),
+    ],
+)
+def test_no_decay_exempts_exactly_the_named_kinds(plugins, kinds, exempt):
+    model = Net()
+    names = {id(p): name for name, p in model.named_parameters()}
+    optimizer = build_optimizer(model, train(optimizer="adamw", weight_decay=0.05, no_decay=kinds), plugins)
+    decayed, free = optimizer.param_groups
+    assert decayed["weight_decay"] == 0.05 and free["weight_decay"] == 0.0
+    assert {names[id(p)] for p in free["params"]} == exempt
+    assert {names[id(p)] for p in decayed["params"]} == set(dict(model.named_parameters())) - exempt
+
+
+def test_without_no_decay_one_group_with_the_optimizers_defaults(plugins):
+    adamw = build_optimizer(Net(), train(optimizer="adamw"), plugins)
+    sgd = build_optimizer(Net(), train(optimizer="sgd", nesterov=True), plugins)
+    assert len(adamw.param_groups) == 1 and adamw.defaults["weight_decay"] == 0.01
+    assert isinstance(sgd, torch.optim.SGD) and sgd.defaults["momentum"] == 0.9 and sgd.defaults["nesterov"]
+    model = Net()
+    assert [id(p) for p in parameter_groups(model, train())] == [id(p) for p in model.parameters()]
+
+
+@pytest.mark.parametrize(
+    "keys, message",
+    [
+        ({"optimizer": "adam", "momentum": 0.9}, "train.momentum does not apply to train.optimizer = 'adam'"),
+        ({"optimizer": "sgd", "betas": [0.9, 0.99]}, "train.betas does not apply to train.optimizer = 'sgd'"),
+        ({"optimizer": "sgd", "momentum": 0.0, "nesterov": True}, "train.nesterov needs momentum"),
+        ({"optimizer": "adam", "no_decay": ["bias"]}, "train.no_decay exempts parameters from weight decay"),
+        ({"lr_schedule": "cosine", "milestones": [3]}, "train.milestones does not apply to train.lr_schedule = 'cosine'"),
+        ({"lr_schedule": "constant", "gamma": 0.5}, "train.gamma does not apply to train.lr_schedule = 'constant'"),
+        ({"lr_schedule": "step"}, "needs train.step_size"),
+        ({"lr_schedule": "multistep", "milestones": [5, 12]}, "train.milestones must be increasing steps"),
+        ({"lr_schedule": "cosine", "min_lr": 2.0}, "train.min_lr (2.0) must be below train.lr"),
+        ({"warmup_steps": 10}, "train.warmup_steps (10) must be less than train.steps"),
+    ],
+)
+def test_keys_that_do_not_apply_are_refused_by_name(plugins, keys, message):
+    with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        check_train(train(**keys), plugins)
+
+
+def test_unknown_names_list_the_registered_ones(plugins):
+    with pytest.raises(UnknownNameError, match="registered optimizer names: adam, adamw, sgd"):
+        check_train(train(optimizer="lamb"), plugins)
+    with pytest.raises(UnknownNameError, match="registered lr schedule names: constant, cosine, multistep, step"):
+        check_train(train(lr_schedule="onecycle"), plugins)
+
+
+class Killed(BaseException):
+    pass
+
+
+def test_resumed_in_warmup_continues_the_curve(tmp_path, monkeypatch, one_thread):
+    """Killed after step 3 of a 4-step warm-up (checkpoint at step 2): the resumed run's losses and
+    learning rates (warm-up, then the cosine) equal the uninterrupted run's."""
+    config = tiny_config(train={"steps": 6, "optimizer": "adamw", "lr_schedule": "cosine", "warmup_steps": 4},
+                         checkpoint={"every": 2})
+    whole = run_training(config, tmp_path / "whole")
+    inject = snnfw.runtime.faults.inject
+
+    def kill_at_4(step, rank):
+        if step == 4:
+            raise Killed
+        inject(step, rank)
+
+    monkeypatch.setattr(snnfw.runtime.faults, "inject", kill_at_4)
+    with pytest.raises(Killed):
+        run_training(config, tmp_path / "cut")
+    monkeypatch.undo()
+    resumed = run_training(config, tmp_path / "cut", resume=True)
+    assert resumed["resumed_from"] == 2 and resumed["losses"] == whole["losses"][2:]
+    lrs = [[json.loads(line)["lr"] for line in (tmp_path / run / "metrics.jsonl").read_text().splitlines()]
+           for run in ("whole", "cut")]
+    assert lrs[0] == lrs[1] and lrs[0] == pytest.approx([0.002, 0.004, 0.006, 0.008, 0.01, 0.005], rel=1e-12)
+
+
+def test_zero_killed_in_warmup_resumes_under_none(tmp_path, one_thread):
+    """ZeRO's sharded state of two param groups, saved in warm-up, continues as one process on the same curve."""
+    keys = {"steps": 5, "optimizer": "adamw", "weight_decay": 0.05, "no_decay": ["norm", "bias"],
+            "lr_schedule": "cosine", "warmup_steps": 3}
+    whole = run_training(tiny_config(microbatches=2, train=keys))
+    with pytest.raises(RankFailure, match="rank 1"):
+        run_on_ranks(tiny_config("zero", train=keys, checkpoint={"every": 2}), 2, tmp_path,
+                     env={1: {"SNNFW_TEST_CRASH_AT_STEP": "4"}})
+    resumed = run_training(tiny_config(microbatches=2, train=keys, checkpoint={"every": 2}), tmp_path, resume=True)
+    assert resumed["resumed_from"] == 2
+    assert resumed["losses"] == pytest.approx(whole["losses"][2:], abs=1e-5)
