@@ -70,7 +70,7 @@ def test_a_non_finite_loss_stops_with_the_step_and_keeps_the_last_good_checkpoin
     assert f"snnfw: error: step 4: the loss is nan; training stopped, the last good checkpoint, {tmp_path}/checkpoints/step-2, is kept" in err
     assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["step-1", "step-2"]
     assert train.main([*args, "--set", "train.steps=4", "--set", "train.optimizer=\"adam\"", "--resume"]) == 2
-    assert "train.optimizer 'sgd' (now 'adam'); resuming needs the same model, optimizer" in capsys.readouterr().err
+    assert "train.optimizer is 'sgd' in the checkpoint and 'adam' in the config; resuming needs the same model" in capsys.readouterr().err
     assert train.main([*args, "--set", "train.steps=4", "--resume"]) == 0
     records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in records] == [1, 2, 3, 4] and all(r["loss"] < 10 for r in records)
