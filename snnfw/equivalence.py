@@ -56,13 +56,15 @@ CASES = (
 )
 
 
-def case_config(family: str, case: Case | None, dtype: str, steps: int = 20) -> Config:
-    """The config of ``case`` on ``family`` (``None``: the ``none`` reference with one microbatch)."""
+def case_config(family: str, case: Case | None, dtype: str, steps: int = 20, train: dict | None = None) -> Config:
+    """The config of ``case`` on ``family`` (``None``: the ``none`` reference with one microbatch);
+    ``train`` replaces or adds ``[train]`` keys of the recipe (another optimizer or schedule)."""
     strategy, microbatches, sections = ("none", 1, {}) if case is None else (case.strategy, case.microbatches, case.sections)
     data = {
         "model": {"family": family, "flavor": "tiny", "time_steps": 4},
         "data": {"name": "synthetic_dvs", "batch_size": 32, "train_samples": 256, "test_samples": 64},
-        "train": {"steps": steps, "lr": 3e-3, "optimizer": "adam", "seed": 3, "dtype": dtype, "microbatches": microbatches},
+        "train": {"steps": steps, "lr": 3e-3, "optimizer": "adam", "seed": 3, "dtype": dtype, "microbatches": microbatches,
+                  **(train or {})},
         "parallel": {"strategy": strategy},
     }
     for section, values in sections.items():
@@ -70,9 +72,9 @@ def case_config(family: str, case: Case | None, dtype: str, steps: int = 20) -> 
     return build_config(data)
 
 
-def reference_config(family: str, microbatches: int, dtype: str, steps: int = 20) -> Config:
+def reference_config(family: str, microbatches: int, dtype: str, steps: int = 20, train: dict | None = None) -> Config:
     """``none`` with ``microbatches``: what every case with as many replicas x microbatches must compute."""
-    config = case_config(family, None, dtype, steps)
+    config = case_config(family, None, dtype, steps, train)
     return attrs.evolve(config, train=attrs.evolve(config.train, microbatches=microbatches))
 
 

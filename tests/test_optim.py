@@ -1,5 +1,6 @@
-"""Optimizers and learning-rate schedules by name: curves, weight-decay groups, refusals, resuming."""
+"""Optimizers and learning-rate schedules by name: curves, weight-decay groups, refusals, the guarantee, resuming."""
 
+import functools
 import json
 import math
 
@@ -10,6 +11,7 @@ from torch import nn
 
 import snnfw.runtime
 from snnfw.config import build_config
+from snnfw.equivalence import CASES, case_config, reference_config
 from snnfw.errors import ConfigError, UnknownNameError
 from snnfw.optim import build_optimizer, build_scheduler, check_train, parameter_groups
 from snnfw.plugins import Plugins
@@ -17,6 +19,7 @@ from snnfw.runtime import run_training
 from snnfw.testing import RankFailure, run_on_ranks
 
 from conftest import tiny_config
+from test_guarantee import assert_close, final_state
 
 
 @pytest.fixture(scope="module")
@@ -132,6 +135,33 @@ def test_unknown_names_list_the_registered_ones(plugins):
         check_train(train(optimizer="lamb"), plugins)
     with pytest.raises(UnknownNameError, match="registered lr schedule names: constant, cosine, multistep, step"):
         check_train(train(lr_schedule="onecycle"), plugins)
+
+
+# The guarantee with decoupled weight decay, exempt groups and a warmed-up cosine.
+RECIPE = {"optimizer": "adamw", "weight_decay": 0.05, "no_decay": ["norm", "bias", "neuron"],
+          "lr_schedule": "cosine", "warmup_steps": 5, "min_lr": 3e-4}
+STEPS = 20
+
+
+@functools.cache
+def reference(microbatches):
+    return run_training(reference_config("cifar10dvs_vgg", microbatches, "float64", STEPS, RECIPE), on_finish=final_state)
+
+
+@pytest.mark.parametrize("case", [c for c in CASES if c.name in ("dp", "zero", "fsdp2", "tp", "pp-1f1b")], ids=lambda c: c.name)
+def test_float64_adamw_cosine_matches_none(case):
+    want = reference(case.reference_microbatches)
+    assert all(0.02 < rate < 0.5 for rate in want["spike_rates"]), f"firing rates {want['spike_rates']}"  # neurons fire
+    config = case_config("cifar10dvs_vgg", case, "float64", STEPS, RECIPE)
+    summaries = run_on_ranks(config, case.ranks, inspect=final_state, timeout_s=600)
+    for rank, got in enumerate(summaries):
+        assert len(got["losses"]) == STEPS
+        for step, (loss, ref) in enumerate(zip(got["losses"], want["losses"]), start=1):
+            assert_close(f"rank {rank} step {step} loss", loss, ref)
+        assert got["test_accuracy"] == want["test_accuracy"], f"rank {rank}: test accuracy differs from none's"
+        assert got["inspect"], f"rank {rank} holds no model state"
+        for name, tensor in got["inspect"].items():
+            assert_close(f"rank {rank} {name}", tensor, want["inspect"][name])
 
 
 class Killed(BaseException):
