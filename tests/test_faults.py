@@ -90,8 +90,9 @@ def test_a_user_error_in_the_ranks_exits_2_with_one_line(tmp_path):
         f"snnfw: error: {tmp_path}/checkpoints holds checkpoints up to step 2 of an earlier run; "
         "pass --resume to continue it, or choose another --run-dir"])
     assert refused("--resume", "--set", "data.batch_size=16") == (2, [
-        f"snnfw: error: {tmp_path}/checkpoints/step-2 was written with data.batch_size 8 (now 16); "
-        "resuming needs the same model, optimizer and data order"])
+        f"snnfw: error: {tmp_path}/checkpoints/step-2 cannot be resumed: data.batch_size is 8 in the checkpoint "
+        "and 16 in the config; resuming needs the same model, optimizer, dtype and data order, so set them as the "
+        "checkpoint has them or choose another --run-dir"])
 
 
 def test_a_rank_that_stops_answering_fails_the_others_within_the_timeout():
