@@ -35,23 +35,45 @@ class SpikeCounter:
         self._counts[name] = (spikes + output.detach().sum(), elements + output.numel())
 
     def take(self) -> tuple[float, int]:
-        """Returns and clears the counts since the last call (all neuron modules together)."""
+        """Returns and clears the counts since the last call (all neuron modules together).
+
+        One host transfer per step (per device and dtype, one in a run): the counts
+        of the neuron modules that ran are stacked where they are and read with one
+        ``tolist()``; those that did not run still hold ``clear()``'s CPU zeros,
+        read as 0 without touching a tensor, so no per-module cross-device op.
+        """
+        ran = [name for name, counts in self._counts.items() if counts is not self._cleared[name]]
+        spikes = dict(zip(ran, _read([self._counts[name][0] for name in ran])))
+        elements = dict(zip(ran, _read([self._counts[name][1] for name in ran])))
         total_spikes, total_elements = 0.0, 0
-        for name, (spikes, elements) in self._counts.items():
-            spikes, elements = float(spikes), int(elements)
-            self._run[name][0] += spikes
-            self._run[name][1] += elements
-            total_spikes, total_elements = total_spikes + spikes, total_elements + elements
+        for name in self._counts:
+            layer_spikes, layer_elements = float(spikes.get(name, 0.0)), int(elements.get(name, 0))
+            self._run[name][0] += layer_spikes
+            self._run[name][1] += layer_elements
+            total_spikes, total_elements = total_spikes + layer_spikes, total_elements + layer_elements
         self.clear()
         return total_spikes, total_elements
 
     def clear(self) -> None:
         """Forgets the counts since the last ``take()`` (forward passes that were not training steps)."""
         self._counts = {name: (torch.zeros(()), torch.zeros((), dtype=torch.int64)) for name in self.names}
+        self._cleared = dict(self._counts)  # a module's entry is replaced when its hook runs
 
     def by_layer(self) -> dict[str, tuple[float, int]]:
         """``{neuron module: (spikes, output elements)}`` over every ``take()`` so far, on this rank."""
         return {name: (spikes, elements) for name, (spikes, elements) in self._run.items()}
+
+
+def _read(values: list[torch.Tensor]) -> list:
+    """The Python numbers of 0-dim tensors, in order: one stack and one ``tolist()`` per device and dtype."""
+    groups: dict[tuple, list[int]] = {}
+    for i, value in enumerate(values):
+        groups.setdefault((value.device, value.dtype), []).append(i)
+    out: list = [None] * len(values)
+    for indices in groups.values():
+        for i, number in zip(indices, torch.stack([values[i] for i in indices]).tolist()):
+            out[i] = number
+    return out
 
 
 def peak_memory_mb(device: torch.device) -> float:
