@@ -56,10 +56,13 @@ def snnfw_plan(request):
     if not request.analysis.blocks:
         return Proposal.refuse(
             request.strategy,
-            f"memopt checkpoints the blocks a model family declares, and {request.analysis.family!r} "
-            "declares none; set memopt.level = 0",
+            f"memopt checkpoints the model's blocks: {request.analysis.missing('blocks', BLOCKS_EXAMPLE)}; "
+            "declare them or set memopt.level = 0",
         )
     return None
+
+
+BLOCKS_EXAMPLE = '["blocks.0", "blocks.1"]'
 
 
 def _no_batch_norm(module: nn.Module) -> bool:

@@ -19,4 +19,13 @@ hookimpl = pluggy.HookimplMarker("snnfw")
 # expected, and every rank repeating it hides the messages that matter.
 logging.getLogger("torch._library.triton").addFilter(lambda record: "Triton not available" not in record.getMessage())
 
-__all__ = ["__version__", "hookimpl"]
+__all__ = ["Session", "__version__", "hookimpl", "start"]
+
+
+def __getattr__(name: str):
+    """``snnfw.start`` and ``snnfw.Session`` (the Python API), imported when first used: loading plugins stays fast."""
+    if name in ("start", "Session"):
+        from snnfw import session
+
+        return getattr(session, name)
+    raise AttributeError(f"module 'snnfw' has no attribute {name!r}")

@@ -39,10 +39,19 @@ class Analysis:
     blocks: tuple[str, ...] = ()
     stage_units: tuple[str, ...] = ()
     tp_plan: tuple[tuple[str, str], ...] = ()
+    own: bool = False  # a model of the user's own (model.builder or the Python API), described by [model] keys
+    inferred: tuple[str, ...] = ()  # which of blocks, stage_units and tp_plan snnfw inferred for it
+
+    def missing(self, key: str, example: str) -> str:
+        """Says that the model lacks ``key`` (blocks, stage_units, tp_plan), and where to declare it."""
+        if self.own:
+            return f"model {self.family!r} has no {key} (none inferred); declare them as model.{key} = {example}"
+        return f"model family {self.family!r} declares no {key}"
 
 
-def analyze(model: nn.Module, family: str, plugins) -> Analysis:
-    """Finds stateful neurons and shardable layers, then merges the plugins' parts."""
+def analyze(model: nn.Module, family: str, plugins, own: tuple[AnalysisPart, tuple[str, ...]] | None = None) -> Analysis:
+    """Finds stateful neurons and shardable layers, then merges the plugins' parts
+    and, for a model of the user's own, ``own``: the config's part and what of it was inferred."""
     from torch import nn
 
     neurons, candidates = [], []
@@ -52,7 +61,8 @@ def analyze(model: nn.Module, family: str, plugins) -> Analysis:
         elif isinstance(module, (nn.Linear, nn.Conv2d)):
             candidates.append(name)
     blocks, units, tp_plan = [], [], []
-    for part in plugins.analyze_parts(model, family):
+    parts = plugins.analyze_parts(model, family) + ([own[0]] if own else [])
+    for part in parts:
         blocks.extend(part.blocks)
         units.extend(part.stage_units)
         tp_plan.extend(part.tp_plan)
@@ -64,6 +74,8 @@ def analyze(model: nn.Module, family: str, plugins) -> Analysis:
         blocks=tuple(blocks),
         stage_units=tuple(units),
         tp_plan=tuple(tp_plan),
+        own=own is not None,
+        inferred=own[1] if own else (),
     )
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 import time
 from pathlib import Path
@@ -61,7 +62,12 @@ def _cmd_plan(args) -> int:
         return 0
     mesh = " x ".join(f"{d}={n}" for d, n in plan.mesh)
     print(f"strategy {plan.strategy} on {plan.world_size} rank(s), {plan.device_type}/{plan.backend}, mesh {mesh}")
-    print(f"model {config.model.family}/{config.model.flavor}: {analysis.parameters:,} parameters, {len(analysis.neurons)} neuron modules")
+    model = analysis.family if analysis.own else f"{config.model.family}/{config.model.flavor}"
+    print(f"model {model}: {analysis.parameters:,} parameters, {len(analysis.neurons)} neuron modules")
+    for key, names in (("blocks", analysis.blocks), ("stage_units", analysis.stage_units),
+                       ("tp_plan", [f"{name}={style}" for name, style in analysis.tp_plan])):
+        origin = "inferred" if key in analysis.inferred else "declared"
+        print(f"  {key} ({origin}): {', '.join(names) or 'none'}")
     print(f"batch: global {plan.global_batch}, per replica {plan.replica_batch}, microbatch {plan.microbatch_size} x {plan.microbatches}")
     print("why:")
     for line in plan.rationale:
@@ -106,7 +112,8 @@ def _cmd_train(args) -> int:
     # refuse a bad config before starting any process
     prepared = prepare(config, args.nproc * args.nnodes, plugins, local_ranks=args.nproc)
     build_datasets(config, prepared.spec, plugins)
-    run_dir = Path(args.run_dir or f"runs/{config.model.family}-{config.parallel.strategy}-{time.strftime('%Y%m%d-%H%M%S')}")
+    model = re.sub(r"\W+", "_", prepared.analysis.family.rpartition("/")[2]).strip("_")
+    run_dir = Path(args.run_dir or f"runs/{model}-{config.parallel.strategy}-{time.strftime('%Y%m%d-%H%M%S')}")
     return launch(
         args.config, args.nproc, run_dir, args.overrides, config.parallel.timeout_s, nnodes=args.nnodes,
         node_rank=args.node_rank, rdzv_endpoint=args.rdzv_endpoint, max_restarts=args.max_restarts, resume=args.resume,

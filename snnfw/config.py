@@ -34,12 +34,65 @@ def _mesh(value: Any) -> tuple[tuple[str, int], ...] | None:
     return tuple(value.items())
 
 
+def _names(key: str):
+    """A converter of a TOML array of module names into a tuple; refuses another value naming ``model.key``."""
+
+    def convert(value: Any) -> tuple[str, ...] | None:
+        if value is None or isinstance(value, tuple):
+            return value
+        if not isinstance(value, list) or not all(isinstance(x, str) for x in value):
+            raise ConfigError(f"model.{key} must be an array of module names like [\"blocks.0\", \"blocks.1\"], got {value!r}")
+        return tuple(value)
+
+    return convert
+
+
+def _input_shape(value: Any) -> tuple[int, int, int] | None:
+    if value is None or isinstance(value, tuple):
+        return value
+    if not isinstance(value, list) or len(value) != 3 or not all(isinstance(x, int) and not isinstance(x, bool) and x > 0 for x in value):
+        raise ConfigError(f"model.input_shape must be the frame shape [C, H, W] of one time step, like [2, 32, 32]; got {value!r}")
+    return tuple(value)
+
+
+def _tp_plan(value: Any) -> tuple[tuple[str, str], ...] | None:
+    """``{"blocks.0" = "conv_bn_neuron"}`` -> ``(("blocks.0", "conv_bn_neuron"),)``; idempotent for attrs.evolve."""
+    if value is None or isinstance(value, tuple):
+        return value
+    if not isinstance(value, dict) or not all(isinstance(style, str) for style in value.values()):
+        raise ConfigError(
+            f"model.tp_plan must be a table of module name to tensor-parallel style, like "
+            f"{{\"blocks.0\" = \"conv_bn_neuron\"}}; got {value!r}"
+        )
+    return tuple(value.items())
+
+
+INPUT_LAYOUTS = ("NT", "TN")
+
+
 @attrs.frozen
 class ModelConfig:
+    """A registered ``family`` and ``flavor``, or a ``builder`` by import path with what it needs declared.
+
+    ``builder`` is ``"module:function"`` (a module on the working directory)
+    or ``"path/to/file.py:function"``: a callable without arguments that
+    returns the network. ``input_shape`` and ``num_classes`` describe it;
+    ``input_layout`` says whether it takes ``[N, T, ...]`` or SpikingJelly's
+    ``[T, N, ...]``; ``blocks``, ``stage_units`` and ``tp_plan`` declare what
+    a family plugin would (left unset, snnfw infers what it safely can).
+    """
+
     family: str = attrs.field(default="cifar10dvs_vgg", validator=v.instance_of(str))
     flavor: str = attrs.field(default="tiny", validator=v.instance_of(str))
     time_steps: int = attrs.field(default=4, validator=_positive)
     neuron_backend: str = attrs.field(default="torch", validator=v.in_(("torch", "cuda", "triton", "inductor")))
+    builder: str | None = attrs.field(default=None, validator=v.optional(v.instance_of(str)))
+    input_shape: tuple[int, int, int] | None = attrs.field(default=None, converter=_input_shape)
+    num_classes: int | None = attrs.field(default=None, validator=v.optional(_positive))
+    input_layout: str = attrs.field(default="NT", validator=v.in_(INPUT_LAYOUTS))
+    blocks: tuple[str, ...] | None = attrs.field(default=None, converter=_names("blocks"))
+    stage_units: tuple[str, ...] | None = attrs.field(default=None, converter=_names("stage_units"))
+    tp_plan: tuple[tuple[str, str], ...] | None = attrs.field(default=None, converter=_tp_plan)
 
 
 @attrs.frozen
@@ -50,6 +103,7 @@ class DataConfig:
     test_samples: int = attrs.field(default=512, validator=_positive)
     root: str | None = attrs.field(default=None, validator=v.optional(v.instance_of(str)))
     workers: int = attrs.field(default=0, validator=[v.instance_of(int), v.ge(0)])
+    builder: str | None = attrs.field(default=None, validator=v.optional(v.instance_of(str)))  # "module:function" -> (train, test)
 
 
 @attrs.frozen
@@ -182,6 +236,8 @@ class Config:
         out = attrs.asdict(self)
         if self.parallel.mesh is not None:
             out["parallel"]["mesh"] = dict(self.parallel.mesh)
+        if self.model.tp_plan is not None:
+            out["model"]["tp_plan"] = dict(self.model.tp_plan)
         out[EXPLICIT] = sorted(self.explicit)
         return out
 

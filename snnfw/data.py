@@ -55,6 +55,40 @@ def check_keys(config: Config, spec: DatasetSpec) -> None:
         )
 
 
+REGISTERED_ONLY = ("name", "root", "train_samples", "test_samples")  # keys of registered data sets
+
+
+def check_own_data(config: Config, given: bool) -> None:
+    """Refuses what cannot apply to data sets of the user's own (``data.builder``, or handed to the API)."""
+    if given and config.data.builder is not None:
+        raise ConfigError("data sets were handed to snnfw.start and data.builder names others; remove data.builder")
+    if keys := [f"data.{key}" for key in REGISTERED_ONLY if f"data.{key}" in config.explicit]:
+        subject, pronoun = keys_phrase(keys)
+        where = "data sets handed to snnfw.start" if given else f"data.builder {config.data.builder!r}"
+        raise ConfigError(f"{subject} choose a registered data set, and the data come from {where}; remove {pronoun}")
+
+
+def own_datasets(build: Callable, name: str) -> tuple:
+    """The ``(train, test)`` map-style data sets that ``build()`` returns; ``name`` is its import path."""
+    built = build() if callable(build) else None
+    if not (isinstance(built, (tuple, list)) and len(built) == 2 and all(hasattr(d, "__getitem__") and hasattr(d, "__len__") for d in built)):
+        raise ConfigError(f"data.builder {name!r} must be a function returning (train, test) map-style Datasets of (frames, label)")
+    return tuple(built)
+
+
+def check_samples(dataset: Dataset, spec: InputSpec, split: str) -> None:
+    """Refuses a data set whose frames are not ``[T, C, H, W]`` as the model's config says, before training on it."""
+    if not len(dataset):
+        raise ConfigError(f"the {split} data set is empty")
+    frames, label = dataset[0]
+    expected = (spec.time_steps, *spec.shape)
+    if tuple(getattr(frames, "shape", ())) != expected:
+        raise ConfigError(
+            f"the {split} data set's frames have shape {list(getattr(frames, 'shape', []))}, but the model takes "
+            f"[T, C, H, W] = {list(expected)} per sample (model.time_steps and the input shape); make them agree"
+        )
+
+
 def global_batch_indices(step: int, batch_size: int, length: int, seed: int) -> torch.Tensor:
     """Dataset indices of the global batch of ``step`` (reshuffled every epoch)."""
     import torch

@@ -89,3 +89,11 @@ def all_reduce(values: list[float], op: str = "sum") -> list[float]:
         tensor = tensor.cuda()
     dist.all_reduce(tensor, op=dist.ReduceOp.MAX if op == "max" else dist.ReduceOp.SUM)
     return tensor.tolist()
+
+
+@torch.no_grad()
+def broadcast_state(module: torch.nn.Module) -> None:
+    """Gives every rank rank 0's parameters and buffers (in place; no-op on one rank)."""
+    if dist.is_initialized():
+        for tensor in module.state_dict().values():
+            dist.broadcast(tensor, src=0)

@@ -11,21 +11,30 @@ import attrs
 import torch
 
 from snnfw import data as datalib
+from snnfw import models
 from snnfw.analysis import Analysis, analyze
 from snnfw.auto import measure, ranked_candidates
 from snnfw.config import Config
+from snnfw.errors import ConfigError
 from snnfw.optim import check_train
 from snnfw.plan import AUTO, Plan, PlanRequest, Topology, make_plan
 from snnfw.plugins import Plugins
 
 
-def build_model(config: Config, plugins: Plugins):
-    """Builds the configured flavor with the run's seed; returns (model, input spec)."""
-    family = plugins.families.get(config.model.family)
-    flavor = family.flavor(config.model.flavor)
+def build_model(config: Config, plugins: Plugins, given=None):
+    """Builds the configured model (or ``given``) with the run's seed; returns (model, input spec, source)."""
+    source = models.source(config, plugins, given)
     torch.manual_seed(config.train.seed)
-    spec = datalib.InputSpec(config.model.time_steps, flavor.input_shape, flavor.num_classes)
-    return flavor.build(), spec
+    model = source.build()
+    if not isinstance(model, torch.nn.Module):
+        raise ConfigError(f"{source.name} returned {type(model).__name__}, not a torch.nn.Module; return the network")
+    if config.model.input_layout == "TN":
+        models.time_major_input(model)
+    return model, source.spec, source
+
+
+def _analyze(model, config: Config, source, plugins: Plugins) -> Analysis:
+    return analyze(model, source.name, plugins, models.own_part(model, config) if source.own else None)
 
 
 @attrs.frozen
@@ -36,37 +45,49 @@ class Prepared:
     model: torch.nn.Module
     spec: datalib.InputSpec
     analysis: Analysis
+    given_instance: bool = False  # a module handed over whole: ranks take rank 0's initial state
 
 
-def prepare(config: Config, world_size: int, plugins: Plugins, local_ranks: int | None = None) -> Prepared:
-    """analyze -> plan for a world of ``world_size`` ranks, ``local_ranks`` on this node; starts no process."""
-    plugins.datasets.entry(config.data.name)  # unknown names list the registered ones
-    datalib.check_keys(config, plugins.datasets.get(config.data.name))
+def _check(config: Config, plugins: Plugins, own_data: bool) -> None:
+    if own_data or config.data.builder is not None:
+        datalib.check_own_data(config, given=own_data)
+    else:
+        plugins.datasets.entry(config.data.name)  # unknown names list the registered ones
+        datalib.check_keys(config, plugins.datasets.get(config.data.name))
     check_train(config.train, plugins)
+
+
+def prepare(config: Config, world_size: int, plugins: Plugins, local_ranks: int | None = None,
+            model=None, own_data: bool = False) -> Prepared:
+    """analyze -> plan for a world of ``world_size`` ranks, ``local_ranks`` on this node; starts no process.
+
+    ``model`` is a module or builder handed to the Python API; ``own_data`` says that data sets were.
+    """
+    _check(config, plugins, own_data)
     topology = Topology.detect(world_size, config.parallel.device, local_ranks)
-    model, spec = build_model(config, plugins)
-    analysis = analyze(model, config.model.family, plugins)
-    cost = measure(model, spec, plugins) if config.parallel.strategy == AUTO else None
-    plan = make_plan(config, topology, analysis, plugins, model, cost)
+    built, spec, source = build_model(config, plugins, model)
+    analysis = _analyze(built, config, source, plugins)
+    cost = measure(built, spec, plugins) if config.parallel.strategy == AUTO else None
+    plan = make_plan(config, topology, analysis, plugins, built, cost)
     plan = attrs.evolve(plan, rationale=topology.rationale + plan.rationale)
-    return Prepared(plan, model, spec, analysis)
+    return Prepared(plan, built, spec, analysis, given_instance=isinstance(model, torch.nn.Module))
 
 
 def auto_candidates(config: Config, world_size: int, plugins: Plugins) -> list:
     """``auto``'s runnable candidates for ``config`` on ``world_size`` ranks, best first; starts no process."""
-    plugins.datasets.entry(config.data.name)
-    check_train(config.train, plugins)
-    datalib.check_keys(config, plugins.datasets.get(config.data.name))
-    model, spec = build_model(config, plugins)
+    _check(config, plugins, own_data=False)
+    model, spec, source = build_model(config, plugins)
     request = PlanRequest(
         config=config, topology=Topology.detect(world_size, config.parallel.device),
-        analysis=analyze(model, config.model.family, plugins), model=model, plugins=plugins,
+        analysis=_analyze(model, config, source, plugins), model=model, plugins=plugins,
         cost=measure(model, spec, plugins),
     )
     return ranked_candidates(request, plugins)[0]
 
 
 def build_datasets(config: Config, spec: datalib.InputSpec, plugins: Plugins) -> tuple:
-    """The train and test splits of the configured data set."""
+    """The train and test splits of the configured data set (``data.builder``'s, or a registered one's)."""
+    if config.data.builder is not None:
+        return datalib.own_datasets(models.import_object(config.data.builder, "data.builder"), config.data.builder)
     dataset = plugins.datasets.get(config.data.name)
     return tuple(dataset.build(config.data, spec, split, config.train.seed) for split in ("train", "test"))

@@ -13,7 +13,8 @@ import torch
 from snnfw.errors import PlanError
 from snnfw.plugins import Plugins
 from snnfw.prepare import prepare
-from snnfw.runtime import Trainer, run_training
+from snnfw.runtime import run_training
+from snnfw.trainer import Trainer
 from snnfw.testing import run_on_ranks
 
 from conftest import tiny_config

@@ -55,7 +55,7 @@ def snnfw_analyze(model, family):
 def snnfw_split_stages(model, plan):
     """One unit per block, the time-major transpose before the first, the last pooling
     after the last block, and the flatten before the classifier."""
-    if plan.config.model.family != NAME:
+    if plan.analysis.family != NAME:
         return None
     from torch import nn
 

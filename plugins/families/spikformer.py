@@ -62,7 +62,7 @@ def snnfw_analyze(model, family):
 @hookimpl
 def snnfw_split_stages(model, plan):
     """The stem after the time-major transpose, one unit per block, the token mean with the head."""
-    if plan.config.model.family != NAME:
+    if plan.analysis.family != NAME:
         return None
     from torch import nn
 

@@ -104,7 +104,8 @@ def _propose(request, schedule: str, virtual: int) -> Proposal:
     stages, units = pp * virtual, _unit_names(request)
     shape = f"pp {pp} x virtual_stages {virtual} = {stages} stages"
     if not units:
-        return Proposal.refuse(NAME, f"model family {config.model.family!r} declares no stage_units and is no nn.Sequential")
+        example = '["stem", "blocks.0", "head"]' if request.analysis.own else ""
+        return Proposal.refuse(NAME, f"{request.analysis.missing('stage_units', example)} and is no nn.Sequential")
     if len(units) < stages:
         return Proposal.refuse(NAME, f"the model has {len(units)} units ({', '.join(units)}), fewer than {shape}")
     if reason := _layout_refusal(pipeline.layout, units, stages, shape):
@@ -233,7 +234,18 @@ def snnfw_schedule(stages, plan, loss_fn, hooks):
 
 @hookimpl(trylast=True)
 def snnfw_split_stages(model, plan):
-    """Any ``nn.Sequential`` model: one unit per child."""
+    """A model of the user's own: the stage units it declares (or its children when it is an
+    ``nn.Sequential``), the first behind the time-major transpose when it takes ``[T, N, ...]``.
+    Any other ``nn.Sequential`` model: one unit per child."""
     from torch import nn
 
-    return list(model) if isinstance(model, nn.Sequential) else None
+    from snnfw.analysis import submodule
+    from snnfw.modules import TimeMajor
+
+    analysis = plan.analysis
+    if not analysis.own:
+        return list(model) if isinstance(model, nn.Sequential) else None
+    units = [submodule(model, name) for name in analysis.stage_units]
+    if units and plan.config.model.input_layout == "TN":
+        units[0] = nn.Sequential(TimeMajor(), units[0])
+    return units or None

@@ -16,7 +16,7 @@ EXAMPLE_FIRING = 0.2  # share of active pixels in the dry run's frames
 def example_frames(plan, hooks, device) -> torch.Tensor:
     """One microbatch of sparse random event frames ``[N, T, C, H, W]`` for splitting and the dry run."""
     config = plan.config
-    shape = hooks.families.get(config.model.family).flavor(config.model.flavor).input_shape
+    shape = config.model.input_shape or hooks.families.get(config.model.family).flavor(config.model.flavor).input_shape
     generator = torch.Generator().manual_seed(config.train.seed)
     frames = torch.rand(plan.microbatch_size, config.model.time_steps, *shape, generator=generator) < EXAMPLE_FIRING
     return frames.to(device, config.train.torch_dtype)
@@ -45,7 +45,7 @@ def build_pipeline(model: nn.Module, plan, mesh, hooks) -> PipelineModel:
     declared = plan.analysis.stage_units
     if not units or (declared and len(units) != len(declared)):
         raise PluginError(
-            f"splitting {plan.config.model.family!r} into pipeline units gave {len(units)} units for the "
+            f"splitting {plan.analysis.family!r} into pipeline units gave {len(units)} units for the "
             f"{len(declared)} stage_units it declares; its plugin must implement snnfw_split_stages"
         )
     split = decide_split(model, plan, hooks, example, pp * pipeline.virtual_stages)

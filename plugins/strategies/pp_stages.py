@@ -12,6 +12,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.pipelining import PipelineStage
 
+from snnfw.errors import ConfigError, PluginError
 from snnfw.pipeline import balanced_layout, parse_layout
 
 TIMED_PASSES = 3
@@ -110,15 +111,44 @@ def decide_split(model: nn.Module, plan, hooks, example: torch.Tensor, stages: i
     """Rank 0 runs a copy of ``model`` (its buffers, gradients and hooks stay untouched),
     balances the measured unit costs over ``stages`` unless ``pipeline.layout`` is given,
     and broadcasts the split, so every rank uses the same one."""
-    payload: list[Split | None] = [None]
+    payload: list[Split | str | None] = [None]
     if dist.get_rank() == 0:
-        units = hooks.split_stages(copy.deepcopy(model), plan, example)
-        given = plan.config.pipeline.layout
-        boundaries, unit_ms = measure_units(units, example, hooks.reset_state, 0 if given else TIMED_PASSES)
-        layout = parse_layout(given) if given else balanced_layout(unit_ms, stages)
-        payload = [Split(layout, boundaries, unit_ms)]
+        replica = copy.deepcopy(model)
+        units = hooks.split_stages(replica, plan, example)
+        payload = [composition_error(replica, units, example, hooks.reset_state)]
+        if payload[0] is None:
+            given = plan.config.pipeline.layout
+            boundaries, unit_ms = measure_units(units, example, hooks.reset_state, 0 if given else TIMED_PASSES)
+            layout = parse_layout(given) if given else balanced_layout(unit_ms, stages)
+            payload = [Split(layout, boundaries, unit_ms)]
     dist.broadcast_object_list(payload, src=0)
+    if isinstance(payload[0], str):
+        raise (ConfigError if plan.analysis.own else PluginError)(payload[0])
     return payload[0]
+
+
+def composition_error(model: nn.Module, units: list[nn.Module], example: torch.Tensor, reset) -> str | None:
+    """Why running ``units`` one after another does not compute ``model(example)`` (in eval mode), or None."""
+    model.eval()
+    try:
+        with torch.no_grad():
+            reset(model)
+            expected = model(example)
+            x = example
+            for unit in units:
+                reset(unit)
+                x = unit(x)
+    except RuntimeError as err:
+        return f"the pipeline units do not run one after another on the model's input ({str(err).splitlines()[0]})"
+    finally:
+        model.train()
+    if x.shape != expected.shape or not torch.allclose(x, expected, rtol=1e-4, atol=1e-5):
+        return (
+            f"the pipeline units, run one after another, do not compute the model's output (shape {list(x.shape)} "
+            f"against {list(expected.shape)}): its forward does more than call them in order; declare the units "
+            "that do (model.stage_units, glue such as flatten inside them), or write a family plugin with snnfw_split_stages"
+        )
+    return None
 
 
 def pipeline_stage(module: Stage, index: int, split: Split, device, group, stopwatch: Stopwatch) -> TimedStage:

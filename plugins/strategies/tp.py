@@ -23,7 +23,8 @@ def check_tp_plan(request, size: int) -> str | None:
 
     plan = request.analysis.tp_plan
     if not plan:
-        return f"model family {request.analysis.family!r} declares no tp_plan; choose another strategy"
+        example = '{"blocks.0" = "conv_bn_neuron"}' if request.analysis.own else ""
+        return f"{request.analysis.missing('tp_plan', example)}; choose another strategy"
     for name, style in plan:
         if style not in STYLES:
             return f"{name} names the unknown tp style {style!r}; styles: {', '.join(sorted(STYLES))}"
@@ -34,9 +35,10 @@ def check_tp_plan(request, size: int) -> str | None:
         except AttributeError:
             names = [state_name(n) for n, _ in request.model.named_modules() if n]
             nearest = ", ".join(difflib.get_close_matches(name, names, n=3, cutoff=0))
+            where = "model.tp_plan" if request.analysis.own else "the family's snnfw_analyze"
             return (
-                f"the tp_plan of model family {request.analysis.family!r} names module {name!r}, which the model "
-                f"does not have (nearest: {nearest}); correct the name in the family's snnfw_analyze"
+                f"the tp_plan of {request.analysis.family!r} names module {name!r}, which the model "
+                f"does not have (nearest: {nearest}); correct the name in {where}"
             )
         if reason := STYLES[style].check(module, size):
             return f"{name} ({style}): {reason}; choose a tp size that divides it"

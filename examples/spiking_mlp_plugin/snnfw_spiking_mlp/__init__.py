@@ -70,7 +70,7 @@ def snnfw_shard_neuron(module, placement, mesh):
 @hookimpl
 def snnfw_split_stages(model, plan):
     """Pipeline units: the time-major flatten with the encoder, each block, the head."""
-    if plan.config.model.family != NAME:
+    if plan.analysis.family != NAME:
         return None
     from torch import nn
 

@@ -1,0 +1,106 @@
+"""apply: the parallelized model, its optimizer and one training step, whatever the strategy."""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from snnfw import data as datalib
+from snnfw.config import Config
+from snnfw.distributed import all_reduce, broadcast_state, dp_coordinate, dp_group
+from snnfw.metrics import SpikeCounter
+from snnfw.optim import build_scheduler
+from snnfw.phases import PHASES
+from snnfw.plugins import Plugins
+from snnfw.prepare import Prepared, build_datasets
+from snnfw.running_stats import RunningStats
+
+
+class Trainer:
+    """Trains a parallelized model with microbatches, neuron resets and per-step metrics."""
+
+    def __init__(self, config: Config, prepared: Prepared, plugins: Plugins, mesh, device, datasets: tuple | None = None):
+        started = time.perf_counter()
+        self.config, self.plan, self.plugins, self.device = config, prepared.plan, plugins, device
+        PHASES.synchronize = torch.cuda.synchronize if device.type == "cuda" else None
+        self.counter = SpikeCounter(prepared.model, prepared.analysis.neurons)
+        self.state_names = frozenset(prepared.model.state_dict())
+        self.train_set, self.test_set = datasets or build_datasets(config, prepared.spec, plugins)
+        for split, dataset in (("train", self.train_set), ("test", self.test_set)):
+            datalib.check_samples(dataset, prepared.spec, split)
+        self.dtype = config.train.torch_dtype
+        model = prepared.model.to(device, self.dtype)
+        if prepared.given_instance and mesh is not None:
+            broadcast_state(model)  # each rank built its own instance; all start from rank 0's
+        self.replica = dp_coordinate(self.plan, mesh)
+        self.running_stats = RunningStats(model)  # from here on, only training steps update BatchNorm statistics
+        plugins.transform_model(model, self.plan, self.example())
+        self.model = plugins.parallelize(model, self.plan, mesh)
+        self.running_stats.bind(self.model, self.replica, self.plan.dp_size, dp_group(self.plan, mesh))
+        self.counter.clear()  # spikes of the transforms' and strategies' own forward passes
+        self.optimizer = plugins.build_optimizer(self.model, self.plan, mesh)
+        self.scheduler = build_scheduler(self.optimizer, config.train, plugins)
+        self._batches, self._next_step = None, None
+        self.materialize_s = time.perf_counter() - started
+
+    def example(self) -> torch.Tensor:
+        """The frames of step 0's first microbatch of replica 0: the same on every rank."""
+        first = datalib.microbatch_indices(0, self.plan, len(self.train_set), self.config.train.seed, replica=0)[0]
+        return datalib.load(self.train_set, first, self.device, self.dtype)[0]
+
+    def batches(self, step: int) -> list:
+        """This replica's microbatches of ``step``, from a loader that runs ahead while steps follow on."""
+        if step != self._next_step:
+            cfg = self.config
+            sampler = datalib.StepSampler(self.plan, len(self.train_set), cfg.train.seed, self.replica, step, cfg.train.steps)
+            self._batches = datalib.step_batches(self.train_set, sampler, cfg.data.workers, self.device, self.dtype)
+        self._next_step = step + 1
+        return next(self._batches)
+
+    def step(self, step: int) -> dict[str, float]:
+        plan = self.plan
+        self.model.train()
+        with PHASES("data"):
+            batches = self.batches(step)
+        with PHASES("forward_backward"):
+            self.running_stats.start()
+            out = self.plugins.forward_backward(self.model, batches, plan)
+        with PHASES("running_stats"):
+            self.running_stats.apply()
+        lr = self.optimizer.param_groups[0]["lr"]
+        with PHASES("optimizer"):
+            self.optimizer.step()
+            self.optimizer.zero_grad(set_to_none=True)
+            self.scheduler.step()
+        spikes, elements = self.counter.take()
+        extra = {**PHASES.take(), **self.plugins.step_metrics(plan)}
+        loss, correct, samples, spikes, elements, *extra_totals = all_reduce(
+            [out.loss * out.samples, out.correct, out.samples, spikes, float(elements), *extra.values()]
+        )
+        return {
+            "loss": loss / samples,
+            "lr": lr,
+            "train_acc": correct / samples,
+            "spike_rate": spikes / max(elements, 1.0),
+            **{key: total / plan.world_size for key, total in zip(extra, extra_totals)},
+        }
+
+    def layer_spike_rates(self) -> dict[str, float]:
+        """Each neuron module's firing rate over the training steps so far, over all ranks (a collective)."""
+        counts = self.counter.by_layer()
+        totals = all_reduce([float(x) for pair in counts.values() for x in pair])
+        return {name: totals[2 * i] / max(totals[2 * i + 1], 1.0) for i, name in enumerate(counts)}
+
+    @torch.no_grad()
+    def evaluate(self) -> float:
+        """Accuracy on the held-out split; each replica scores an equal contiguous share."""
+        self.model.eval()
+        share = len(self.test_set) // self.plan.dp_size
+        mine = torch.arange(self.replica * share, (self.replica + 1) * share)
+        correct = samples = 0
+        for chunk in mine.split(self.plan.replica_batch) if len(mine) else ():
+            out = self.plugins.evaluate(self.model, *datalib.load(self.test_set, chunk, self.device, self.dtype), self.plan)
+            correct, samples = correct + out.correct, samples + out.samples
+        correct, samples = all_reduce([float(correct), float(samples)])
+        return correct / max(samples, 1.0)
