@@ -1,7 +1,9 @@
 """The equivalence matrix: each strategy's run beside ``none``'s with the same microbatches.
 
 Every case trains the quickstart's recipe (Adam at lr 3e-3, a global batch
-of 32) on a tiny flavor of a family. A strategy with ``D`` data replicas of
+of 32) on a tiny flavor of a family, or on a model of the user's own given by
+import path (``OWN_MODELS``: the SEW network of ``examples/train_own_model.py``,
+with the plans snnfw infers). A strategy with ``D`` data replicas of
 ``M`` microbatches each must compute what ``none`` computes with ``D x M``
 microbatches. ``tests/test_guarantee.py`` asserts it in float64;
 ``benchmark/drift.py`` measures how far float32 rounding carries each case.
@@ -9,11 +11,19 @@ microbatches. ``tests/test_guarantee.py`` asserts it in float64;
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import attrs
 
 from snnfw.config import Config, build_config
 
-FAMILIES = ("cifar10dvs_vgg", "spikformer", "spiking_mlp")
+OWN_MODELS = {  # models of the user's own, by import path, that the matrix trains beside the families
+    "own_sew": {
+        "builder": f"{Path(__file__).resolve().parents[1] / 'examples' / 'train_own_model.py'}:build",
+        "input_shape": [2, 16, 16], "num_classes": 10, "input_layout": "TN",
+    },
+}
+FAMILIES = ("cifar10dvs_vgg", "spikformer", "spiking_mlp", *OWN_MODELS)
 HSDP = {"dp_replicate": 2, "dp_shard": 2}
 
 
@@ -61,7 +71,7 @@ def case_config(family: str, case: Case | None, dtype: str, steps: int = 20, tra
     ``train`` replaces or adds ``[train]`` keys of the recipe (another optimizer or schedule)."""
     strategy, microbatches, sections = ("none", 1, {}) if case is None else (case.strategy, case.microbatches, case.sections)
     data = {
-        "model": {"family": family, "flavor": "tiny", "time_steps": 4},
+        "model": {**OWN_MODELS.get(family, {"family": family, "flavor": "tiny"}), "time_steps": 4},
         "data": {"name": "synthetic_dvs", "batch_size": 32, "train_samples": 256, "test_samples": 64},
         "train": {"steps": steps, "lr": 3e-3, "optimizer": "adam", "seed": 3, "dtype": dtype, "microbatches": microbatches,
                   **(train or {})},

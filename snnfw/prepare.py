@@ -22,7 +22,12 @@ from snnfw.plugins import Plugins
 
 
 def build_model(config: Config, plugins: Plugins, given=None):
-    """Builds the configured model (or ``given``) with the run's seed; returns (model, input spec, source)."""
+    """Builds the configured model (or ``given``) with the run's seed; returns (model, input spec)."""
+    model, source = _build(config, plugins, given)
+    return model, source.spec
+
+
+def _build(config: Config, plugins: Plugins, given=None):
     source = models.source(config, plugins, given)
     torch.manual_seed(config.train.seed)
     model = source.build()
@@ -30,7 +35,7 @@ def build_model(config: Config, plugins: Plugins, given=None):
         raise ConfigError(f"{source.name} returned {type(model).__name__}, not a torch.nn.Module; return the network")
     if config.model.input_layout == "TN":
         models.time_major_input(model)
-    return model, source.spec, source
+    return model, source
 
 
 def _analyze(model, config: Config, source, plugins: Plugins) -> Analysis:
@@ -65,22 +70,22 @@ def prepare(config: Config, world_size: int, plugins: Plugins, local_ranks: int 
     """
     _check(config, plugins, own_data)
     topology = Topology.detect(world_size, config.parallel.device, local_ranks)
-    built, spec, source = build_model(config, plugins, model)
+    built, source = _build(config, plugins, model)
     analysis = _analyze(built, config, source, plugins)
-    cost = measure(built, spec, plugins) if config.parallel.strategy == AUTO else None
+    cost = measure(built, source.spec, plugins) if config.parallel.strategy == AUTO else None
     plan = make_plan(config, topology, analysis, plugins, built, cost)
     plan = attrs.evolve(plan, rationale=topology.rationale + plan.rationale)
-    return Prepared(plan, built, spec, analysis, given_instance=isinstance(model, torch.nn.Module))
+    return Prepared(plan, built, source.spec, analysis, given_instance=isinstance(model, torch.nn.Module))
 
 
 def auto_candidates(config: Config, world_size: int, plugins: Plugins) -> list:
     """``auto``'s runnable candidates for ``config`` on ``world_size`` ranks, best first; starts no process."""
     _check(config, plugins, own_data=False)
-    model, spec, source = build_model(config, plugins)
+    model, source = _build(config, plugins)
     request = PlanRequest(
         config=config, topology=Topology.detect(world_size, config.parallel.device),
         analysis=_analyze(model, config, source, plugins), model=model, plugins=plugins,
-        cost=measure(model, spec, plugins),
+        cost=measure(model, source.spec, plugins),
     )
     return ranked_candidates(request, plugins)[0]
 

@@ -155,7 +155,7 @@ def test_dry_run_times_uneven_units_and_the_split_isolates_the_heavy_one():
 
 def test_any_sequential_model_splits_into_its_children(plugins):
     model = nn.Sequential(nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 2))
-    plan = SimpleNamespace(config=build_config({"model": {"family": "an_unknown_sequential_family"}}))
+    plan = SimpleNamespace(analysis=SimpleNamespace(family="an_unknown_sequential_family", own=False))
     assert plugins.split_stages(model, plan, None) == list(model)
 
 

@@ -36,7 +36,7 @@ def snnfw_register_strategies(register):
 def _unit_names(request) -> tuple[str, ...]:
     from torch import nn
 
-    if request.analysis.stage_units:
+    if request.analysis.stage_units or request.analysis.own:  # an own model's units are declared or already inferred
         return request.analysis.stage_units
     if isinstance(request.model, nn.Sequential):
         return tuple(name for name, _ in request.model.named_children())

@@ -128,20 +128,23 @@ def decide_split(model: nn.Module, plan, hooks, example: torch.Tensor, stages: i
 
 
 def composition_error(model: nn.Module, units: list[nn.Module], example: torch.Tensor, reset) -> str | None:
-    """Why running ``units`` one after another does not compute ``model(example)`` (in eval mode), or None."""
-    model.eval()
+    """Why running ``units`` one after another does not compute ``model(example)``, or None.
+
+    Both run in training mode (BatchNorm on batch statistics, so neurons fire
+    even at initialisation) from the same random state (dropout masks alike).
+    """
     try:
-        with torch.no_grad():
+        with torch.no_grad(), torch.random.fork_rng(devices=[]):
+            torch.manual_seed(0)
             reset(model)
             expected = model(example)
+            torch.manual_seed(0)
             x = example
             for unit in units:
                 reset(unit)
                 x = unit(x)
     except RuntimeError as err:
         return f"the pipeline units do not run one after another on the model's input ({str(err).splitlines()[0]})"
-    finally:
-        model.train()
     if x.shape != expected.shape or not torch.allclose(x, expected, rtol=1e-4, atol=1e-5):
         return (
             f"the pipeline units, run one after another, do not compute the model's output (shape {list(x.shape)} "
