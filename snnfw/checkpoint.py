@@ -23,6 +23,7 @@ import pickle
 import shutil
 import warnings
 from pathlib import Path
+from typing import Callable
 
 import torch
 import torch.distributed as dist
@@ -128,6 +129,36 @@ def _rng_state() -> dict[str, torch.Tensor]:
     return state
 
 
+def complete(root: Path) -> list[Path]:
+    """The renamed (so whole) checkpoints ``step-N`` in ``root``, oldest first."""
+    root = Path(root)
+    if not root.is_dir():
+        return []
+    found = [p for p in root.iterdir() if p.name.startswith(PREFIX) and p.name[len(PREFIX):].isdigit()]
+    return sorted((p for p in found if (p / META).is_file()), key=_step)
+
+
+def read(path: Path, wanted: Callable[[tuple], bool] | None = None) -> dict:
+    """The nested state saved in the checkpoint folder ``path``, in one process (no process group needed).
+
+    ``wanted(keys)`` picks entries by their saved path, such as ``("model", "fc.weight")``;
+    only those are read. Runs no code from the files (see the module's docstring).
+    """
+    reader = _SafeReader(path)
+    try:
+        metadata = reader.read_metadata()
+        paths = metadata.planner_data or {}
+        flat = {
+            key: torch.empty(md.size, dtype=md.properties.dtype) if isinstance(md, TensorStorageMetadata) else None
+            for key, md in metadata.state_dict_metadata.items() if wanted is None or wanted(paths.get(key, (key,)))
+        }
+        with _quiet():
+            dcp.load(flat, storage_reader=reader, planner=_SafePlanner())
+    except (OSError, pickle.UnpicklingError, dcp.CheckpointException) as err:
+        raise CheckpointError(f"checkpoint {path} cannot be read: {err}") from None
+    return _nest(flat, paths)
+
+
 class Checkpoints:
     """The checkpoints of one run directory; ``save`` and ``load`` are collectives."""
 
@@ -139,10 +170,7 @@ class Checkpoints:
 
     def complete(self) -> list[Path]:
         """The renamed (so whole) checkpoints, oldest first."""
-        if self.root is None or not self.root.is_dir():
-            return []
-        found = [p for p in self.root.iterdir() if p.name.startswith(PREFIX) and p.name[len(PREFIX):].isdigit()]
-        return sorted((p for p in found if (p / META).is_file()), key=_step)
+        return complete(self.root) if self.root is not None else []
 
     def due(self, step: int) -> bool:
         every = self.config.checkpoint.every
@@ -222,18 +250,7 @@ class Checkpoints:
                 f"{path} cannot be resumed: {'; '.join(changed)}; resuming needs the same model, optimizer, dtype and "
                 "data order, so set them as the checkpoint has them or choose another --run-dir"
             )
-        reader = _SafeReader(path)
-        try:
-            metadata = reader.read_metadata()
-            flat = {
-                key: torch.empty(md.size, dtype=md.properties.dtype) if isinstance(md, TensorStorageMetadata) else None
-                for key, md in metadata.state_dict_metadata.items()
-            }
-            with _quiet():
-                dcp.load(flat, storage_reader=reader, planner=_SafePlanner())
-        except (OSError, pickle.UnpicklingError, dcp.CheckpointException) as err:
-            raise CheckpointError(f"checkpoint {path} cannot be read: {err}") from None
-        state = _nest(flat, metadata.planner_data or {})
+        state = read(path)
         missing = sorted(trainer.state_names - set(state.get("model", {})))
         if missing:
             raise CheckpointError(f"checkpoint {path} lacks model state {', '.join(missing[:3])}: it is of another model")

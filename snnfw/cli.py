@@ -1,4 +1,4 @@
-"""The ``snnfw`` command: ``plugins``, ``plan`` and ``train``.
+"""The ``snnfw`` command: ``plugins``, ``plan``, ``train``, ``bench`` and ``export``.
 
 A user error (bad config, unknown name, impossible layout) exits with status 2
 and one message on stderr; ``--debug`` shows the traceback.
@@ -135,6 +135,13 @@ def _cmd_bench(args) -> int:
     )
 
 
+def _cmd_export(args) -> int:
+    from snnfw.export import export
+
+    print(export(args.source, args.out).line())
+    return 0
+
+
 def parser() -> argparse.ArgumentParser:
     top = argparse.ArgumentParser(prog="snnfw", description="Distributed training of multi-step spiking neural networks.")
     top.add_argument("--debug", action="store_true", help="show tracebacks of user errors")
@@ -178,6 +185,12 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--chart", help="where --report writes its PNG (default: beside the results file)")
     p.add_argument("--set", **overrides)
     p.set_defaults(run=_cmd_bench)
+
+    p = sub.add_parser("export", help="write a checkpoint's model state as a plain state dict (torch.save or .safetensors)")
+    p.add_argument("source", metavar="RUN_DIR_OR_CHECKPOINT",
+                   help="a run directory (its newest complete checkpoint) or a checkpoints/step-K folder")
+    p.add_argument("--out", required=True, metavar="FILE", help="where to write; a .safetensors name writes that format")
+    p.set_defaults(run=_cmd_export)
     return top
 
 
