@@ -181,6 +181,7 @@ class TrainConfig:
     step_size: int | None = attrs.field(default=None, validator=v.optional(_positive))
     milestones: tuple[int, ...] | None = attrs.field(default=None, converter=_numbers("milestones", int, example="[10, 15]"))
     gamma: float | None = attrs.field(default=None, converter=_optional_float, validator=v.optional(v.gt(0)))
+    clip_grad_norm: float | None = attrs.field(default=None, converter=_optional_float, validator=v.optional(v.gt(0)))
     log_every: int = attrs.field(default=1, validator=_positive)
     dtype: str = attrs.field(default="float32", validator=v.in_(("float32", "float64")))
 

@@ -63,6 +63,7 @@ def run_training(
             "config": config.to_dict(),
             "losses": [r["loss"] for r in log.records],
             "spike_rates": [r["spike_rate"] for r in log.records],
+            "grad_norms": [r["grad_norm"] for r in log.records],
         }
         summary["layer_spike_rates"] = run.trainer.layer_spike_rates()
         extra = run.trainer.plugins.summary(plan)

@@ -9,6 +9,7 @@ import torch
 from snnfw import data as datalib
 from snnfw.config import Config
 from snnfw.distributed import all_reduce, broadcast_state, dp_coordinate, dp_group
+from snnfw.grad_norm import clip_gradients, global_grad_norm
 from snnfw.metrics import SpikeCounter
 from snnfw.optim import build_scheduler
 from snnfw.phases import PHASES
@@ -69,6 +70,10 @@ class Trainer:
         with PHASES("running_stats"):
             self.running_stats.apply()
         lr = self.optimizer.param_groups[0]["lr"]
+        with PHASES("grad_norm"):
+            grad_norm = global_grad_norm(self.model, plan)
+            if self.config.train.clip_grad_norm is not None:
+                clip_gradients(self.model, grad_norm, self.config.train.clip_grad_norm)
         with PHASES("optimizer"):
             self.optimizer.step()
             self.optimizer.zero_grad(set_to_none=True)
@@ -81,6 +86,7 @@ class Trainer:
         return {
             "loss": loss / samples,
             "lr": lr,
+            "grad_norm": grad_norm,
             "train_acc": correct / samples,
             "spike_rate": spikes / max(elements, 1.0),
             **{key: total / plan.world_size for key, total in zip(extra, extra_totals)},

@@ -1,5 +1,6 @@
 """Optimizers and learning-rate schedules by name: curves, weight-decay groups, refusals, the guarantee, resuming."""
 
+import copy
 import functools
 import json
 import math
@@ -137,9 +138,11 @@ def test_unknown_names_list_the_registered_ones(plugins):
         check_train(train(lr_schedule="onecycle"), plugins)
 
 
-# The guarantee with decoupled weight decay, exempt groups and a warmed-up cosine.
+# The guarantee with decoupled weight decay, exempt groups, a warmed-up cosine and gradient clipping:
+# the pre-clip norm of the whole model equals none's on whole, sharded, sliced and staged gradients.
+CLIP = 0.25  # below every step's gradient norm (0.3-0.6 in the reference): every step clips
 RECIPE = {"optimizer": "adamw", "weight_decay": 0.05, "no_decay": ["norm", "bias", "neuron"],
-          "lr_schedule": "cosine", "warmup_steps": 5, "min_lr": 3e-4}
+          "lr_schedule": "cosine", "warmup_steps": 5, "min_lr": 3e-4, "clip_grad_norm": CLIP}
 STEPS = 20
 
 
@@ -149,23 +152,26 @@ def reference(microbatches):
 
 
 def recipe_cases():
-    """Sliced (tp) and staged (pp) parameter groups in the default run; the others with -m full_matrix."""
+    """Sliced (tp) and staged (pp) parameters in the default run; the others with -m full_matrix."""
     for case in CASES:
-        if case.name in ("dp", "zero", "fsdp2", "tp", "pp-1f1b"):
+        if case.name in ("dp", "zero", "fsdp2", "hsdp", "tp", "fsdp2_tp", "pp-1f1b", "pp-x-dp"):
             marks = [] if case.name in ("tp", "pp-1f1b") else [pytest.mark.full_matrix]
             yield pytest.param(case, id=case.name, marks=marks)
 
 
 @pytest.mark.parametrize("case", recipe_cases())
-def test_float64_adamw_cosine_matches_none(case):
+def test_float64_adamw_cosine_clipped_matches_none(case):
     want = reference(case.reference_microbatches)
     assert all(0.02 < rate < 0.5 for rate in want["spike_rates"]), f"firing rates {want['spike_rates']}"  # neurons fire
+    assert all(norm > CLIP for norm in want["grad_norms"]), f"the clip is not active: {want['grad_norms']}"
     config = case_config("cifar10dvs_vgg", case, "float64", STEPS, RECIPE)
     summaries = run_on_ranks(config, case.ranks, inspect=final_state, timeout_s=600)
     for rank, got in enumerate(summaries):
         assert len(got["losses"]) == STEPS
         for step, (loss, ref) in enumerate(zip(got["losses"], want["losses"]), start=1):
             assert_close(f"rank {rank} step {step} loss", loss, ref)
+        for step, (norm, ref) in enumerate(zip(got["grad_norms"], want["grad_norms"]), start=1):
+            assert_close(f"rank {rank} step {step} pre-clip gradient norm", norm, ref)
         assert got["test_accuracy"] == want["test_accuracy"], f"rank {rank}: test accuracy differs from none's"
         assert got["inspect"], f"rank {rank} holds no model state"
         for name, tensor in got["inspect"].items():
@@ -211,3 +217,20 @@ def test_zero_killed_in_warmup_resumes_under_none(tmp_path, one_thread):
     resumed = run_training(tiny_config(microbatches=2, train=keys, checkpoint={"every": 2}), tmp_path, resume=True)
     assert resumed["resumed_from"] == 2
     assert resumed["losses"] == pytest.approx(whole["losses"][2:], abs=1e-5)
+
+
+def test_the_gradient_norm_and_clip_are_torchs_on_one_process():
+    from types import SimpleNamespace
+
+    from snnfw.grad_norm import clip_gradients, global_grad_norm
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(6, 5), torch.nn.ReLU(), torch.nn.Linear(5, 3))
+    model(torch.randn(4, 6)).square().sum().backward()
+    twin = copy.deepcopy(model)
+    for p, q in zip(model.parameters(), twin.parameters()):
+        q.grad = p.grad.clone()
+    norm = global_grad_norm(model, SimpleNamespace(world_size=1, mesh=(("dp", 1),)))
+    assert norm == pytest.approx(torch.nn.utils.clip_grad_norm_(twin.parameters(), 0.5).item(), rel=1e-6) and norm > 0.5
+    clip_gradients(model, norm, 0.5)
+    assert all(torch.allclose(p.grad, q.grad) for p, q in zip(model.parameters(), twin.parameters()))

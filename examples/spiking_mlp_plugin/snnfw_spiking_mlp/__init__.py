@@ -63,7 +63,15 @@ def snnfw_shard_neuron(module, placement, mesh):
         return None
     group = mesh.get_group()  # the 1-D tensor-parallel mesh
 
-    module.w.register_hook(lambda grad: all_reduce(grad.clone(), group))  # counted in tp_allreduce_calls
+    def sum_over_shards(module, args):
+        # The w that forward uses: the parameter itself, or FSDP2's unsharded copy (under fsdp2_tp), which
+        # is another tensor than the one seen here; each gets the hook once.
+        w = module.w
+        if not getattr(w, "_snnfw_summed_over_tp", False):
+            w.register_hook(lambda grad: all_reduce(grad.clone(), group))  # counted in tp_allreduce_calls
+            w._snnfw_summed_over_tp = True
+
+    module.register_forward_pre_hook(sum_over_shards)
     return check_local_size(module, placement, mesh)
 
 
