@@ -12,7 +12,8 @@ from snnfw import hookimpl
 from snnfw.errors import CheckpointError, ConfigError
 from snnfw.optim import LrScheduleSpec, OptimizerSpec, build_optimizer
 from snnfw.phases import PHASES
-from snnfw.step import StepOutput, classification_loss, count_correct
+from snnfw.losses import LossSpec, cross_entropy, mse_rate, training_loss
+from snnfw.step import StepOutput, count_correct
 
 if TYPE_CHECKING:
     import torch
@@ -25,6 +26,13 @@ def _torch_optimizer(name: str):
         return getattr(torch.optim, name)
 
     return torch_class
+
+
+@hookimpl
+def snnfw_register_losses(register):
+    register("cross_entropy", LossSpec(cross_entropy, ("label_smoothing",), {"label_smoothing": 0.0}),
+             "cross entropy of the time-averaged logits, train.label_smoothing (0)")
+    register("mse_rate", LossSpec(mse_rate), "mean squared error of the time-averaged output against one-hot targets")
 
 
 @hookimpl
@@ -183,13 +191,14 @@ def gradient_sync(model: torch.nn.Module, enabled: bool):
 @hookimpl(trylast=True)
 def snnfw_forward_backward(model, batches, plan, hooks):
     loss_sum, correct, samples = 0.0, 0, 0
+    loss_of = training_loss(plan.config.train, hooks)
     for m, (frames, labels) in enumerate(batches):
         with gradient_sync(model, enabled=m == len(batches) - 1):
             with PHASES("reset"):
                 hooks.reset_state(model)
             with PHASES("forward"):
                 logits = model(frames)
-                loss = classification_loss(logits, labels)
+                loss = loss_of(logits, labels)
             with PHASES("backward"):
                 (loss / len(batches)).backward()
         loss_sum += float(loss.detach())

@@ -166,10 +166,15 @@ def _optional_float(value: Any) -> float | None:
 @attrs.frozen
 class TrainConfig:
     steps: int = attrs.field(default=20, validator=_positive)
+    epochs: int | None = attrs.field(default=None, validator=v.optional(_positive))  # instead of steps
     lr: float = attrs.field(default=1e-3, converter=float, validator=v.gt(0))
     seed: int = attrs.field(default=0, validator=v.instance_of(int))
     microbatches: int | None = attrs.field(default=None, validator=v.optional(_positive))
     optimizer: str = attrs.field(default="adam", validator=v.instance_of(str))
+    loss: str = attrs.field(default="cross_entropy", validator=v.instance_of(str))
+    label_smoothing: float | None = attrs.field(
+        default=None, converter=_optional_float, validator=v.optional([v.ge(0), v.lt(1)])
+    )
     weight_decay: float | None = attrs.field(default=None, converter=_optional_float, validator=v.optional(v.ge(0)))
     betas: tuple[float, float] | None = attrs.field(default=None, converter=_numbers("betas", float, 2, "[0.9, 0.999]"))
     momentum: float | None = attrs.field(default=None, converter=_optional_float, validator=v.optional(v.ge(0)))

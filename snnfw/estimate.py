@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 import attrs
 
-from snnfw.step import classification_loss
+from snnfw.losses import cross_entropy
 
 if TYPE_CHECKING:
     import torch
@@ -139,7 +139,7 @@ def measure_cost(model: torch.nn.Module, example: torch.Tensor, labels: torch.Te
 
     def step():
         reset(model)
-        classification_loss(model(example), labels).backward()
+        cross_entropy({"label_smoothing": 0.0})(model(example), labels).backward()
 
     samples = len(labels)
     model.train()
@@ -149,7 +149,7 @@ def measure_cost(model: torch.nn.Module, example: torch.Tensor, labels: torch.Te
     elapsed_ms = (time.perf_counter() - started) * 1e3
     reset(model)
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        classification_loss(model(example), labels)
+        cross_entropy({"label_smoothing": 0.0})(model(example), labels)
     state = sum(v.numel() * v.element_size() for m in model.modules() if isinstance(v := getattr(m, "v", None), torch.Tensor))
     return ModelCost(
         parameters=sum(p.numel() for p in model.parameters()),

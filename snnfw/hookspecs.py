@@ -60,6 +60,11 @@ def snnfw_register_lr_schedules(register):
     """
 
 
+@hookspec
+def snnfw_register_losses(register):
+    """Register training losses for ``train.loss``: ``register(name, snnfw.losses.LossSpec(...))``."""
+
+
 # The flow: analyze -> plan -> apply (parallelize, optimizer) -> run.
 
 

@@ -108,7 +108,7 @@ class MetricsLog:
             self._file.flush()
         if show:
             print(
-                f"[snnfw] step {record['step']}/{self.total_steps} loss {record['loss']:.4f} lr {record['lr']:.3g} "
+                f"[snnfw] step {record['step']}/{self.total_steps} epoch {record['epoch']:.2f} loss {record['loss']:.4f} lr {record['lr']:.3g} "
                 f"grad {record['grad_norm']:.3g} "
                 f"acc {record['train_acc']:.1%} spikes {record['spike_rate']:.1%} "
                 f"{record['step_ms']:.0f} ms {record['samples_per_s']:.1f} samples/s "

@@ -33,6 +33,7 @@ _REGISTRATION_HOOKS = {
     "schedule": "snnfw_register_schedules",
     "optimizer": "snnfw_register_optimizers",
     "lr schedule": "snnfw_register_lr_schedules",
+    "loss": "snnfw_register_losses",
 }
 
 
@@ -189,6 +190,10 @@ class Plugins:
     @property
     def optimizers(self) -> Registry:
         return self.registries["optimizer"]
+
+    @property
+    def losses(self) -> Registry:
+        return self.registries["loss"]
 
     @property
     def lr_schedules(self) -> Registry:

@@ -16,6 +16,7 @@ from snnfw.analysis import Analysis, analyze
 from snnfw.auto import measure, ranked_candidates
 from snnfw.config import Config
 from snnfw.errors import ConfigError
+from snnfw.losses import check_loss
 from snnfw.optim import check_train
 from snnfw.plan import AUTO, Plan, PlanRequest, Topology, make_plan
 from snnfw.plugins import Plugins
@@ -23,19 +24,18 @@ from snnfw.plugins import Plugins
 
 def build_model(config: Config, plugins: Plugins, given=None):
     """Builds the configured model (or ``given``) with the run's seed; returns (model, input spec)."""
-    model, source = _build(config, plugins, given)
-    return model, source.spec
-
-
-def _build(config: Config, plugins: Plugins, given=None):
     source = models.source(config, plugins, given)
+    return _build(config, source), source.spec
+
+
+def _build(config: Config, source: models.Source) -> torch.nn.Module:
     torch.manual_seed(config.train.seed)
     model = source.build()
     if not isinstance(model, torch.nn.Module):
         raise ConfigError(f"{source.name} returned {type(model).__name__}, not a torch.nn.Module; return the network")
     if config.model.input_layout == "TN":
         models.time_major_input(model)
-    return model, source
+    return model
 
 
 def _analyze(model, config: Config, source, plugins: Plugins) -> Analysis:
@@ -53,24 +53,47 @@ class Prepared:
     given_instance: bool = False  # a module handed over whole: ranks take rank 0's initial state
 
 
-def _check(config: Config, plugins: Plugins, own_data: bool) -> None:
+def _check_data(config: Config, plugins: Plugins, own_data: bool) -> None:
     if own_data or config.data.builder is not None:
         datalib.check_own_data(config, given=own_data)
     else:
         plugins.datasets.entry(config.data.name)  # unknown names list the registered ones
         datalib.check_keys(config, plugins.datasets.get(config.data.name))
+
+
+def with_epochs(config: Config, train_samples: int) -> Config:
+    """``config`` with ``train.steps`` from ``train.epochs``: that many passes of whole global batches."""
+    epochs, batch = config.train.epochs, config.data.batch_size
+    if epochs is None:
+        return config
+    if "train.steps" in config.explicit:
+        raise ConfigError(f"train.steps ({config.train.steps}) and train.epochs ({epochs}) both say how long to train; remove one of them")
+    if train_samples < batch:
+        raise ConfigError(f"the training set has {train_samples} samples, fewer than one global batch ({batch}); lower data.batch_size")
+    return attrs.evolve(config, train=attrs.evolve(config.train, steps=epochs * (train_samples // batch)))
+
+
+def _resolved(config: Config, plugins: Plugins, source: models.Source, datasets: tuple | None) -> Config:
+    """The config with what the model and data set decide (``train.steps`` from epochs), its [train] keys checked."""
+    if config.train.epochs is not None:
+        train_set = datasets[0] if datasets else build_datasets(config, source.spec, plugins)[0]
+        config = with_epochs(config, len(train_set))
     check_train(config.train, plugins)
+    check_loss(config.train, plugins)
+    return config
 
 
 def prepare(config: Config, world_size: int, plugins: Plugins, local_ranks: int | None = None,
-            model=None, own_data: bool = False) -> Prepared:
+            model=None, datasets: tuple | None = None) -> Prepared:
     """analyze -> plan for a world of ``world_size`` ranks, ``local_ranks`` on this node; starts no process.
 
-    ``model`` is a module or builder handed to the Python API; ``own_data`` says that data sets were.
+    ``model`` (a module or builder) and ``datasets`` (train, test) are what the Python API was handed.
     """
-    _check(config, plugins, own_data)
+    _check_data(config, plugins, datasets is not None)
+    source = models.source(config, plugins, model)
+    config = _resolved(config, plugins, source, datasets)
     topology = Topology.detect(world_size, config.parallel.device, local_ranks)
-    built, source = _build(config, plugins, model)
+    built = _build(config, source)
     analysis = _analyze(built, config, source, plugins)
     cost = measure(built, source.spec, plugins) if config.parallel.strategy == AUTO else None
     plan = make_plan(config, topology, analysis, plugins, built, cost)
@@ -80,8 +103,10 @@ def prepare(config: Config, world_size: int, plugins: Plugins, local_ranks: int 
 
 def auto_candidates(config: Config, world_size: int, plugins: Plugins) -> list:
     """``auto``'s runnable candidates for ``config`` on ``world_size`` ranks, best first; starts no process."""
-    _check(config, plugins, own_data=False)
-    model, source = _build(config, plugins)
+    _check_data(config, plugins, own_data=False)
+    source = models.source(config, plugins)
+    config = _resolved(config, plugins, source, None)
+    model = _build(config, source)
     request = PlanRequest(
         config=config, topology=Topology.detect(world_size, config.parallel.device),
         analysis=_analyze(model, config, source, plugins), model=model, plugins=plugins,

@@ -1,4 +1,4 @@
-"""Named things that plugins contribute: strategies, model families, data sets, schedules, optimizers, lr schedules."""
+"""Named things that plugins contribute: strategies, model families, data sets, schedules, optimizers, lr schedules, losses."""
 
 from __future__ import annotations
 

@@ -17,6 +17,9 @@ from snnfw.session import start
 from snnfw.trainer import Trainer
 
 
+FINAL_MODEL = "final_model.pt"  # the trained model's weights and buffers by its own names (torch.save)
+
+
 def run_training(
     config: Config,
     run_dir: str | Path | None = None,
@@ -50,6 +53,8 @@ def run_training(
                 run.save(step + 1, record["loss"])
         log.close()
         accuracy = run.evaluate()
+        if run_dir is not None:
+            run.export(run_dir / FINAL_MODEL)
         timed = log.records[1:] or log.records
         summary = {
             "steps": config.train.steps,

@@ -170,7 +170,7 @@ def start(
     env = RankEnv.from_environ()
     plugins = plugins or Plugins()
     datasets = (train_set, test_set) if train_set is not None else None
-    prepared = prepare(config, env.world_size, plugins, model=model, own_data=datasets is not None)
+    prepared = prepare(config, env.world_size, plugins, model=model, datasets=datasets)
     config = prepared.plan.config  # as resolved: auto's choice, the preference's defaults
     with process_group(prepared.plan, env, config.parallel.timeout_s) as mesh:
         if mesh is not None:

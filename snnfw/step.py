@@ -1,4 +1,4 @@
-"""What one rank computes in a training or evaluation step, and the loss all strategies share."""
+"""What one rank computes in a training or evaluation step; the losses are in :mod:`snnfw.losses`."""
 
 from __future__ import annotations
 
@@ -23,13 +23,6 @@ class StepOutput:
     loss: float
     correct: int
     samples: int
-
-
-def classification_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    """Cross entropy of the time-averaged logits ``[T, N, classes]``."""
-    import torch.nn.functional as F
-
-    return F.cross_entropy(logits.mean(0), labels)
 
 
 def count_correct(logits: torch.Tensor, labels: torch.Tensor) -> int:

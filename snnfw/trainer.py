@@ -85,6 +85,7 @@ class Trainer:
         )
         return {
             "loss": loss / samples,
+            "epoch": (step + 1) * plan.global_batch / len(self.train_set),  # passes over the training set so far
             "lr": lr,
             "grad_norm": grad_norm,
             "train_acc": correct / samples,

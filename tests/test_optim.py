@@ -138,11 +138,11 @@ def test_unknown_names_list_the_registered_ones(plugins):
         check_train(train(lr_schedule="onecycle"), plugins)
 
 
-# The guarantee with decoupled weight decay, exempt groups, a warmed-up cosine and gradient clipping:
+# The guarantee with decoupled weight decay, exempt groups, a warmed-up cosine, gradient clipping and label smoothing:
 # the pre-clip norm of the whole model equals none's on whole, sharded, sliced and staged gradients.
 CLIP = 0.25  # below every step's gradient norm (0.3-0.6 in the reference): every step clips
 RECIPE = {"optimizer": "adamw", "weight_decay": 0.05, "no_decay": ["norm", "bias", "neuron"],
-          "lr_schedule": "cosine", "warmup_steps": 5, "min_lr": 3e-4, "clip_grad_norm": CLIP}
+          "lr_schedule": "cosine", "warmup_steps": 5, "min_lr": 3e-4, "clip_grad_norm": CLIP, "label_smoothing": 0.1}
 STEPS = 20
 
 

@@ -6,6 +6,7 @@ import torch
 from torch import nn
 
 from snnfw.errors import PluginError
+from snnfw.losses import training_loss
 from snnfw_plugins.strategies.pp_model import PipelineModel, ScoredLoss
 from snnfw_plugins.strategies.pp_stages import Stage, Stopwatch, decide_split, pipeline_stage
 from snnfw_plugins.strategies.pp_state import tensor_names
@@ -60,7 +61,7 @@ def build_pipeline(model: nn.Module, plan, mesh, hooks) -> PipelineModel:
             unit.to("meta")  # frees what other ranks hold
     for stage in stages.values():
         stage.register_forward_pre_hook(lambda module, args: hooks.reset_state(module))
-    stopwatch, loss = Stopwatch(), ScoredLoss()
+    stopwatch, loss = Stopwatch(), ScoredLoss(training_loss(plan.config.train, hooks))
     torch_stages = [pipeline_stage(stages[i], i, split, device, group, stopwatch) for i in indices]
     schedule = hooks.schedule(torch_stages, plan, loss)
     if schedule is None:

@@ -8,20 +8,20 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from snnfw.step import StepOutput, classification_loss, count_correct
+from snnfw.step import StepOutput, count_correct
 
 HEADER_LENGTH = 8  # ndim and up to 7 sizes, sent before an activation in evaluation
 
 
 class ScoredLoss:
-    """The loss of one microbatch (``classification_loss``), counting correct predictions on the way."""
+    """The training loss of one microbatch (``loss_of``), counting correct predictions on the way."""
 
-    def __init__(self):
-        self.correct = 0
+    def __init__(self, loss_of):
+        self.correct, self.loss_of = 0, loss_of
 
     def __call__(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         self.correct += count_correct(logits.detach(), labels)
-        return classification_loss(logits, labels)
+        return self.loss_of(logits, labels)
 
 
 class StepTimes:
