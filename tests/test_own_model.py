@@ -60,6 +60,9 @@ def test_the_api_example_and_snnfw_train_give_the_same_losses_and_an_export_the_
     from_cli = json.loads((tmp_path / "cli" / "summary.json").read_text())
     assert from_api["losses"] == from_cli["losses"] and len(from_api["losses"]) == 8
     assert from_api["test_accuracy"] == from_cli["test_accuracy"]
+    final = torch.load(tmp_path / "cli" / "final_model.pt", weights_only=True)  # what every run leaves behind
+    exported = torch.load(tmp_path / "net.pt", weights_only=True)
+    assert final.keys() == exported.keys() and all(torch.equal(final[k], exported[k]) for k in final)
     net = example_module().build()
     fresh = {name: tensor.clone() for name, tensor in net.state_dict().items()}
     net.load_state_dict(torch.load(tmp_path / "net.pt", weights_only=True), strict=True)
