@@ -12,6 +12,7 @@ from snnfw import hookimpl
 from snnfw.errors import CheckpointError, ConfigError
 from snnfw.optim import LrScheduleSpec, OptimizerSpec, build_optimizer
 from snnfw.phases import PHASES
+from snnfw.precision import autocast
 from snnfw.losses import LossSpec, cross_entropy, mse_rate, training_loss
 from snnfw.step import StepOutput, count_correct
 
@@ -192,12 +193,14 @@ def gradient_sync(model: torch.nn.Module, enabled: bool):
 def snnfw_forward_backward(model, batches, plan, hooks):
     loss_sum, correct, samples = 0.0, 0, 0
     loss_of = training_loss(plan.config.train, hooks)
+    precision = autocast(plan.config.train, plan.device_type)
     for m, (frames, labels) in enumerate(batches):
         with gradient_sync(model, enabled=m == len(batches) - 1):
             with PHASES("reset"):
                 hooks.reset_state(model)
             with PHASES("forward"):
-                logits = model(frames)
+                with precision:
+                    logits = model(frames)
                 loss = loss_of(logits, labels)
             with PHASES("backward"):
                 (loss / len(batches)).backward()
@@ -210,4 +213,6 @@ def snnfw_forward_backward(model, batches, plan, hooks):
 @hookimpl(trylast=True)
 def snnfw_evaluate(model, frames, labels, plan, hooks):
     hooks.reset_state(model)
-    return StepOutput(loss=0.0, correct=count_correct(model(frames), labels), samples=len(labels))
+    with autocast(plan.config.train, plan.device_type):
+        logits = model(frames)
+    return StepOutput(loss=0.0, correct=count_correct(logits, labels), samples=len(labels))

@@ -14,6 +14,7 @@ import attrs
 
 from snnfw.config import TrainConfig
 from snnfw.errors import ConfigError
+from snnfw.precision import full_precision
 
 if TYPE_CHECKING:
     import torch
@@ -52,7 +53,7 @@ def cross_entropy(options: dict[str, Any]) -> Loss:
     import torch.nn.functional as F
 
     smoothing = options["label_smoothing"]
-    return lambda logits, labels: F.cross_entropy(logits.mean(0), labels, label_smoothing=smoothing)
+    return lambda logits, labels: F.cross_entropy(full_precision(logits).mean(0), labels, label_smoothing=smoothing)
 
 
 def mse_rate(options: dict[str, Any]) -> Loss:
@@ -60,7 +61,7 @@ def mse_rate(options: dict[str, Any]) -> Loss:
     import torch.nn.functional as F
 
     def loss(logits, labels):
-        rate = logits.mean(0)
+        rate = full_precision(logits).mean(0)
         return F.mse_loss(rate, F.one_hot(labels, rate.shape[-1]).to(rate.dtype))
 
     return loss

@@ -18,6 +18,7 @@ from snnfw.config import Config
 from snnfw.errors import ConfigError
 from snnfw.losses import check_loss
 from snnfw.optim import check_train
+from snnfw.precision import check_precision
 from snnfw.plan import AUTO, Plan, PlanRequest, Topology, make_plan
 from snnfw.plugins import Plugins
 
@@ -80,6 +81,7 @@ def _resolved(config: Config, plugins: Plugins, source: models.Source, datasets:
         config = with_epochs(config, len(train_set))
     check_train(config.train, plugins)
     check_loss(config.train, plugins)
+    check_precision(config.train)
     return config
 
 

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import functools
+
 import torch
 from torch import nn
 
 from snnfw.errors import PluginError
 from snnfw.losses import training_loss
+from snnfw.precision import autocast
 from snnfw_plugins.strategies.pp_model import PipelineModel, ScoredLoss
 from snnfw_plugins.strategies.pp_stages import Stage, Stopwatch, decide_split, pipeline_stage
 from snnfw_plugins.strategies.pp_state import tensor_names
@@ -51,7 +54,8 @@ def build_pipeline(model: nn.Module, plan, mesh, hooks) -> PipelineModel:
         )
     split = decide_split(model, plan, hooks, example, pp * pipeline.virtual_stages)
     indices = spec.stage_indices(pp_rank, pp, pipeline.virtual_stages)
-    every = [Stage(*(units[u] for u in split.unit_range(index))) for index in range(len(split.layout))]
+    precision = functools.partial(autocast, plan.config.train, plan.device_type)
+    every = [Stage(*(units[u] for u in split.unit_range(index)), precision=precision) for index in range(len(split.layout))]
     hooks.transform_stages(model, list(zip(every, stage_inputs(every, example, hooks))), tuple(indices), plan)
     hooks.compile(model, plan)
     stages = {index: every[index] for index in indices}

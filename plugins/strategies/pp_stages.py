@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import statistics
 import time
@@ -14,19 +15,25 @@ from torch.distributed.pipelining import PipelineStage
 
 from snnfw.errors import ConfigError, PluginError
 from snnfw.pipeline import balanced_layout, parse_layout
+from snnfw.precision import autocast
 
 TIMED_PASSES = 3
 Meta = tuple[tuple[int, ...], torch.dtype]
 
 
 class Stage(nn.Sequential):
-    """Consecutive pipeline units run as one stage.
+    """Consecutive pipeline units run as one stage, under ``precision()`` (``train.precision``'s autocast).
 
     The output is never a view: zero-bubble schedules detach stage outputs in place.
     """
 
+    def __init__(self, *units: nn.Module, precision=contextlib.nullcontext):
+        super().__init__(*units)
+        self.precision = precision
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out = super().forward(x)
+        with self.precision():
+            out = super().forward(x)
         return out.clone() if out._base is not None else out
 
 
@@ -113,18 +120,24 @@ def decide_split(model: nn.Module, plan, hooks, example: torch.Tensor, stages: i
     and broadcasts the split, so every rank uses the same one."""
     payload: list[Split | str | None] = [None]
     if dist.get_rank() == 0:
-        replica = copy.deepcopy(model)
-        units = hooks.split_stages(replica, plan, example)
-        payload = [composition_error(replica, units, example, hooks.reset_state)]
-        if payload[0] is None:
-            given = plan.config.pipeline.layout
-            boundaries, unit_ms = measure_units(units, example, hooks.reset_state, 0 if given else TIMED_PASSES)
-            layout = parse_layout(given) if given else balanced_layout(unit_ms, stages)
-            payload = [Split(layout, boundaries, unit_ms)]
+        with autocast(plan.config.train, plan.device_type):  # boundary dtypes as training computes them
+            payload = [_split_on_rank_0(model, plan, hooks, example, stages)]
     dist.broadcast_object_list(payload, src=0)
     if isinstance(payload[0], str):
         raise (ConfigError if plan.analysis.own else PluginError)(payload[0])
     return payload[0]
+
+
+def _split_on_rank_0(model: nn.Module, plan, hooks, example: torch.Tensor, stages: int) -> Split | str:
+    """The split, or why the units do not compute the model."""
+    replica = copy.deepcopy(model)
+    units = hooks.split_stages(replica, plan, example)
+    if error := composition_error(replica, units, example, hooks.reset_state):
+        return error
+    given = plan.config.pipeline.layout
+    boundaries, unit_ms = measure_units(units, example, hooks.reset_state, 0 if given else TIMED_PASSES)
+    layout = parse_layout(given) if given else balanced_layout(unit_ms, stages)
+    return Split(layout, boundaries, unit_ms)
 
 
 def composition_error(model: nn.Module, units: list[nn.Module], example: torch.Tensor, reset) -> str | None:
