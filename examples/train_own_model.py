@@ -90,7 +90,7 @@ def main() -> None:
             losses.append(record["loss"])
             if main_rank and (step + 1) % 10 == 0:
                 print(f"step {step + 1}: loss {record['loss']:.4f}, lr {record['lr']:.2e}, spikes {record['spike_rate']:.1%}")
-        accuracy = run.evaluate()
+        accuracy = run.evaluate()["eval_acc"]
         if args.export:
             run.export(args.export)
         if main_rank:

@@ -14,7 +14,7 @@ from snnfw.optim import LrScheduleSpec, OptimizerSpec, build_optimizer
 from snnfw.phases import PHASES
 from snnfw.precision import autocast
 from snnfw.losses import LossSpec, cross_entropy, mse_rate, training_loss
-from snnfw.step import StepOutput, count_correct
+from snnfw.step import StepOutput, count_correct, scored
 
 if TYPE_CHECKING:
     import torch
@@ -215,4 +215,4 @@ def snnfw_evaluate(model, frames, labels, plan, hooks):
     hooks.reset_state(model)
     with autocast(plan.config.train, plan.device_type):
         logits = model(frames)
-    return StepOutput(loss=0.0, correct=count_correct(logits, labels), samples=len(labels))
+    return scored(logits, labels, training_loss(plan.config.train, hooks))

@@ -1,7 +1,7 @@
 """The run configuration: TOML loaded into frozen attrs classes.
 
 Every key lives in one section (``[model]``, ``[data]``, ``[parallel]``,
-``[pipeline]``, ``[train]``, ``[checkpoint]``, ``[memopt]``, ``[compile]``);
+``[pipeline]``, ``[train]``, ``[checkpoint]``, ``[memopt]``, ``[compile]``, ``[eval]``);
 unknown keys are refused by name. ``--set section.key=value`` overrides any
 key, with the value read as TOML (so ``--set train.lr=0.01`` is a float and
 ``--set model.flavor=full`` a string).
@@ -223,6 +223,14 @@ class CompileConfig:
     fullgraph: bool = attrs.field(default=False, validator=v.instance_of(bool))
 
 
+@attrs.frozen
+class EvalConfig:
+    """Validation on the test split during training: every ``every`` steps, or every ``every_epochs`` epochs."""
+
+    every: int = attrs.field(default=0, validator=[v.instance_of(int), v.ge(0)])
+    every_epochs: int = attrs.field(default=0, validator=[v.instance_of(int), v.ge(0)])
+
+
 EXPLICIT = "explicit"  # the top-level entry of Config.to_dict that lists the keys the user set
 
 
@@ -236,6 +244,7 @@ class Config:
     checkpoint: CheckpointConfig = CheckpointConfig()
     memopt: MemoptConfig = MemoptConfig()
     compile: CompileConfig = CompileConfig()
+    eval: EvalConfig = EvalConfig()
     explicit: frozenset[str] = attrs.field(default=frozenset(), converter=frozenset)  # "section.key"s the user set
 
     def to_dict(self) -> dict[str, Any]:
@@ -251,7 +260,7 @@ class Config:
 
 _SECTION_CLASSES = {
     "model": ModelConfig, "data": DataConfig, "parallel": ParallelConfig, "pipeline": PipelineConfig, "train": TrainConfig,
-    "checkpoint": CheckpointConfig, "memopt": MemoptConfig, "compile": CompileConfig,
+    "checkpoint": CheckpointConfig, "memopt": MemoptConfig, "compile": CompileConfig, "eval": EvalConfig,
 }
 
 

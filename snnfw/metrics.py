@@ -34,8 +34,9 @@ class SpikeCounter:
         spikes, elements = self._counts[name]
         self._counts[name] = (spikes + output.detach().sum(), elements + output.numel())
 
-    def take(self) -> tuple[float, int]:
-        """Returns and clears the counts since the last call (all neuron modules together).
+    def take(self, record: bool = True) -> tuple[float, int]:
+        """Returns and clears the counts since the last call (all neuron modules together),
+        adding them to :meth:`by_layer` when ``record`` (training steps, not evaluation).
 
         One host transfer per step (per device and dtype, one in a run): the counts
         of the neuron modules that ran are stacked where they are and read with one
@@ -48,8 +49,9 @@ class SpikeCounter:
         total_spikes, total_elements = 0.0, 0
         for name in self._counts:
             layer_spikes, layer_elements = float(spikes.get(name, 0.0)), int(elements.get(name, 0))
-            self._run[name][0] += layer_spikes
-            self._run[name][1] += layer_elements
+            if record:
+                self._run[name][0] += layer_spikes
+                self._run[name][1] += layer_elements
             total_spikes, total_elements = total_spikes + layer_spikes, total_elements + layer_elements
         self.clear()
         return total_spikes, total_elements
@@ -112,7 +114,9 @@ class MetricsLog:
                 f"grad {record['grad_norm']:.3g} "
                 f"acc {record['train_acc']:.1%} spikes {record['spike_rate']:.1%} "
                 f"{record['step_ms']:.0f} ms {record['samples_per_s']:.1f} samples/s "
-                f"peak {record['peak_mem_mb']:.0f} MB{self._eta(record['step'])}",
+                f"peak {record['peak_mem_mb']:.0f} MB"
+                + (f" eval acc {record['eval_acc']:.1%} loss {record['eval_loss']:.4f}" if "eval_acc" in record else "")
+                + self._eta(record["step"]),
                 file=sys.stderr,
                 flush=True,
             )

@@ -18,6 +18,7 @@ from snnfw.trainer import Trainer
 
 
 FINAL_MODEL = "final_model.pt"  # the trained model's weights and buffers by its own names (torch.save)
+BEST_MODEL = "best_model.pt"  # the same, at the validation with the highest eval_acc (with eval.every)
 
 
 def run_training(
@@ -41,9 +42,17 @@ def run_training(
     with start(config, run_dir=run_dir, resume=resume, plugins=plugins) as run:
         config, plan, is_main = run.config, run.plan, run.env.rank == 0
         log = MetricsLog(run_dir, is_main, config.train.steps, run.start_step)
+        best, evaluated = None, None  # (eval_acc, step) of the best validation; the last step's validation
         for step in range(run.start_step, config.train.steps):
             faults.inject(step + 1, run.env.rank)
             record = run.step(step)
+            if config.eval.every and (step + 1) % config.eval.every == 0:
+                evaluated = run.evaluate()
+                record.update(evaluated)
+                if best is None or evaluated["eval_acc"] > best[0]:
+                    best = (evaluated["eval_acc"], step + 1)
+                    if run_dir is not None:
+                        run.export(run_dir / BEST_MODEL)
             log.write(record, show=is_main and ((step + 1) % config.train.log_every == 0 or step + 1 == config.train.steps))
             if not math.isfinite(record["loss"]):
                 log.close()
@@ -52,7 +61,8 @@ def run_training(
             if run.checkpoints.due(step + 1):
                 run.save(step + 1, record["loss"])
         log.close()
-        accuracy = run.evaluate()
+        final = evaluated if evaluated is not None and log.records and "eval_acc" in log.records[-1] else run.evaluate()
+        accuracy = final["eval_acc"]
         if run_dir is not None:
             run.export(run_dir / FINAL_MODEL)
         timed = log.records[1:] or log.records
@@ -61,6 +71,8 @@ def run_training(
             "final_loss": log.records[-1]["loss"] if log.records else run.resumed_loss,
             "resumed_from": run.start_step,
             "test_accuracy": accuracy,
+            "eval": final,
+            **({"best_eval_acc": best[0], "best_step": best[1]} if best else {}),
             "mean_step_ms": sum(r["step_ms"] for r in timed) / max(len(timed), 1),
             "wall_s": time.perf_counter() - started,
             "materialize_s": run.trainer.materialize_s,

@@ -10,7 +10,7 @@ as one process), then::
     with snnfw.start(config, model=MyNet, train_set=train, test_set=test) as run:
         for step in range(run.start_step, run.config.train.steps):
             record = run.step(step)          # loss, lr, train_acc, spike_rate, step_ms, ...
-        print(run.evaluate())
+        print(run.evaluate()["eval_acc"])
         run.export("my_net.pt")              # a plain state dict by MyNet's own names
 
 ``model`` is a module class or builder (called on every rank after seeding
@@ -99,8 +99,9 @@ class Session:
         )
         return record
 
-    def evaluate(self) -> float:
-        """Accuracy on the test split, scored by all replicas (a collective)."""
+    def evaluate(self) -> dict[str, float]:
+        """``eval_loss``, ``eval_acc`` (``eval_acc5`` with more than 5 classes) and ``eval_spike_rate``
+        on the test split, every sample scored once over the replicas (a collective)."""
         return self.trainer.evaluate()
 
     def save(self, step: int, loss: float = float("nan")) -> None:

@@ -23,7 +23,18 @@ class StepOutput:
     loss: float
     correct: int
     samples: int
+    top5: int = 0  # samples whose label is among the 5 largest logits (evaluation)
 
 
 def count_correct(logits: torch.Tensor, labels: torch.Tensor) -> int:
     return int((logits.mean(0).argmax(1) == labels).sum())
+
+
+def scored(logits: torch.Tensor, labels: torch.Tensor, loss_of) -> StepOutput:
+    """An evaluation batch's mean loss (``loss_of``), top-1 and top-5 counts from logits ``[T, N, classes]``."""
+    rate = logits.mean(0)
+    top5 = rate.topk(min(5, rate.shape[-1]), dim=-1).indices
+    return StepOutput(
+        loss=float(loss_of(logits, labels)), correct=count_correct(logits, labels), samples=len(labels),
+        top5=int((top5 == labels.unsqueeze(-1)).any(-1).sum()),
+    )

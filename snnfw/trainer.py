@@ -27,6 +27,7 @@ class Trainer:
         PHASES.synchronize = torch.cuda.synchronize if device.type == "cuda" else None
         self.counter = SpikeCounter(prepared.model, prepared.analysis.neurons)
         self.state_names = frozenset(prepared.model.state_dict())
+        self.num_classes = prepared.spec.num_classes
         self.train_set, self.test_set = datasets or build_datasets(config, prepared.spec, plugins)
         for split, dataset in (("train", self.train_set), ("test", self.test_set)):
             datalib.check_samples(dataset, prepared.spec, split)
@@ -100,14 +101,30 @@ class Trainer:
         return {name: totals[2 * i] / max(totals[2 * i + 1], 1.0) for i, name in enumerate(counts)}
 
     @torch.no_grad()
-    def evaluate(self) -> float:
-        """Accuracy on the held-out split; each replica scores an equal contiguous share."""
+    def evaluate(self) -> dict[str, float]:
+        """Loss, top-1 (and top-5) accuracy and firing rate on the test split, each sample scored once.
+
+        Replica ``r`` scores the ``r``-th of ``dp`` contiguous chunks (sizes differ by at most
+        one) in batches of the replica batch; every replica runs as many forward passes, a
+        replica out of samples one that is not scored, since sharded strategies gather in each.
+        """
         self.model.eval()
-        share = len(self.test_set) // self.plan.dp_size
-        mine = torch.arange(self.replica * share, (self.replica + 1) * share)
-        correct = samples = 0
-        for chunk in mine.split(self.plan.replica_batch) if len(mine) else ():
-            out = self.plugins.evaluate(self.model, *datalib.load(self.test_set, chunk, self.device, self.dtype), self.plan)
-            correct, samples = correct + out.correct, samples + out.samples
-        correct, samples = all_reduce([float(correct), float(samples)])
-        return correct / max(samples, 1.0)
+        self.counter.clear()
+        chunks = torch.arange(len(self.test_set)).tensor_split(self.plan.dp_size)
+        mine, size = chunks[self.replica], self.plan.replica_batch
+        rounds = -(-max(len(chunk) for chunk in chunks) // size)
+        loss = correct = top5 = samples = 0.0
+        for start in range(0, rounds * size, size):
+            indices = mine[start : start + size]
+            counted = len(indices) > 0
+            frames, labels = datalib.load(self.test_set, indices if counted else chunks[0][:1], self.device, self.dtype)
+            out = self.plugins.evaluate(self.model, frames, labels, self.plan)
+            if counted:
+                loss, correct, top5, samples = loss + out.loss * out.samples, correct + out.correct, top5 + out.top5, samples + out.samples
+        spikes, elements = self.counter.take(record=False)
+        loss, correct, top5, samples, spikes, elements = all_reduce([loss, correct, top5, samples, spikes, float(elements)])
+        samples = max(samples, 1.0)
+        result = {"eval_loss": loss / samples, "eval_acc": correct / samples, "eval_spike_rate": spikes / max(elements, 1.0)}
+        if self.num_classes > 5:
+            result["eval_acc5"] = top5 / samples
+        return result

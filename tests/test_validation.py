@@ -1,0 +1,58 @@
+"""Validation: every test sample scored once under any strategy, periodic records, the best and final model."""
+
+import json
+
+import pytest
+import torch
+
+from snnfw.config import build_config
+from snnfw.equivalence import CASES, case_config, reference_config
+from snnfw.errors import ConfigError
+from snnfw.plugins import Plugins
+from snnfw.prepare import build_model, prepare
+from snnfw.runtime import run_training
+from snnfw.testing import run_on_ranks
+
+FAMILY, STEPS = "own_sew", 4
+# 17 and 16 samples for replicas of 2, scored in batches of 16: replica 1's second forward pass scores nothing
+UNEVEN = {"test_samples": 33}
+
+
+def with_data(config, **data):
+    return build_config({**config.to_dict(), "data": {**config.to_dict()["data"], **data},
+                         "explicit": sorted(config.explicit | {f"data.{k}" for k in data})})
+
+
+@pytest.mark.parametrize("name", ["fsdp2", "pp-1f1b"])
+def test_an_uneven_test_split_is_scored_once_as_none_scores_it(name):
+    case = next(c for c in CASES if c.name == name)
+    want = run_training(with_data(reference_config(FAMILY, case.reference_microbatches, "float64", STEPS), **UNEVEN))["eval"]
+    got = run_on_ranks(with_data(case_config(FAMILY, case, "float64", STEPS), **UNEVEN), case.ranks, timeout_s=240)
+    for summary in got:
+        assert summary["eval"]["eval_acc"] == want["eval_acc"] and summary["eval"]["eval_acc5"] == want["eval_acc5"]
+        assert summary["eval"]["eval_loss"] == pytest.approx(want["eval_loss"], rel=1e-9)
+    assert 0 < want["eval_spike_rate"] < 0.7 and 0 < want["eval_acc"] < want["eval_acc5"] <= 1
+
+
+def test_periodic_validation_records_and_keeps_the_best_model(tmp_path):
+    config = build_config({**reference_config(FAMILY, 1, "float32", 6).to_dict(), "eval": {"every": 2}})
+    summary = run_training(config, tmp_path)
+    records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    evaluated = {r["step"]: r["eval_acc"] for r in records if "eval_acc" in r}
+    assert sorted(evaluated) == [2, 4, 6]
+    best_step = max(evaluated, key=lambda step: (evaluated[step], -step))  # the first of equal accuracies
+    assert summary["best_step"] == best_step and summary["best_eval_acc"] == evaluated[best_step]
+    assert summary["test_accuracy"] == evaluated[6]
+    model, _ = build_model(config, Plugins())
+    for name in ("best_model.pt", "final_model.pt"):
+        model.load_state_dict(torch.load(tmp_path / name, weights_only=True), strict=True)
+
+
+def test_every_epochs_is_resolved_to_steps_and_needs_epochs():
+    data = {"model": {"builder": reference_config(FAMILY, 1, "float32").model.builder, "input_shape": [2, 16, 16],
+                      "num_classes": 10, "input_layout": "TN"},
+            "data": {"batch_size": 16, "train_samples": 64}}
+    plan = prepare(build_config({**data, "train": {"epochs": 3}, "eval": {"every_epochs": 1}}), 1, Plugins()).plan
+    assert (plan.config.train.steps, plan.config.eval.every) == (12, 4)
+    with pytest.raises(ConfigError, match="set train.epochs"):
+        prepare(build_config({**data, "eval": {"every_epochs": 1}}), 1, Plugins())
