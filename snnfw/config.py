@@ -95,6 +95,17 @@ class ModelConfig:
     tp_plan: tuple[tuple[str, str], ...] | None = attrs.field(default=None, converter=_tp_plan)
 
 
+AUGMENTS = ("hflip", "roll", "crop")  # snnfw.augment's transforms
+
+
+def _augment(value: Any) -> tuple[str, ...]:
+    if isinstance(value, tuple):
+        return value
+    if not isinstance(value, list) or any(name not in AUGMENTS for name in value) or len(set(value)) != len(value):
+        raise ConfigError(f"data.augment lists training-set transforms, some of {list(AUGMENTS)} once each; got {value!r}")
+    return tuple(value)
+
+
 @attrs.frozen
 class DataConfig:
     name: str = attrs.field(default="synthetic_dvs", validator=v.instance_of(str))
@@ -104,6 +115,9 @@ class DataConfig:
     root: str | None = attrs.field(default=None, validator=v.optional(v.instance_of(str)))
     workers: int = attrs.field(default=0, validator=[v.instance_of(int), v.ge(0)])
     builder: str | None = attrs.field(default=None, validator=v.optional(v.instance_of(str)))  # "module:function" -> (train, test)
+    augment: tuple[str, ...] = attrs.field(default=(), converter=_augment)
+    roll_pixels: int | None = attrs.field(default=None, validator=v.optional(_positive))
+    crop_padding: int | None = attrs.field(default=None, validator=v.optional(_positive))
 
 
 @attrs.frozen

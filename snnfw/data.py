@@ -89,8 +89,9 @@ def check_samples(dataset: Dataset, spec: InputSpec, split: str) -> None:
         )
 
 
-def global_batch_indices(step: int, batch_size: int, length: int, seed: int) -> torch.Tensor:
-    """Dataset indices of the global batch of ``step`` (reshuffled every epoch)."""
+def global_batch_indices(step: int, batch_size: int, length: int, seed: int, keys: bool = False) -> torch.Tensor:
+    """Dataset indices of the global batch of ``step`` (reshuffled every epoch); with ``keys``,
+    ``epoch * length + index``, which an augmented set (:mod:`snnfw.augment`) reads."""
     import torch
 
     positions = torch.arange(step * batch_size, (step + 1) * batch_size)
@@ -100,28 +101,29 @@ def global_batch_indices(step: int, batch_size: int, length: int, seed: int) -> 
         perm = torch.randperm(length, generator=torch.Generator().manual_seed(seed * 100_003 + epoch))
         mask = epochs == epoch
         out[mask] = perm[positions[mask] % length]
-    return out
+    return out + epochs * length if keys else out
 
 
 def replica_chunk(indices: torch.Tensor, replica: int, replicas: int) -> torch.Tensor:
     return indices.chunk(replicas)[replica]
 
 
-def microbatch_indices(step: int, plan, length: int, seed: int, replica: int) -> tuple[torch.Tensor, ...]:
-    """Dataset indices of each of ``replica``'s microbatches in ``step`` of ``plan``."""
-    indices = global_batch_indices(step, plan.global_batch, length, seed)
+def microbatch_indices(step: int, plan, length: int, seed: int, replica: int, keys: bool = False) -> tuple[torch.Tensor, ...]:
+    """Dataset indices (or ``keys``) of each of ``replica``'s microbatches in ``step`` of ``plan``."""
+    indices = global_batch_indices(step, plan.global_batch, length, seed, keys)
     return replica_chunk(indices, replica, plan.dp_size).chunk(plan.microbatches)
 
 
 class StepSampler:
     """A ``DataLoader`` batch sampler: a replica's microbatches, step after step, from ``start`` to ``stop``."""
 
-    def __init__(self, plan, length: int, seed: int, replica: int, start: int, stop: int):
+    def __init__(self, plan, length: int, seed: int, replica: int, start: int, stop: int, keys: bool = False):
         self.plan, self.length, self.seed, self.replica, self.start, self.stop = plan, length, seed, replica, start, stop
+        self.keys = keys
 
     def __iter__(self):
         for step in range(self.start, self.stop):
-            for chunk in microbatch_indices(step, self.plan, self.length, self.seed, self.replica):
+            for chunk in microbatch_indices(step, self.plan, self.length, self.seed, self.replica, self.keys):
                 yield chunk.tolist()
 
     def __len__(self) -> int:

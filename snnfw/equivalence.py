@@ -66,13 +66,14 @@ CASES = (
 )
 
 
-def case_config(family: str, case: Case | None, dtype: str, steps: int = 20, train: dict | None = None) -> Config:
+def case_config(family: str, case: Case | None, dtype: str, steps: int = 20, train: dict | None = None,
+                data: dict | None = None) -> Config:
     """The config of ``case`` on ``family`` (``None``: the ``none`` reference with one microbatch);
-    ``train`` replaces or adds ``[train]`` keys of the recipe (another optimizer or schedule)."""
+    ``train`` and ``data`` replace or add keys of the recipe (another optimizer, augmentation)."""
     strategy, microbatches, sections = ("none", 1, {}) if case is None else (case.strategy, case.microbatches, case.sections)
     data = {
         "model": {**OWN_MODELS.get(family, {"family": family, "flavor": "tiny"}), "time_steps": 4},
-        "data": {"name": "synthetic_dvs", "batch_size": 32, "train_samples": 256, "test_samples": 64},
+        "data": {"name": "synthetic_dvs", "batch_size": 32, "train_samples": 256, "test_samples": 64, **(data or {})},
         "train": {"steps": steps, "lr": 3e-3, "optimizer": "adam", "seed": 3, "dtype": dtype, "microbatches": microbatches,
                   **(train or {})},
         "parallel": {"strategy": strategy},
@@ -82,9 +83,10 @@ def case_config(family: str, case: Case | None, dtype: str, steps: int = 20, tra
     return build_config(data)
 
 
-def reference_config(family: str, microbatches: int, dtype: str, steps: int = 20, train: dict | None = None) -> Config:
+def reference_config(family: str, microbatches: int, dtype: str, steps: int = 20, train: dict | None = None,
+                     data: dict | None = None) -> Config:
     """``none`` with ``microbatches``: what every case with as many replicas x microbatches must compute."""
-    config = case_config(family, None, dtype, steps, train)
+    config = case_config(family, None, dtype, steps, train, data)
     return attrs.evolve(config, train=attrs.evolve(config.train, microbatches=microbatches))
 
 

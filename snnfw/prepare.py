@@ -14,6 +14,7 @@ from snnfw import data as datalib
 from snnfw import models
 from snnfw.analysis import Analysis, analyze
 from snnfw.auto import measure, ranked_candidates
+from snnfw.augment import check_augment
 from snnfw.config import Config
 from snnfw.errors import ConfigError
 from snnfw.losses import check_loss
@@ -55,6 +56,7 @@ class Prepared:
 
 
 def _check_data(config: Config, plugins: Plugins, own_data: bool) -> None:
+    check_augment(config.data)
     if own_data or config.data.builder is not None:
         datalib.check_own_data(config, given=own_data)
     else:

@@ -7,6 +7,7 @@ import time
 import torch
 
 from snnfw import data as datalib
+from snnfw.augment import Augmented, augment_options
 from snnfw.config import Config
 from snnfw.distributed import all_reduce, broadcast_state, dp_coordinate, dp_group
 from snnfw.grad_norm import clip_gradients, global_grad_norm
@@ -31,6 +32,8 @@ class Trainer:
         self.train_set, self.test_set = datasets or build_datasets(config, prepared.spec, plugins)
         for split, dataset in (("train", self.train_set), ("test", self.test_set)):
             datalib.check_samples(dataset, prepared.spec, split)
+        if config.data.augment:
+            self.train_set = Augmented(self.train_set, config.data.augment, augment_options(config.data), config.train.seed)
         self.dtype = config.train.torch_dtype
         model = prepared.model.to(device, self.dtype)
         if prepared.given_instance and mesh is not None:
@@ -55,7 +58,8 @@ class Trainer:
         """This replica's microbatches of ``step``, from a loader that runs ahead while steps follow on."""
         if step != self._next_step:
             cfg = self.config
-            sampler = datalib.StepSampler(self.plan, len(self.train_set), cfg.train.seed, self.replica, step, cfg.train.steps)
+            sampler = datalib.StepSampler(self.plan, len(self.train_set), cfg.train.seed, self.replica, step, cfg.train.steps,
+                                          keys=bool(cfg.data.augment))
             self._batches = datalib.step_batches(self.train_set, sampler, cfg.data.workers, self.device, self.dtype)
         self._next_step = step + 1
         return next(self._batches)
