@@ -142,6 +142,27 @@ def _cmd_export(args) -> int:
     return 0
 
 
+def _cmd_eval(args) -> int:
+    """``snnfw eval`` and ``snnfw predict``: score weights under any strategy on N local ranks."""
+    from snnfw.config import load_config
+    from snnfw.launch import launch
+    from snnfw.plugins import Plugins
+    from snnfw.prepare import prepare
+    from snnfw.weights import load_weights, read_weights
+
+    config = load_config(args.config, args.overrides)
+    prepared = prepare(config, args.nproc, Plugins(), local_ranks=args.nproc)  # refuse a bad config before any process
+    load_weights(prepared.model, read_weights(args.weights))  # and weights that are not there or do not fit
+    predict = getattr(args, "out", None)
+    if predict is not None and not predict.endswith(".jsonl"):
+        from snnfw.errors import ConfigError
+
+        raise ConfigError(f"predictions are written as JSON lines; name a .jsonl file, not {predict}")
+    run_dir = Path(args.run_dir or f"runs/eval-{time.strftime('%Y%m%d-%H%M%S')}")
+    extra = ["--evaluate", str(args.weights)] + (["--predict", predict] if predict else [])
+    return launch(args.config, args.nproc, run_dir, args.overrides, config.parallel.timeout_s, extra=extra)
+
+
 def parser() -> argparse.ArgumentParser:
     top = argparse.ArgumentParser(prog="snnfw", description="Distributed training of multi-step spiking neural networks.")
     top.add_argument("--debug", action="store_true", help="show tracebacks of user errors")
@@ -191,6 +212,19 @@ def parser() -> argparse.ArgumentParser:
                    help="a run directory (its newest complete checkpoint) or a checkpoints/step-K folder")
     p.add_argument("--out", required=True, metavar="FILE", help="where to write; a .safetensors name writes that format")
     p.set_defaults(run=_cmd_export)
+
+    for name, text in (("eval", "score weights on the test split under the config's strategy (eval.json in --run-dir)"),
+                       ("predict", "write each test sample's label, predicted class and logits as JSON lines")):
+        p = sub.add_parser(name, help=text)
+        p.add_argument("config")
+        p.add_argument("--weights", required=True, metavar="PATH",
+                       help="a run directory (its final_model.pt, else newest checkpoint), a checkpoint, or a .pt file")
+        p.add_argument("--nproc", type=int, default=1)
+        p.add_argument("--run-dir", help="where eval.json goes (default runs/eval-TIME)")
+        p.add_argument("--set", **overrides)
+        if name == "predict":
+            p.add_argument("--out", required=True, metavar="FILE.jsonl")
+        p.set_defaults(run=_cmd_eval)
     return top
 
 

@@ -44,6 +44,7 @@ def _elastic_loggers() -> list[logging.Logger]:
 def launch(
     config_path: str, nproc: int, run_dir: Path, overrides: list[str], timeout_s: float, module: str = "snnfw.train",
     *, nnodes: int = 1, node_rank: int = 0, rdzv_endpoint: str | None = None, max_restarts: int = 0, resume: bool = False,
+    extra: list[str] = (),
 ) -> int:
     """Runs ``module`` (the worker entry) on every rank and returns the exit status for the CLI."""
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
@@ -67,7 +68,7 @@ def launch(
         max_restarts=max_restarts,
         monitor_interval=0.1,
     )
-    args = ["-u", "-m", module, config_path, "--run-dir", str(run_dir)] + (["--resume"] if resume else [])
+    args = ["-u", "-m", module, config_path, "--run-dir", str(run_dir)] + (["--resume"] if resume else []) + list(extra)
     for item in overrides:
         args += ["--set", item]
     stopped = done_dir / STOPPED

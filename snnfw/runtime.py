@@ -15,9 +15,9 @@ from snnfw.metrics import MetricsLog
 from snnfw.plugins import Plugins
 from snnfw.session import start
 from snnfw.trainer import Trainer
+from snnfw.weights import FINAL_MODEL, read_weights
 
 
-FINAL_MODEL = "final_model.pt"  # the trained model's weights and buffers by its own names (torch.save)
 BEST_MODEL = "best_model.pt"  # the same, at the validation with the highest eval_acc (with eval.every)
 
 
@@ -91,3 +91,26 @@ def run_training(
             public = {k: v for k, v in summary.items() if k != "inspect"}
             (run_dir / "summary.json").write_text(json.dumps(public, indent=2) + "\n")
     return summary
+
+
+def run_evaluation(config: Config, weights: str | Path, run_dir: str | Path | None = None, predict: str | Path | None = None,
+                   plugins: Plugins | None = None) -> dict[str, Any]:
+    """Scores ``weights`` (a run directory, checkpoint or state-dict file) on the test split under
+    ``config``'s strategy, on this rank; rank 0 writes ``eval.json`` into ``run_dir`` and, with
+    ``predict``, one JSON line per test sample (index, label, predicted, logits) into that file."""
+    if predict is not None and not str(predict).endswith(".jsonl"):
+        from snnfw.errors import ConfigError
+
+        raise ConfigError(f"predictions are written as JSON lines; name a .jsonl file, not {predict}")
+    state = read_weights(weights)
+    with start(config, weights=state, plugins=plugins) as run:
+        result = {"weights": str(weights), **run.evaluate(), "plan": run.plan.to_dict()}
+        rows = run.predict() if predict is not None else None
+        if run.env.rank == 0:
+            if run_dir is not None:
+                Path(run_dir).mkdir(parents=True, exist_ok=True)
+                (Path(run_dir) / "eval.json").write_text(json.dumps(result, indent=2) + "\n")
+            if rows is not None:
+                Path(predict).parent.mkdir(parents=True, exist_ok=True)
+                Path(predict).write_text("".join(json.dumps(row) + "\n" for row in rows))
+    return result

@@ -104,6 +104,11 @@ class Session:
         on the test split, every sample scored once over the replicas (a collective)."""
         return self.trainer.evaluate()
 
+    def predict(self) -> list[dict]:
+        """Every test sample's ``index``, ``label``, ``predicted`` class and time-averaged ``logits``, in data
+        order, on every rank (a collective)."""
+        return self.trainer.predict()
+
     def save(self, step: int, loss: float = float("nan")) -> None:
         """Writes a checkpoint of the training state after ``step`` steps into the run directory (a collective)."""
         if self.checkpoints.root is None:
@@ -152,6 +157,7 @@ def start(
     test_set=None,
     run_dir: str | Path | None = None,
     resume: bool = False,
+    weights: dict | None = None,
     plugins: Plugins | None = None,
 ) -> Iterator[Session]:
     """Plans, starts the process group (from torchrun's environment) and applies the strategy; yields the :class:`Session`.
@@ -160,7 +166,8 @@ def start(
     ``test_set`` replace the config's model and data set. ``run_dir`` is where
     checkpoints go (``checkpoint.every`` and :meth:`Session.save`); with
     ``resume`` the session starts from its newest checkpoint
-    (``Session.start_step``). Errors in the config are raised before any
+    (``Session.start_step``). ``weights`` (a state dict by the model's own
+    names, :func:`snnfw.weights.read_weights`) replace the initial ones. Errors in the config are raised before any
     process group work.
     """
     config = as_config(config)
@@ -179,7 +186,7 @@ def start(
         device = device_for(prepared.plan, env)
         if device.type == "cpu":
             _set_cpu_threads(env)
-        trainer = Trainer(config, prepared, plugins, mesh, device, datasets)
+        trainer = Trainer(config, prepared, plugins, mesh, device, datasets, weights)
         checkpoints = Checkpoints(Path(run_dir) if run_dir is not None else None, config, env.rank)
         resumed = checkpoints.begin(trainer, resume)
         session = Session(trainer, env, mesh, checkpoints, resumed["step"], resumed["loss"])

@@ -24,6 +24,7 @@ class StepOutput:
     correct: int
     samples: int
     top5: int = 0  # samples whose label is among the 5 largest logits (evaluation)
+    logits: torch.Tensor | None = None  # evaluation: the time-averaged logits [N, classes], on the CPU
 
 
 def count_correct(logits: torch.Tensor, labels: torch.Tensor) -> int:
@@ -36,5 +37,5 @@ def scored(logits: torch.Tensor, labels: torch.Tensor, loss_of) -> StepOutput:
     top5 = rate.topk(min(5, rate.shape[-1]), dim=-1).indices
     return StepOutput(
         loss=float(loss_of(logits, labels)), correct=count_correct(logits, labels), samples=len(labels),
-        top5=int((top5 == labels.unsqueeze(-1)).any(-1).sum()),
+        top5=int((top5 == labels.unsqueeze(-1)).any(-1).sum()), logits=rate.detach().float().cpu(),
     )

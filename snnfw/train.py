@@ -16,7 +16,7 @@ from pathlib import Path
 from snnfw import faults
 from snnfw.config import load_config
 from snnfw.errors import UserError, explain
-from snnfw.runtime import run_training
+from snnfw.runtime import run_evaluation, run_training
 
 DONE_DIR = ".ranks"
 STOPPED = "stopped"
@@ -45,6 +45,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--run-dir", default="runs/latest")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
     parser.add_argument("--resume", action="store_true", help="continue from the newest checkpoint in the run directory")
+    parser.add_argument("--evaluate", metavar="WEIGHTS", help="score these weights on the test split instead of training")
+    parser.add_argument("--predict", metavar="FILE", help="with --evaluate: write per-sample predictions (.jsonl)")
     args = parser.parse_args(argv)
     run_dir = Path(args.run_dir)
     rank = int(os.environ.get("RANK", "0"))
@@ -53,7 +55,15 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     (run_dir / DONE_DIR / f"rank{rank}.done").unlink(missing_ok=True)  # an earlier attempt's
     try:
-        summary = run_training(load_config(args.config, args.overrides), run_dir, resume=args.resume or restarted)
+        config = load_config(args.config, args.overrides)
+        if args.evaluate:
+            result = run_evaluation(config, args.evaluate, run_dir, args.predict)
+            if rank == 0:
+                print(f"[snnfw] {args.evaluate}: test accuracy {result['eval_acc']:.1%}, loss {result['eval_loss']:.4f}"
+                      + (f"; predictions in {args.predict}" if args.predict else ""), file=sys.stderr)
+            mark_done(run_dir, rank)
+            return 0
+        summary = run_training(config, run_dir, resume=args.resume or restarted)
     except UserError as err:
         if not os.environ.get(LAUNCHED):
             print(f"snnfw: error: {explain(err)}", file=sys.stderr)

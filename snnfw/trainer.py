@@ -5,12 +5,14 @@ from __future__ import annotations
 import time
 
 import torch
+import torch.distributed as dist
 
 from snnfw import data as datalib
 from snnfw.augment import Augmented, augment_options
 from snnfw.config import Config
 from snnfw.distributed import all_reduce, broadcast_state, dp_coordinate, dp_group
 from snnfw.grad_norm import clip_gradients, global_grad_norm
+from snnfw.weights import load_weights
 from snnfw.metrics import SpikeCounter
 from snnfw.optim import build_scheduler
 from snnfw.phases import PHASES
@@ -22,7 +24,8 @@ from snnfw.running_stats import RunningStats
 class Trainer:
     """Trains a parallelized model with microbatches, neuron resets and per-step metrics."""
 
-    def __init__(self, config: Config, prepared: Prepared, plugins: Plugins, mesh, device, datasets: tuple | None = None):
+    def __init__(self, config: Config, prepared: Prepared, plugins: Plugins, mesh, device, datasets: tuple | None = None,
+                 weights: dict | None = None):
         started = time.perf_counter()
         self.config, self.plan, self.plugins, self.device = config, prepared.plan, plugins, device
         PHASES.synchronize = torch.cuda.synchronize if device.type == "cuda" else None
@@ -38,6 +41,8 @@ class Trainer:
         model = prepared.model.to(device, self.dtype)
         if prepared.given_instance and mesh is not None:
             broadcast_state(model)  # each rank built its own instance; all start from rank 0's
+        if weights is not None:
+            load_weights(model, weights)
         self.replica = dp_coordinate(self.plan, mesh)
         self.running_stats = RunningStats(model)  # from here on, only training steps update BatchNorm statistics
         plugins.transform_model(model, self.plan, self.example())
@@ -104,26 +109,30 @@ class Trainer:
         totals = all_reduce([float(x) for pair in counts.values() for x in pair])
         return {name: totals[2 * i] / max(totals[2 * i + 1], 1.0) for i, name in enumerate(counts)}
 
-    @torch.no_grad()
-    def evaluate(self) -> dict[str, float]:
-        """Loss, top-1 (and top-5) accuracy and firing rate on the test split, each sample scored once.
+    def _test_batches(self):
+        """``(indices, output)`` of each evaluation batch of this replica, ``indices`` empty for a forward pass
+        that scores nothing.
 
-        Replica ``r`` scores the ``r``-th of ``dp`` contiguous chunks (sizes differ by at most
-        one) in batches of the replica batch; every replica runs as many forward passes, a
-        replica out of samples one that is not scored, since sharded strategies gather in each.
+        Replica ``r`` scores the ``r``-th of ``dp`` contiguous chunks of the test split (sizes differ by at
+        most one) in batches of the replica batch; every replica runs as many forward passes, since sharded
+        strategies gather in each.
         """
         self.model.eval()
-        self.counter.clear()
         chunks = torch.arange(len(self.test_set)).tensor_split(self.plan.dp_size)
         mine, size = chunks[self.replica], self.plan.replica_batch
         rounds = -(-max(len(chunk) for chunk in chunks) // size)
-        loss = correct = top5 = samples = 0.0
         for start in range(0, rounds * size, size):
             indices = mine[start : start + size]
-            counted = len(indices) > 0
-            frames, labels = datalib.load(self.test_set, indices if counted else chunks[0][:1], self.device, self.dtype)
-            out = self.plugins.evaluate(self.model, frames, labels, self.plan)
-            if counted:
+            frames, labels = datalib.load(self.test_set, indices if len(indices) else chunks[0][:1], self.device, self.dtype)
+            yield indices, self.plugins.evaluate(self.model, frames, labels, self.plan)
+
+    @torch.no_grad()
+    def evaluate(self) -> dict[str, float]:
+        """Loss, top-1 (and top-5) accuracy and firing rate on the test split, each sample scored once."""
+        self.counter.clear()
+        loss = correct = top5 = samples = 0.0
+        for indices, out in self._test_batches():
+            if len(indices):
                 loss, correct, top5, samples = loss + out.loss * out.samples, correct + out.correct, top5 + out.top5, samples + out.samples
         spikes, elements = self.counter.take(record=False)
         loss, correct, top5, samples, spikes, elements = all_reduce([loss, correct, top5, samples, spikes, float(elements)])
@@ -132,3 +141,20 @@ class Trainer:
         if self.num_classes > 5:
             result["eval_acc5"] = top5 / samples
         return result
+
+    @torch.no_grad()
+    def predict(self) -> list[dict]:
+        """Every test sample's label, predicted class and time-averaged logits, in data order (a collective;
+        the whole list on every rank)."""
+        mine = []
+        for indices, out in self._test_batches():
+            if len(indices) and out.logits is not None:  # pipeline ranks without the last stage score nothing
+                labels = [int(self.test_set[i][1]) for i in indices.tolist()]
+                mine += [{"index": i, "label": y, "predicted": int(row.argmax()), "logits": row.tolist()}
+                         for i, y, row in zip(indices.tolist(), labels, out.logits)]
+        self.counter.clear()
+        parts = [mine]
+        if dist.is_initialized():
+            parts = [None] * dist.get_world_size()
+            dist.all_gather_object(parts, mine)
+        return sorted({row["index"]: row for part in parts for row in part}.values(), key=lambda row: row["index"])

@@ -1,0 +1,69 @@
+"""snnfw eval and predict: weights trained under one strategy, scored under another, each sample once."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from snnfw.equivalence import reference_config
+from snnfw.runtime import run_training
+
+ROOT = Path(__file__).resolve().parents[1]
+TIMEOUT_S = 240
+
+
+def write_toml(path: Path, config) -> Path:
+    """``config`` as a TOML file of the keys the CLI needs (the own model's, float64, 50 test samples)."""
+    model = config.model
+    path.write_text(
+        f'[model]\nbuilder = "{model.builder}"\ninput_shape = [2, 16, 16]\nnum_classes = 10\ninput_layout = "TN"\n'
+        '[data]\nbatch_size = 32\ntrain_samples = 256\ntest_samples = 50\n[train]\ndtype = "float64"\nseed = 3\n'
+    )
+    return path
+
+
+def snnfw(*args):
+    return subprocess.run([sys.executable, "-m", "snnfw", *args], cwd=ROOT, capture_output=True, text=True,
+                          timeout=TIMEOUT_S, env={**os.environ, "OMP_NUM_THREADS": "1"})
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """A float64 run of the own model under none; its run directory and final validation."""
+    run_dir = tmp_path_factory.mktemp("trained")
+    config = reference_config("own_sew", 1, "float64", 8, data={"test_samples": 50})
+    summary = run_training(config, run_dir)
+    return run_dir, summary["eval"], write_toml(run_dir / "own.toml", config)
+
+
+def test_eval_under_tp_scores_a_none_trained_model_as_none_did(trained, tmp_path):
+    run_dir, want, toml = trained
+    done = snnfw("eval", str(toml), "--weights", str(run_dir), "--nproc", "2", "--set", "parallel.strategy=tp",
+                 "--run-dir", str(tmp_path))
+    assert done.returncode == 0, done.stderr[-2000:]
+    got = json.loads((tmp_path / "eval.json").read_text())
+    assert got["eval_acc"] == want["eval_acc"] and got["eval_acc5"] == want["eval_acc5"]
+    assert got["eval_loss"] == pytest.approx(want["eval_loss"], rel=1e-9) and got["plan"]["strategy"] == "tp"
+
+
+def test_predict_under_pp_writes_every_sample_once_in_order(trained, tmp_path):
+    run_dir, want, toml = trained
+    out = tmp_path / "predictions.jsonl"
+    done = snnfw("predict", str(toml), "--weights", str(run_dir / "final_model.pt"), "--nproc", "2",
+                 "--set", "parallel.strategy=pp", "--set", "train.microbatches=2", "--out", str(out), "--run-dir", str(tmp_path))
+    assert done.returncode == 0, done.stderr[-2000:]
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [row["index"] for row in rows] == list(range(50))
+    assert all(row["predicted"] == max(range(10), key=row["logits"].__getitem__) for row in rows)
+    assert sum(row["predicted"] == row["label"] for row in rows) / 50 == want["eval_acc"]
+
+
+def test_weights_of_another_model_are_refused_in_one_line(trained):
+    run_dir, _, _ = trained
+    done = snnfw("eval", str(ROOT / "examples" / "quickstart.toml"), "--weights", str(run_dir / "final_model.pt"),
+                 "--set", "parallel.strategy=none")
+    assert done.returncode == 2 and done.stderr.strip().count("\n") == 0
+    assert "the weights do not fit the model" in done.stderr
