@@ -5,7 +5,8 @@
 # is installed without its declared dependencies: its neurons, layers, memopt and
 # model zoo need none of torchvision, torchaudio or tensorboard, which would pull
 # a multi-gigabyte CUDA build of torch. On a GPU machine install your own torch
-# first and pass SNNFW_TORCH=skip.
+# first and pass SNNFW_TORCH=skip. Optional extras (SNNFW_EXTRAS, default "tensorboard"
+# for log.tensorboard; "none" for none) are installed last.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 pip_install() { python -m pip install --quiet --disable-pip-version-check "$@"; }
@@ -15,3 +16,7 @@ fi
 pip_install pluggy attrs pytest loguru h5py packaging tqdm numpy scipy setuptools matplotlib
 python -c "import spikingjelly" 2>/dev/null || pip_install --no-deps "spikingjelly==2.0.0"
 pip_install --no-deps --no-build-isolation -e .
+extras="${SNNFW_EXTRAS:-tensorboard}"
+if [ "$extras" != "none" ]; then
+  pip_install ${extras//,/ }
+fi

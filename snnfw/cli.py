@@ -163,6 +163,14 @@ def _cmd_eval(args) -> int:
     return launch(args.config, args.nproc, run_dir, args.overrides, config.parallel.timeout_s, extra=extra)
 
 
+def _cmd_plot(args) -> int:
+    from snnfw.plot import plot
+
+    out = args.out or str(Path(args.run_dirs[0]) / "run.png" if len(args.run_dirs) == 1 else "runs.png")
+    print(f"wrote {plot(args.run_dirs, out)}")
+    return 0
+
+
 def parser() -> argparse.ArgumentParser:
     top = argparse.ArgumentParser(prog="snnfw", description="Distributed training of multi-step spiking neural networks.")
     top.add_argument("--debug", action="store_true", help="show tracebacks of user errors")
@@ -225,6 +233,11 @@ def parser() -> argparse.ArgumentParser:
         if name == "predict":
             p.add_argument("--out", required=True, metavar="FILE.jsonl")
         p.set_defaults(run=_cmd_eval)
+
+    p = sub.add_parser("plot", help="draw the runs' loss, accuracy, test accuracy, lr, firing rate and step time")
+    p.add_argument("run_dirs", nargs="+", metavar="RUN_DIR")
+    p.add_argument("--out", help="the PNG to write (default RUN_DIR/run.png for one run, runs.png for several)")
+    p.set_defaults(run=_cmd_plot)
     return top
 
 

@@ -1,7 +1,7 @@
 """The run configuration: TOML loaded into frozen attrs classes.
 
 Every key lives in one section (``[model]``, ``[data]``, ``[parallel]``,
-``[pipeline]``, ``[train]``, ``[checkpoint]``, ``[memopt]``, ``[compile]``, ``[eval]``);
+``[pipeline]``, ``[train]``, ``[checkpoint]``, ``[memopt]``, ``[compile]``, ``[eval]``, ``[log]``);
 unknown keys are refused by name. ``--set section.key=value`` overrides any
 key, with the value read as TOML (so ``--set train.lr=0.01`` is a float and
 ``--set model.flavor=full`` a string).
@@ -245,6 +245,13 @@ class EvalConfig:
     every_epochs: int = attrs.field(default=0, validator=[v.instance_of(int), v.ge(0)])
 
 
+@attrs.frozen
+class LogConfig:
+    """Where metrics go besides ``metrics.jsonl``: TensorBoard scalars under ``RUN_DIR/tensorboard``."""
+
+    tensorboard: bool = attrs.field(default=False, validator=v.instance_of(bool))
+
+
 EXPLICIT = "explicit"  # the top-level entry of Config.to_dict that lists the keys the user set
 
 
@@ -259,6 +266,7 @@ class Config:
     memopt: MemoptConfig = MemoptConfig()
     compile: CompileConfig = CompileConfig()
     eval: EvalConfig = EvalConfig()
+    log: LogConfig = LogConfig()
     explicit: frozenset[str] = attrs.field(default=frozenset(), converter=frozenset)  # "section.key"s the user set
 
     def to_dict(self) -> dict[str, Any]:
@@ -275,6 +283,7 @@ class Config:
 _SECTION_CLASSES = {
     "model": ModelConfig, "data": DataConfig, "parallel": ParallelConfig, "pipeline": PipelineConfig, "train": TrainConfig,
     "checkpoint": CheckpointConfig, "memopt": MemoptConfig, "compile": CompileConfig, "eval": EvalConfig,
+    "log": LogConfig,
 }
 
 

@@ -85,17 +85,29 @@ def peak_memory_mb(device: torch.device) -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
+TENSORBOARD = "tensorboard"  # the run directory's folder of TensorBoard event files
+
+
+def board_tag(key: str) -> str:
+    """The TensorBoard tag of a metrics key: ``eval_acc`` -> ``eval/acc``, ``loss`` -> ``train/loss``."""
+    return f"eval/{key[5:]}" if key.startswith("eval_") else f"train/{key}"
+
+
 class MetricsLog:
     """Appends one JSON object per step to ``run_dir/metrics.jsonl`` (rank 0 only).
 
     A run resumed after step ``start`` keeps the file's records up to that step.
     """
 
-    def __init__(self, run_dir: Path | None, enabled: bool, total_steps: int, start: int = 0):
+    def __init__(self, run_dir: Path | None, enabled: bool, total_steps: int, start: int = 0, tensorboard: bool = False):
         self.enabled = enabled and run_dir is not None
         self.total_steps = total_steps
         self.records: list[dict[str, Any]] = []
-        self._file = None
+        self._file = self._board = None
+        if self.enabled and tensorboard:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self._board = SummaryWriter(str(run_dir / TENSORBOARD), purge_step=start + 1 if start else None)
         if self.enabled:
             run_dir.mkdir(parents=True, exist_ok=True)
             path = run_dir / "metrics.jsonl"
@@ -108,6 +120,10 @@ class MetricsLog:
         if self._file:
             self._file.write(json.dumps(record) + "\n")
             self._file.flush()
+        if self._board:
+            for key, value in record.items():
+                if key != "step" and isinstance(value, (int, float)):
+                    self._board.add_scalar(board_tag(key), value, record["step"])
         if show:
             print(
                 f"[snnfw] step {record['step']}/{self.total_steps} epoch {record['epoch']:.2f} loss {record['loss']:.4f} lr {record['lr']:.3g} "
@@ -133,3 +149,5 @@ class MetricsLog:
     def close(self) -> None:
         if self._file:
             self._file.close()
+        if self._board:
+            self._board.close()

@@ -7,6 +7,8 @@ seed give the same model and plan) and then applies and runs it
 
 from __future__ import annotations
 
+import importlib.util
+
 import attrs
 import torch
 
@@ -57,6 +59,11 @@ class Prepared:
 
 def _check_data(config: Config, plugins: Plugins, own_data: bool) -> None:
     check_augment(config.data)
+    if config.log.tensorboard and importlib.util.find_spec("tensorboard") is None:
+        raise ConfigError(
+            "log.tensorboard needs the tensorboard package, which is not installed; run "
+            "`SNNFW_EXTRAS=tensorboard bash scripts/install.sh` (or pip install tensorboard), or remove log.tensorboard"
+        )
     if own_data or config.data.builder is not None:
         datalib.check_own_data(config, given=own_data)
     else:

@@ -41,7 +41,7 @@ def run_training(
     started = time.perf_counter()
     with start(config, run_dir=run_dir, resume=resume, plugins=plugins) as run:
         config, plan, is_main = run.config, run.plan, run.env.rank == 0
-        log = MetricsLog(run_dir, is_main, config.train.steps, run.start_step)
+        log = MetricsLog(run_dir, is_main, config.train.steps, run.start_step, config.log.tensorboard)
         best, evaluated = None, None  # (eval_acc, step) of the best validation; the last step's validation
         for step in range(run.start_step, config.train.steps):
             faults.inject(step + 1, run.env.rank)

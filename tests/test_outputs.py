@@ -1,0 +1,50 @@
+"""What a run leaves besides metrics.jsonl: TensorBoard scalars and a picture of the run."""
+
+import importlib.util
+import json
+
+import pytest
+
+import snnfw.prepare
+from snnfw.config import build_config
+from snnfw.equivalence import reference_config
+from snnfw.errors import ConfigError
+from snnfw.plugins import Plugins
+from snnfw.runtime import run_training
+
+
+def own_run(tmp_path, **sections):
+    base = reference_config("own_sew", 1, "float32", 4).to_dict()
+    return build_config({**base, **sections, "explicit": base["explicit"] + [f"{s}.{k}" for s, t in sections.items() for k in t]})
+
+
+@pytest.mark.skipif(importlib.util.find_spec("tensorboard") is None,
+                    reason="tensorboard is not installed (SNNFW_EXTRAS=tensorboard bash scripts/install.sh adds it)")
+def test_tensorboard_holds_the_metrics_of_every_step(tmp_path):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    run_training(own_run(tmp_path, log={"tensorboard": True}, eval={"every": 2}), tmp_path)
+    records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    board = EventAccumulator(str(tmp_path / "tensorboard"))
+    board.Reload()
+    assert {"train/loss", "train/lr", "train/grad_norm", "train/spike_rate", "train/step_ms", "eval/acc"} <= set(board.Tags()["scalars"])
+    assert [(e.step, e.value) for e in board.Scalars("train/loss")] == [(r["step"], pytest.approx(r["loss"])) for r in records]
+    assert [e.step for e in board.Scalars("eval/acc")] == [2, 4]
+
+
+def test_tensorboard_without_the_package_is_refused_naming_the_install(monkeypatch):
+    find = importlib.util.find_spec
+    monkeypatch.setattr(snnfw.prepare.importlib.util, "find_spec", lambda name, *a: None if name == "tensorboard" else find(name, *a))
+    with pytest.raises(ConfigError, match="SNNFW_EXTRAS=tensorboard bash scripts/install.sh"):
+        snnfw.prepare.prepare(build_config({"log": {"tensorboard": True}}), 1, Plugins())
+
+
+def test_plot_draws_several_runs_into_one_png(tmp_path):
+    from snnfw.cli import main
+
+    for name, lr in (("a", 3e-3), ("b", 1e-3)):
+        run_training(own_run(tmp_path, eval={"every": 2}, train={**reference_config("own_sew", 1, "float32", 4).to_dict()["train"], "lr": lr}),
+                     tmp_path / name)
+    assert main(["plot", str(tmp_path / "a"), str(tmp_path / "b"), "--out", str(tmp_path / "runs.png")]) == 0
+    assert (tmp_path / "runs.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert main(["plot", str(tmp_path)]) == 2  # no metrics.jsonl there: one line, status 2
