@@ -18,12 +18,17 @@ from snnfw.errors import UnknownNameError
 
 @attrs.frozen
 class Flavor:
-    """One size of a family: its input frame shape ``(C, H, W)``, classes and builder."""
+    """One size of a family: its input frame shape ``(C, H, W)``, classes and builder.
+
+    ``with_classes(n)``, where given, returns the builder of the same flavor with ``n``
+    classes, so ``model.num_classes`` can follow a data set (DVS128 Gesture's 11).
+    """
 
     input_shape: tuple[int, int, int]
     num_classes: int
     build: Callable[[], nn.Module]
     description: str = ""
+    with_classes: Callable[[int], Callable[[], nn.Module]] | None = None
 
 
 @attrs.frozen

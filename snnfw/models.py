@@ -34,7 +34,7 @@ from snnfw.plan import keys_phrase
 if TYPE_CHECKING:
     from torch import nn
 
-OWN_MODEL_KEYS = ("input_shape", "num_classes", "input_layout", "blocks", "stage_units", "tp_plan")
+OWN_MODEL_KEYS = ("input_shape", "input_layout", "blocks", "stage_units", "tp_plan")
 DECLARABLE = ("blocks", "stage_units", "tp_plan")
 
 
@@ -86,7 +86,15 @@ def source(config: Config, plugins, given: Any = None) -> Source:
     if given is None and model.builder is None:
         _refuse_set(config, OWN_MODEL_KEYS, f"describe a model given by model.builder, and model family {model.family!r} declares its own")
         flavor = plugins.families.get(model.family).flavor(model.flavor)
-        return Source(model.family, flavor.build, datalib.InputSpec(model.time_steps, flavor.input_shape, flavor.num_classes), own=False)
+        build, classes = flavor.build, flavor.num_classes
+        if model.num_classes is not None and model.num_classes != classes:
+            if flavor.with_classes is None:
+                raise ConfigError(
+                    f"model family {model.family!r} flavor {model.flavor!r} has {classes} classes and cannot change them; "
+                    "remove model.num_classes"
+                )
+            build, classes = flavor.with_classes(model.num_classes), model.num_classes
+        return Source(model.family, build, datalib.InputSpec(model.time_steps, flavor.input_shape, classes), own=False)
     if given is not None and model.builder is not None:
         raise ConfigError("a model was handed to snnfw.start and model.builder names another; remove model.builder")
     _refuse_set(config, ("family", "flavor"), "name a registered family, and the model is given by model.builder or the Python API")

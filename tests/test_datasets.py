@@ -9,6 +9,7 @@ import torch
 from snnfw.cli import main
 from snnfw.config import DataConfig
 from snnfw.data import InputSpec
+from snnfw.errors import DataError
 from snnfw.plugins import Plugins
 from snnfw.runtime import run_training
 
@@ -158,3 +159,14 @@ def test_loader_workers_feed_the_same_microbatches_and_resume_mid_run(tmp_path):
     resumed = run_training(tiny_config("none", 2, train={"steps": 4}, data={"workers": 2}, checkpoint={"every": 2}),
                            tmp_path, resume=True)
     assert ahead["losses"] + resumed["losses"] == plain["losses"]
+
+
+def test_a_family_takes_the_class_count_of_dvs128_gesture(tmp_path, plugins):
+    classes = tuple(str(c) for c in range(11))
+    root = split_layout(tmp_path / "gesture", classes=classes, per_class=1)
+    data = {"name": "dvs128_gesture", "root": str(root), "batch_size": 4}
+    with pytest.raises(DataError, match="11 classes, but the model has 10 outputs"):
+        run_training(tiny_config(data=data, train={"steps": 1}))
+    summary = run_training(tiny_config(data=data, model={"num_classes": 11}, train={"steps": 2}), tmp_path / "run")
+    model = torch.load(tmp_path / "run" / "final_model.pt", weights_only=True)
+    assert model["classifier.0.weight"].shape[0] == 11 and len(summary["losses"]) == 2

@@ -28,8 +28,10 @@ TINY_WIDTHS = (8, 16, 16, 32, 32, 32, 32, 32)
 FAMILY = ModelFamily(
     name=NAME,
     flavors={
-        "full": Flavor((2, 48, 48), 10, partial(build, FULL_WIDTHS, 2, 48, 10), "CIFAR10-DVS 48x48, 9.3M parameters"),
-        "tiny": Flavor((2, 32, 32), 10, partial(build, TINY_WIDTHS, 2, 32, 10, conv_bias=False), "32x32, for tests and the quickstart"),
+        "full": Flavor((2, 48, 48), 10, partial(build, FULL_WIDTHS, 2, 48, 10), "CIFAR10-DVS 48x48, 9.3M parameters",
+                       lambda classes: partial(build, FULL_WIDTHS, 2, 48, classes)),
+        "tiny": Flavor((2, 32, 32), 10, partial(build, TINY_WIDTHS, 2, 32, 10, conv_bias=False), "32x32, for tests and the quickstart",
+                       lambda classes: partial(build, TINY_WIDTHS, 2, 32, classes, conv_bias=False)),
     },
 )
 

@@ -31,12 +31,18 @@ TINY = dict(in_channels=2, img_size_h=32, img_size_w=32, patch_size=4, num_class
 CIFAR10 = dict(in_channels=3, img_size_h=32, img_size_w=32, patch_size=4, num_classes=10,
                embed_dims=384, num_heads=12, mlp_ratio=4.0, depths=4)
 
+def _flavor(settings: dict, description: str) -> Flavor:
+    shape = (settings["in_channels"], settings["img_size_h"], settings["img_size_w"])
+    return Flavor(shape, settings["num_classes"], partial(build, **settings), description,
+                  lambda classes: partial(build, **{**settings, "num_classes": classes}))
+
+
 FAMILY = ModelFamily(
     name=NAME,
     flavors={
-        "ti": Flavor((3, 224, 224), 1000, partial(build, **TI), "Spikformer-ti, ImageNet 224x224, 4.4M parameters"),
-        "tiny": Flavor((2, 32, 32), 10, partial(build, **TINY), "two blocks on 32x32 DVS frames, for tests"),
-        "cifar10": Flavor((3, 32, 32), 10, partial(build, **CIFAR10), "Spikformer-4-384 on 32x32 images (data set cifar10)"),
+        "ti": _flavor(TI, "Spikformer-ti, ImageNet 224x224, 4.4M parameters"),
+        "tiny": _flavor(TINY, "two blocks on 32x32 DVS frames, for tests"),
+        "cifar10": _flavor(CIFAR10, "Spikformer-4-384 on 32x32 images (data set cifar10)"),
     },
 )
 
