@@ -77,12 +77,14 @@ def test_progress_lines_show_the_time_left(capsys):
 
     log = MetricsLog(None, True, total_steps=100)
     for step in range(1, 11):
-        record = {"step": step, "loss": 1.0, "lr": 0.003, "train_acc": 0.5, "spike_rate": 0.1, "step_ms": 900.0 + step,
-                  "samples_per_s": 8.0, "peak_mem_mb": 10.0}
+        record = {"step": step, "epoch": step / 8, "loss": 1.0, "lr": 0.003, "grad_norm": 0.25, "train_acc": 0.5,
+                  "spike_rate": 0.1, "step_ms": 900.0 + step, "samples_per_s": 8.0, "peak_mem_mb": 10.0}
+        if step == 10:
+            record.update(eval_acc=0.625, eval_loss=1.5)
         log.write(record, show=step == 10)
     line = capsys.readouterr().err.strip()
-    assert line.startswith("[snnfw] step 10/100 loss 1.0000 lr 0.003 ")
-    assert line.endswith("peak 10 MB eta 1m22s")  # 90 steps x 906 ms, the median
+    assert line.startswith("[snnfw] step 10/100 epoch 1.25 loss 1.0000 lr 0.003 grad 0.25 ")
+    assert line.endswith("peak 10 MB eval acc 62.5% loss 1.5000 eta 1m22s")  # 90 steps x 906 ms, the median
 
 
 def test_torchs_triton_absent_warning_is_filtered_and_others_pass():
