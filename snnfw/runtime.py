@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 import time
 from pathlib import Path
 from typing import Any, Callable
@@ -13,6 +14,7 @@ from snnfw.config import Config
 from snnfw.distributed import all_reduce
 from snnfw.metrics import MetricsLog
 from snnfw.plugins import Plugins
+from snnfw.precision import precision_notes
 from snnfw.session import start
 from snnfw.trainer import Trainer
 from snnfw.weights import FINAL_MODEL, read_weights
@@ -42,6 +44,8 @@ def run_training(
     with start(config, run_dir=run_dir, resume=resume, plugins=plugins) as run:
         config, plan, is_main = run.config, run.plan, run.env.rank == 0
         log = MetricsLog(run_dir, is_main, config.train.steps, run.start_step, config.log.tensorboard)
+        for note in precision_notes(config, plan.device_type) if is_main else ():
+            print(f"[snnfw] note: {note}", file=sys.stderr, flush=True)
         best, evaluated = None, None  # (eval_acc, step) of the best validation; the last step's validation
         for step in range(run.start_step, config.train.steps):
             faults.inject(step + 1, run.env.rank)
