@@ -21,6 +21,7 @@ import contextlib
 import json
 import pickle
 import shutil
+import sys
 import warnings
 from pathlib import Path
 from typing import Callable
@@ -159,6 +160,43 @@ def read(path: Path, wanted: Callable[[tuple], bool] | None = None) -> dict:
     return _nest(flat, paths)
 
 
+RUN_FILES = ("metrics.jsonl", "summary.json", "final_model.pt", "best_model.pt", "tensorboard", FOLDER)
+
+
+def _earlier_checkpoints(root: Path, newest: Path) -> CheckpointError:
+    return CheckpointError(
+        f"{root} holds checkpoints up to step {_step(newest)} of an earlier run; "
+        "pass --resume to continue it, --overwrite to replace it, or choose another --run-dir"
+    )
+
+
+def check_run_dir(run_dir: Path, resume: bool, overwrite: bool) -> None:
+    """Refuses to resume where there is no checkpoint, and to start over an earlier run unless ``overwrite``."""
+    done = complete(run_dir / FOLDER)
+    if resume:
+        if not done:
+            raise CheckpointError(f"--resume continues from a checkpoint, and {run_dir / FOLDER} holds none; "
+                                  "start without --resume (or with --overwrite over an earlier run)")
+        return
+    if overwrite:
+        return
+    if done:
+        raise _earlier_checkpoints(run_dir / FOLDER, done[-1])
+    if (run_dir / "metrics.jsonl").exists():
+        raise CheckpointError(f"{run_dir} holds an earlier run (metrics.jsonl); pass --overwrite to replace it, "
+                              "or choose another --run-dir")
+
+
+def clear_run_dir(run_dir: Path) -> None:
+    """Removes an earlier run's files (``--overwrite``); other files stay."""
+    for name in RUN_FILES:
+        path = run_dir / name
+        if path.is_dir():
+            shutil.rmtree(path)
+        elif path.exists():
+            path.unlink()
+
+
 class Checkpoints:
     """The checkpoints of one run directory; ``save`` and ``load`` are collectives."""
 
@@ -198,11 +236,13 @@ class Checkpoints:
         """Loads the newest checkpoint when resuming; returns its meta (step 0 when starting afresh)."""
         done = self.complete()
         if done and not resume:
-            raise CheckpointError(
-                f"{self.root} holds checkpoints up to step {_step(done[-1])} of an earlier run; "
-                "pass --resume to continue it, or choose another --run-dir"
-            )
-        return self.load(trainer, done[-1]) if done else {"step": 0, "loss": None}
+            raise _earlier_checkpoints(self.root, done[-1])
+        if not done:
+            return {"step": 0, "loss": None}
+        meta = self.load(trainer, done[-1])
+        if self.rank == 0:
+            print(f"[snnfw] resuming after step {meta['step']} from {done[-1]}", file=sys.stderr, flush=True)
+        return meta
 
     def save(self, trainer, step: int, loss: float) -> None:
         """Writes ``step-N`` (all ranks into a temporary folder, then rank 0 renames it) and prunes old ones."""

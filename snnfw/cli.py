@@ -95,6 +95,7 @@ def _measure(args, config, plugins) -> int:
 
 
 def _cmd_train(args) -> int:
+    from snnfw.checkpoint import check_run_dir
     from snnfw.config import load_config
     from snnfw.errors import ConfigError
     from snnfw.launch import launch
@@ -107,6 +108,8 @@ def _cmd_train(args) -> int:
         raise ConfigError(f"--node-rank must be from 0 to {args.nnodes - 1}, got {args.node_rank}")
     if args.resume and not args.run_dir:
         raise ConfigError("--resume continues the run in --run-dir; name it")
+    if args.resume and args.overwrite:
+        raise ConfigError("--resume continues the run in --run-dir and --overwrite replaces it; pass one of them")
     config = load_config(args.config, args.overrides)
     plugins = Plugins()
     # refuse a bad config before starting any process
@@ -114,9 +117,11 @@ def _cmd_train(args) -> int:
     build_datasets(config, prepared.spec, plugins)
     model = re.sub(r"\W+", "_", prepared.analysis.family.rpartition("/")[2]).strip("_")
     run_dir = Path(args.run_dir or f"runs/{model}-{config.parallel.strategy}-{time.strftime('%Y%m%d-%H%M%S')}")
+    check_run_dir(run_dir, args.resume, args.overwrite)
     return launch(
         args.config, args.nproc, run_dir, args.overrides, config.parallel.timeout_s, nnodes=args.nnodes,
         node_rank=args.node_rank, rdzv_endpoint=args.rdzv_endpoint, max_restarts=args.max_restarts, resume=args.resume,
+        extra=["--overwrite"] if args.overwrite else [],
     )
 
 
@@ -195,6 +200,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--run-dir", help="where metrics.jsonl and summary.json go (default runs/FAMILY-STRATEGY-TIME)")
     p.add_argument("--set", **overrides)
     p.add_argument("--resume", action="store_true", help="continue from the newest checkpoint in --run-dir")
+    p.add_argument("--overwrite", action="store_true", help="replace an earlier run's files in --run-dir")
     p.add_argument("--max-restarts", type=int, default=0, help="restart the group this often when a rank dies")
     p.add_argument("--nnodes", type=int, default=1, help="nodes in the job, each running one snnfw train")
     p.add_argument("--node-rank", type=int, default=0, help="this node's rank; node 0 hosts the rendezvous")

@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 from snnfw import faults
+from snnfw.checkpoint import check_run_dir, clear_run_dir
 from snnfw.config import load_config
 from snnfw.errors import UserError, explain
 from snnfw.runtime import run_evaluation, run_training
@@ -45,6 +46,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--run-dir", default="runs/latest")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
     parser.add_argument("--resume", action="store_true", help="continue from the newest checkpoint in the run directory")
+    parser.add_argument("--overwrite", action="store_true", help="replace an earlier run's files in the run directory")
     parser.add_argument("--evaluate", metavar="WEIGHTS", help="score these weights on the test split instead of training")
     parser.add_argument("--predict", metavar="FILE", help="with --evaluate: write per-sample predictions (.jsonl)")
     args = parser.parse_args(argv)
@@ -63,6 +65,10 @@ def main(argv: list[str] | None = None) -> int:
                       + (f"; predictions in {args.predict}" if args.predict else ""), file=sys.stderr)
             mark_done(run_dir, rank)
             return 0
+        if not restarted:  # a restarted attempt resumes from what its predecessor wrote, or starts afresh
+            check_run_dir(run_dir, args.resume, args.overwrite)
+            if args.overwrite and rank == 0:
+                clear_run_dir(run_dir)
         summary = run_training(config, run_dir, resume=args.resume or restarted)
     except UserError as err:
         if not os.environ.get(LAUNCHED):

@@ -88,7 +88,7 @@ def test_a_user_error_in_the_ranks_exits_2_with_one_line(tmp_path):
 
     assert refused() == (2, [
         f"snnfw: error: {tmp_path}/checkpoints holds checkpoints up to step 2 of an earlier run; "
-        "pass --resume to continue it, or choose another --run-dir"])
+        "pass --resume to continue it, --overwrite to replace it, or choose another --run-dir"])
     assert refused("--resume", "--set", "data.batch_size=16") == (2, [
         f"snnfw: error: {tmp_path}/checkpoints/step-2 cannot be resumed: data.batch_size is 8 in the checkpoint "
         "and 16 in the config; resuming needs the same model, optimizer, dtype and data order, so set them as the "
