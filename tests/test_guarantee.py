@@ -8,8 +8,8 @@ included) must equal none's, so evaluation gives the same accuracy whatever
 trained the model.
 
 The default run covers dp, fsdp2, tp, fsdp2_tp and two pipeline placements
-(single and V-shaped) on the VGG, tp on the two other families, and tp and pp
-on a model of the user's own given by import path (its plans inferred);
+(single and V-shaped) on the VGG, tp on the two other families and on a
+model of the user's own given by import path (its plan inferred);
 ``pytest -m full_matrix`` runs the rest (zero, HSDP, pp x dp, every schedule,
 every family).
 """
@@ -33,7 +33,7 @@ DEFAULT_RUN = {  # within the suite's time budget; -m full_matrix runs the rest
     "cifar10dvs_vgg": {"dp", "fsdp2", "tp", "fsdp2_tp", "pp-1f1b", "pp-zbv"},
     "spikformer": {"tp"},
     "spiking_mlp": {"tp"},
-    "own_sew": {"tp", "pp-1f1b"},
+    "own_sew": {"tp"},
 }
 
 

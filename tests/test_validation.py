@@ -21,7 +21,11 @@ def with_data(config, **data):
                          "explicit": sorted(config.explicit | {f"data.{k}" for k in data})})
 
 
-@pytest.mark.parametrize("name, test_samples", [("fsdp2", 33), ("pp-1f1b", 33), ("hsdp", 10)])
+@pytest.mark.parametrize("name, test_samples", [
+    ("fsdp2", 33),
+    pytest.param("pp-1f1b", 33, marks=pytest.mark.full_matrix),  # within the suite's time budget
+    pytest.param("hsdp", 10, marks=pytest.mark.full_matrix),
+])
 def test_an_uneven_test_split_is_scored_once_as_none_scores_it(name, test_samples):
     """33 samples: 17 and 16 for 2 replicas in batches of 16, replica 1's second forward pass scoring nothing;
     10 samples on 4 replicas (HSDP): 3, 3, 2 and 2."""
