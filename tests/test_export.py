@@ -1,10 +1,12 @@
 """``snnfw export``: a checkpoint of any strategy becomes a plain state dict that the family's own module loads."""
 
+import json
 import subprocess
 import sys
 
 import pytest
 import torch
+from spikingjelly.activation_based import functional
 
 from snnfw.cli import main
 from snnfw.config import build_config
@@ -16,12 +18,12 @@ STEPS = 2
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 
-def config(strategy, microbatches=1):
+def config(strategy, microbatches=1, every=STEPS):
     return build_config({
         "model": {"family": "cifar10dvs_vgg", "flavor": "tiny", "time_steps": 4},
         "data": {"name": "synthetic_dvs", "batch_size": 8, "train_samples": 64, "test_samples": 32},
         "train": {"steps": STEPS, "lr": 0.01, "seed": 3, "microbatches": microbatches},
-        "checkpoint": {"every": STEPS},
+        "checkpoint": {"every": every},
         "parallel": {"strategy": strategy, "device": "cpu"},
     })
 
@@ -113,3 +115,26 @@ def test_safetensors_is_written_when_the_package_is_there(tp_run, tmp_path):
     exported = safetensors.load_file(str(out))
     assert sorted(exported) == sorted(final)
     assert all(torch.equal(exported[name], tensor) for name, tensor in final.items())
+
+
+def test_the_exported_module_computes_the_logits_snnfw_predicts_from_the_checkpoint(tp_run, tmp_path):
+    """The family's module with the export of a tp checkpoint, run by hand, gives the logits that snnfw's
+    none evaluation of the same checkpoint predicts for every test sample."""
+    from snnfw.prepare import build_datasets
+    from snnfw.runtime import run_evaluation
+
+    run_dir, _ = tp_run
+    checkpoint = run_dir / "checkpoints" / f"step-{STEPS}"
+    assert export_cli(checkpoint, tmp_path / "x.pt")[0] == 0
+    run_evaluation(config("none", every=0), checkpoint, predict=tmp_path / "rows.jsonl")
+    rows = [json.loads(line) for line in (tmp_path / "rows.jsonl").read_text().splitlines()]
+    model, spec = build_model(config("none"), Plugins())
+    model.load_state_dict(torch.load(tmp_path / "x.pt", weights_only=True), strict=True)
+    model.eval()
+    test_set = build_datasets(config("none"), spec, Plugins())[1]
+    frames = torch.stack([test_set[i][0] for i in range(len(test_set))])
+    with torch.no_grad():
+        functional.reset_net(model)
+        logits = model(frames).mean(0)
+    assert len(rows) == len(test_set) == 32
+    assert torch.allclose(torch.tensor([row["logits"] for row in rows]), logits, atol=1e-5, rtol=1e-5)
