@@ -54,7 +54,7 @@ def files_of(folder):
     return {p.relative_to(folder): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
 
 
-def test_run_directories_are_not_overwritten_by_surprise(tmp_path, capsys):
+def test_run_directories_are_not_overwritten_by_surprise_and_a_resumed_run_says_from_where(tmp_path, capfd):
     from snnfw.cli import main
 
     config = tmp_path / "own.toml"
@@ -64,28 +64,19 @@ def test_run_directories_are_not_overwritten_by_surprise(tmp_path, capsys):
     run = tmp_path / "run"
     assert main(["train", str(config), "--run-dir", str(run)]) == 0
     before = files_of(run)
-    capsys.readouterr()
+    capfd.readouterr()
     for args, message in (
         ([], "holds an earlier run (metrics.jsonl); pass --overwrite"),
         (["--resume"], "--resume continues from a checkpoint"),
     ):
         assert main(["train", str(config), "--run-dir", str(run), *args]) == 2
-        err = capsys.readouterr().err
+        err = capfd.readouterr().err
         assert message in err and err.count("\n") == 1
         assert files_of(run) == before
-    assert main(["train", str(config), "--run-dir", str(run), "--overwrite", "--set", "train.lr=0.01"]) == 0
+    every = ["--set", "checkpoint.every=2"]
+    assert main(["train", str(config), "--run-dir", str(run), "--overwrite", "--set", "train.lr=0.01", *every]) == 0
     assert json.loads((run / "summary.json").read_text())["config"]["train"]["lr"] == 0.01
-
-
-def test_a_resumed_run_says_where_it_continues_from(tmp_path, capfd):
-    from snnfw.cli import main
-
-    config = tmp_path / "own.toml"
-    own = reference_config("own_sew", 1, "float32", 2).model
-    config.write_text(f'[model]\nbuilder = "{own.builder}"\ninput_shape = [2, 16, 16]\nnum_classes = 10\ninput_layout = "TN"\n'
-                      '[data]\nbatch_size = 8\ntrain_samples = 16\ntest_samples = 8\n[train]\nsteps = 2\n[checkpoint]\nevery = 2\n')
-    assert main(["train", str(config), "--run-dir", str(tmp_path / "run")]) == 0
     capfd.readouterr()
-    assert main(["train", str(config), "--run-dir", str(tmp_path / "run"), "--resume", "--set", "train.steps=3"]) == 0
+    assert main(["train", str(config), "--run-dir", str(run), "--resume", "--set", "train.steps=3", *every]) == 0
     first = next(line for line in capfd.readouterr().err.splitlines() if line.startswith("[snnfw]"))
-    assert first == f"[snnfw] resuming after step 2 from {tmp_path / 'run' / 'checkpoints' / 'step-2'}"
+    assert first == f"[snnfw] resuming after step 2 from {run / 'checkpoints' / 'step-2'}"
