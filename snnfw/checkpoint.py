@@ -33,7 +33,9 @@ from torch.distributed.checkpoint import DefaultLoadPlanner, FileSystemReader, F
 from torch.distributed.checkpoint.metadata import StorageMeta, TensorStorageMetadata
 
 from snnfw.errors import CheckpointError, DivergedError
+from snnfw.metrics import TENSORBOARD
 from snnfw.optim import resume_scheduler
+from snnfw.weights import BEST_MODEL, FINAL_MODEL
 
 FOLDER = "checkpoints"
 FIXED = (  # what a resumed run must share: the model, the optimizer and what fixes the data order
@@ -160,7 +162,7 @@ def read(path: Path, wanted: Callable[[tuple], bool] | None = None) -> dict:
     return _nest(flat, paths)
 
 
-RUN_FILES = ("metrics.jsonl", "summary.json", "final_model.pt", "best_model.pt", "tensorboard", FOLDER)
+RUN_FILES = ("metrics.jsonl", "summary.json", FINAL_MODEL, BEST_MODEL, TENSORBOARD, FOLDER)  # what a run writes
 
 
 def _earlier_checkpoints(root: Path, newest: Path) -> CheckpointError:

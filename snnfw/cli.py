@@ -1,4 +1,4 @@
-"""The ``snnfw`` command: ``plugins``, ``plan``, ``train``, ``bench`` and ``export``.
+"""The ``snnfw`` command: ``plugins``, ``plan``, ``train``, ``bench``, ``export``, ``eval``, ``predict`` and ``plot``.
 
 A user error (bad config, unknown name, impossible layout) exits with status 2
 and one message on stderr; ``--debug`` shows the traceback.
@@ -153,16 +153,14 @@ def _cmd_eval(args) -> int:
     from snnfw.launch import launch
     from snnfw.plugins import Plugins
     from snnfw.prepare import prepare
+    from snnfw.runtime import check_predictions_file
     from snnfw.weights import load_weights, read_weights
 
     config = load_config(args.config, args.overrides)
     prepared = prepare(config, args.nproc, Plugins(), local_ranks=args.nproc)  # refuse a bad config before any process
     load_weights(prepared.model, read_weights(args.weights))  # and weights that are not there or do not fit
     predict = getattr(args, "out", None)
-    if predict is not None and not predict.endswith(".jsonl"):
-        from snnfw.errors import ConfigError
-
-        raise ConfigError(f"predictions are written as JSON lines; name a .jsonl file, not {predict}")
+    check_predictions_file(predict)
     run_dir = Path(args.run_dir or f"runs/eval-{time.strftime('%Y%m%d-%H%M%S')}")
     extra = ["--evaluate", str(args.weights)] + (["--predict", predict] if predict else [])
     return launch(args.config, args.nproc, run_dir, args.overrides, config.parallel.timeout_s, extra=extra)

@@ -59,11 +59,6 @@ class Prepared:
 
 def _check_data(config: Config, plugins: Plugins, own_data: bool) -> None:
     check_augment(config.data)
-    if config.log.tensorboard and importlib.util.find_spec("tensorboard") is None:
-        raise ConfigError(
-            "log.tensorboard needs the tensorboard package, which is not installed; run "
-            "`SNNFW_EXTRAS=tensorboard bash scripts/install.sh` (or pip install tensorboard), or remove log.tensorboard"
-        )
     if own_data or config.data.builder is not None:
         datalib.check_own_data(config, given=own_data)
     else:
@@ -98,6 +93,11 @@ def _resolved(config: Config, plugins: Plugins, source: models.Source, datasets:
     check_train(config.train, plugins)
     check_loss(config.train, plugins)
     check_precision(config.train)
+    if config.log.tensorboard and importlib.util.find_spec("tensorboard") is None:
+        raise ConfigError(
+            "log.tensorboard needs the tensorboard package, which is not installed; run "
+            "`SNNFW_EXTRAS=tensorboard bash scripts/install.sh` (or pip install tensorboard), or remove log.tensorboard"
+        )
     return config
 
 

@@ -17,10 +17,9 @@ from snnfw.plugins import Plugins
 from snnfw.precision import precision_notes
 from snnfw.session import start
 from snnfw.trainer import Trainer
-from snnfw.weights import FINAL_MODEL, read_weights
+from snnfw.weights import BEST_MODEL, FINAL_MODEL, read_weights
 
 
-BEST_MODEL = "best_model.pt"  # the same, at the validation with the highest eval_acc (with eval.every)
 
 
 def run_training(
@@ -97,15 +96,20 @@ def run_training(
     return summary
 
 
+def check_predictions_file(path: str | Path | None) -> None:
+    """Refuses a predictions file that is not JSON lines."""
+    if path is not None and not str(path).endswith(".jsonl"):
+        from snnfw.errors import ConfigError
+
+        raise ConfigError(f"predictions are written as JSON lines; name a .jsonl file, not {path}")
+
+
 def run_evaluation(config: Config, weights: str | Path, run_dir: str | Path | None = None, predict: str | Path | None = None,
                    plugins: Plugins | None = None) -> dict[str, Any]:
     """Scores ``weights`` (a run directory, checkpoint or state-dict file) on the test split under
     ``config``'s strategy, on this rank; rank 0 writes ``eval.json`` into ``run_dir`` and, with
     ``predict``, one JSON line per test sample (index, label, predicted, logits) into that file."""
-    if predict is not None and not str(predict).endswith(".jsonl"):
-        from snnfw.errors import ConfigError
-
-        raise ConfigError(f"predictions are written as JSON lines; name a .jsonl file, not {predict}")
+    check_predictions_file(predict)
     state = read_weights(weights)
     with start(config, weights=state, plugins=plugins) as run:
         result = {"weights": str(weights), **run.evaluate(), "plan": run.plan.to_dict()}

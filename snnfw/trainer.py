@@ -110,8 +110,8 @@ class Trainer:
         return {name: totals[2 * i] / max(totals[2 * i + 1], 1.0) for i, name in enumerate(counts)}
 
     def _test_batches(self):
-        """``(indices, output)`` of each evaluation batch of this replica, ``indices`` empty for a forward pass
-        that scores nothing.
+        """``(indices, labels, output)`` of each evaluation batch of this replica, ``indices`` empty for a
+        forward pass that scores nothing.
 
         Replica ``r`` scores the ``r``-th of ``dp`` contiguous chunks of the test split (sizes differ by at
         most one) in batches of the replica batch; every replica runs as many forward passes, since sharded
@@ -124,14 +124,14 @@ class Trainer:
         for start in range(0, rounds * size, size):
             indices = mine[start : start + size]
             frames, labels = datalib.load(self.test_set, indices if len(indices) else chunks[0][:1], self.device, self.dtype)
-            yield indices, self.plugins.evaluate(self.model, frames, labels, self.plan)
+            yield indices, labels, self.plugins.evaluate(self.model, frames, labels, self.plan)
 
     @torch.no_grad()
     def evaluate(self) -> dict[str, float]:
         """Loss, top-1 (and top-5) accuracy and firing rate on the test split, each sample scored once."""
         self.counter.clear()
         loss = correct = top5 = samples = 0.0
-        for indices, out in self._test_batches():
+        for indices, _, out in self._test_batches():
             if len(indices):
                 loss, correct, top5, samples = loss + out.loss * out.samples, correct + out.correct, top5 + out.top5, samples + out.samples
         spikes, elements = self.counter.take(record=False)
@@ -147,11 +147,10 @@ class Trainer:
         """Every test sample's label, predicted class and time-averaged logits, in data order (a collective;
         the whole list on every rank)."""
         mine = []
-        for indices, out in self._test_batches():
+        for indices, labels, out in self._test_batches():
             if len(indices) and out.logits is not None:  # pipeline ranks without the last stage score nothing
-                labels = [int(self.test_set[i][1]) for i in indices.tolist()]
                 mine += [{"index": i, "label": y, "predicted": int(row.argmax()), "logits": row.tolist()}
-                         for i, y, row in zip(indices.tolist(), labels, out.logits)]
+                         for i, y, row in zip(indices.tolist(), labels.tolist(), out.logits)]
         self.counter.clear()
         parts = [mine]
         if dist.is_initialized():

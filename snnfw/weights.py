@@ -9,7 +9,7 @@ import torch
 from snnfw.errors import CheckpointError
 
 FINAL_MODEL = "final_model.pt"  # what every run directory holds at the end
-SAFETENSORS = ".safetensors"
+BEST_MODEL = "best_model.pt"  # the same, at the validation with the highest eval_acc (with eval.every)
 
 
 def read_weights(source: str | Path) -> dict[str, torch.Tensor]:
@@ -21,7 +21,7 @@ def read_weights(source: str | Path) -> dict[str, torch.Tensor]:
     if source.is_dir() and (source / FINAL_MODEL).is_file():
         source = source / FINAL_MODEL
     if source.is_file():
-        if source.name.endswith(SAFETENSORS):
+        if source.name.endswith(export.SAFETENSORS):
             from safetensors.torch import load_file
 
             return load_file(source)
