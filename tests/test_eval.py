@@ -6,10 +6,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import attrs
 import pytest
 
-from snnfw.equivalence import reference_config
-from snnfw.runtime import run_training
+from snnfw.equivalence import CASES, case_config
+from snnfw.testing import run_on_ranks
 
 ROOT = Path(__file__).resolve().parents[1]
 TIMEOUT_S = 240
@@ -32,21 +33,26 @@ def snnfw(*args):
 
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
-    """A float64 run of the own model under none; its run directory and final validation."""
+    """A float64 run of the own model under fsdp2 on 2 ranks, its parameters sharded in its checkpoint:
+    its run directory and final validation."""
     run_dir = tmp_path_factory.mktemp("trained")
-    config = reference_config("own_sew", 1, "float64", 8, data={"test_samples": 50})
-    summary = run_training(config, run_dir)
+    fsdp2 = next(case for case in CASES if case.name == "fsdp2")
+    config = case_config("own_sew", fsdp2, "float64", 8, data={"test_samples": 50})
+    config = attrs.evolve(config, checkpoint=attrs.evolve(config.checkpoint, every=8))
+    summary = run_on_ranks(config, fsdp2.ranks, run_dir, timeout_s=TIMEOUT_S)[0]
     return run_dir, summary["eval"], write_toml(run_dir / "own.toml", config)
 
 
-def test_eval_under_tp_scores_a_none_trained_model_as_none_did(trained, tmp_path):
+@pytest.mark.parametrize("strategy, nproc", [("tp", 2), ("none", 1)])
+def test_eval_of_an_fsdp2_checkpoint_scores_as_the_training_run_did(trained, tmp_path, strategy, nproc):
     run_dir, want, toml = trained
-    done = snnfw("eval", str(toml), "--weights", str(run_dir), "--nproc", "2", "--set", "parallel.strategy=tp",
-                 "--run-dir", str(tmp_path))
+    checkpoint = run_dir / "checkpoints" / "step-8"
+    done = snnfw("eval", str(toml), "--weights", str(checkpoint), "--nproc", str(nproc),
+                 "--set", f"parallel.strategy={strategy}", "--run-dir", str(tmp_path))
     assert done.returncode == 0, done.stderr[-2000:]
     got = json.loads((tmp_path / "eval.json").read_text())
     assert got["eval_acc"] == want["eval_acc"] and got["eval_acc5"] == want["eval_acc5"]
-    assert got["eval_loss"] == pytest.approx(want["eval_loss"], rel=1e-9) and got["plan"]["strategy"] == "tp"
+    assert got["eval_loss"] == pytest.approx(want["eval_loss"], rel=1e-9) and got["plan"]["strategy"] == strategy
 
 
 def test_predict_under_pp_writes_every_sample_once_in_order(trained, tmp_path):

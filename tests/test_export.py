@@ -11,10 +11,11 @@ from spikingjelly.activation_based import functional
 from snnfw.cli import main
 from snnfw.config import build_config
 from snnfw.plugins import Plugins
-from snnfw.prepare import build_model
+from snnfw.prepare import build_datasets, build_model
+from snnfw.runtime import run_evaluation
 from snnfw.testing import run_on_ranks
 
-STEPS = 2
+STEPS = 3
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 
@@ -48,6 +49,12 @@ def tp_run(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
+def fsdp2_run(tmp_path_factory):
+    """fsdp2 on 2 ranks: every parameter sharded along its first dimension."""
+    return trained(tmp_path_factory, "fsdp2")
+
+
+@pytest.fixture(scope="module")
 def pp_run(tmp_path_factory):
     """pp on 2 ranks: each rank holds one stage."""
     return trained(tmp_path_factory, "pp", microbatches=2)
@@ -59,8 +66,26 @@ def export_cli(source, out):
     return done.returncode, done.stdout, done.stderr
 
 
-@pytest.mark.parametrize("run", ["tp_run", "pp_run"])
-def test_export_loads_into_the_family_module_and_equals_the_trained_state(request, tmp_path, run):
+def none_predictions(checkpoint, out):
+    """The logits of every test sample that snnfw's none evaluation of ``checkpoint`` predicts."""
+    run_evaluation(config("none", every=0), checkpoint, predict=out)
+    return torch.tensor([json.loads(line)["logits"] for line in out.read_text().splitlines()])
+
+
+def module_logits(model):
+    """The logits of every test sample from the family's module run by hand (eval mode, state reset)."""
+    test_set = build_datasets(config("none"), build_model(config("none"), Plugins())[1], Plugins())[1]
+    frames = torch.stack([test_set[i][0] for i in range(len(test_set))])
+    model.eval()
+    with torch.no_grad():
+        functional.reset_net(model)
+        return model(frames).mean(0)
+
+
+@pytest.mark.parametrize("run", ["tp_run", "fsdp2_run", "pp_run"])
+def test_export_loads_into_the_family_module_which_computes_what_snnfw_predicts(request, tmp_path, run):
+    """The export of a sharded or staged checkpoint loads strictly, equals the state the ranks held, and the
+    module with it gives the logits that snnfw's none evaluation of the same checkpoint predicts."""
     run_dir, final = request.getfixturevalue(run)
     out = tmp_path / "x.pt"
     status, stdout, stderr = export_cli(run_dir, out)
@@ -72,11 +97,15 @@ def test_export_loads_into_the_family_module_and_equals_the_trained_state(reques
     for name, tensor in final.items():
         assert torch.equal(exported[name], tensor), name
     parameters = sum(p.numel() for p in model.parameters())
+    checkpoint = run_dir / "checkpoints" / f"step-{STEPS}"
     assert stdout.splitlines() == [
-        f"exported step {STEPS} of {run_dir / 'checkpoints' / f'step-{STEPS}'} ({run[:2]} on 2 rank(s)): "
+        f"exported step {STEPS} of {checkpoint} ({run.removesuffix('_run')} on 2 rank(s)): "
         f"{len(exported)} tensors, {parameters:,} parameters and {sum(b.numel() for b in model.buffers()):,} "
         f"buffer values -> {out}"
     ]
+    predicted = none_predictions(checkpoint, tmp_path / "rows.jsonl")
+    assert predicted.shape == (32, 10)
+    assert torch.allclose(predicted, module_logits(model), atol=1e-5, rtol=1e-5)
 
 
 def test_a_checkpoint_folder_is_exported_as_it_is(tp_run, tmp_path, capsys):
@@ -115,26 +144,3 @@ def test_safetensors_is_written_when_the_package_is_there(tp_run, tmp_path):
     exported = safetensors.load_file(str(out))
     assert sorted(exported) == sorted(final)
     assert all(torch.equal(exported[name], tensor) for name, tensor in final.items())
-
-
-def test_the_exported_module_computes_the_logits_snnfw_predicts_from_the_checkpoint(tp_run, tmp_path):
-    """The family's module with the export of a tp checkpoint, run by hand, gives the logits that snnfw's
-    none evaluation of the same checkpoint predicts for every test sample."""
-    from snnfw.prepare import build_datasets
-    from snnfw.runtime import run_evaluation
-
-    run_dir, _ = tp_run
-    checkpoint = run_dir / "checkpoints" / f"step-{STEPS}"
-    assert export_cli(checkpoint, tmp_path / "x.pt")[0] == 0
-    run_evaluation(config("none", every=0), checkpoint, predict=tmp_path / "rows.jsonl")
-    rows = [json.loads(line) for line in (tmp_path / "rows.jsonl").read_text().splitlines()]
-    model, spec = build_model(config("none"), Plugins())
-    model.load_state_dict(torch.load(tmp_path / "x.pt", weights_only=True), strict=True)
-    model.eval()
-    test_set = build_datasets(config("none"), spec, Plugins())[1]
-    frames = torch.stack([test_set[i][0] for i in range(len(test_set))])
-    with torch.no_grad():
-        functional.reset_net(model)
-        logits = model(frames).mean(0)
-    assert len(rows) == len(test_set) == 32
-    assert torch.allclose(torch.tensor([row["logits"] for row in rows]), logits, atol=1e-5, rtol=1e-5)
