@@ -13,7 +13,7 @@ from snnfw.errors import CheckpointError, ConfigError
 from snnfw.optim import LrScheduleSpec, OptimizerSpec, build_optimizer
 from snnfw.phases import PHASES
 from snnfw.precision import autocast
-from snnfw.losses import LossSpec, cross_entropy, mse_rate, training_loss
+from snnfw.losses import LossSpec, cross_entropy, mse_rate, tet, training_loss
 from snnfw.step import StepOutput, count_correct, scored
 
 if TYPE_CHECKING:
@@ -34,6 +34,8 @@ def snnfw_register_losses(register):
     register("cross_entropy", LossSpec(cross_entropy, ("label_smoothing",), {"label_smoothing": 0.0}),
              "cross entropy of the time-averaged logits, train.label_smoothing (0)")
     register("mse_rate", LossSpec(mse_rate), "mean squared error of the time-averaged output against one-hot targets")
+    register("tet", LossSpec(tet, ("tet_lambda",), {"tet_lambda": 1e-3}),
+             "TET: cross entropy at every time step, train.tet_lambda (0.001) of distance of the logits from 1")
 
 
 @hookimpl

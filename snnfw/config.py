@@ -189,6 +189,7 @@ class TrainConfig:
     label_smoothing: float | None = attrs.field(
         default=None, converter=_optional_float, validator=v.optional([v.ge(0), v.lt(1)])
     )
+    tet_lambda: float | None = attrs.field(default=None, converter=_optional_float, validator=v.optional([v.ge(0), v.le(1)]))
     weight_decay: float | None = attrs.field(default=None, converter=_optional_float, validator=v.optional(v.ge(0)))
     betas: tuple[float, float] | None = attrs.field(default=None, converter=_numbers("betas", float, 2, "[0.9, 0.999]"))
     momentum: float | None = attrs.field(default=None, converter=_optional_float, validator=v.optional(v.ge(0)))
@@ -196,6 +197,7 @@ class TrainConfig:
     no_decay: tuple[str, ...] = attrs.field(default=(), converter=_no_decay)
     lr_schedule: str = attrs.field(default="constant", validator=v.instance_of(str))
     warmup_steps: int = attrs.field(default=0, validator=[v.instance_of(int), v.ge(0)])
+    warmup_epochs: int = attrs.field(default=0, validator=[v.instance_of(int), v.ge(0)])  # with epochs, instead
     min_lr: float | None = attrs.field(default=None, converter=_optional_float, validator=v.optional(v.ge(0)))
     step_size: int | None = attrs.field(default=None, validator=v.optional(_positive))
     milestones: tuple[int, ...] | None = attrs.field(default=None, converter=_numbers("milestones", int, example="[10, 15]"))

@@ -19,7 +19,7 @@ from snnfw.precision import full_precision
 if TYPE_CHECKING:
     import torch
 
-LOSS_KEYS = ("label_smoothing",)
+LOSS_KEYS = ("label_smoothing", "tet_lambda")
 Loss = Callable[["torch.Tensor", "torch.Tensor"], "torch.Tensor"]
 
 
@@ -63,5 +63,22 @@ def mse_rate(options: dict[str, Any]) -> Loss:
     def loss(logits, labels):
         rate = full_precision(logits).mean(0)
         return F.mse_loss(rate, F.one_hot(labels, rate.shape[-1]).to(rate.dtype))
+
+    return loss
+
+
+def tet(options: dict[str, Any]) -> Loss:
+    """TET's loss (Deng et al., ICLR 2022): cross entropy at every time step, averaged, with ``tet_lambda``
+    of the mean squared distance of the logits from 1 (SpikingJelly's TETLoss: ``(1 - l) * ce + l * mse``)."""
+    import torch
+    import torch.nn.functional as F
+
+    weight = options["tet_lambda"]
+
+    def loss(logits, labels):
+        logits = full_precision(logits)
+        steps = logits.shape[0]
+        per_step = F.cross_entropy(logits.flatten(0, 1), labels.repeat(steps))
+        return (1 - weight) * per_step + weight * F.mse_loss(logits, torch.ones_like(logits))
 
     return loss

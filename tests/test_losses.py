@@ -31,16 +31,23 @@ def first_step_loss_by_hand(config, loss):
     train_set, _ = build_datasets(config, spec, plugins)
     indices = datalib.global_batch_indices(0, config.data.batch_size, len(train_set), config.train.seed)
     frames, labels = datalib.load(train_set, indices, torch.device("cpu"), torch.float64)
-    return loss(model(frames).mean(0), labels).item()
+    return loss(model(frames), labels).item()
+
+
+def tet_by_hand(logits, labels, weight=0.2):
+    """SpikingJelly's TETLoss: the mean over time steps of each step's cross entropy, and the MSE from 1."""
+    per_step = sum(F.cross_entropy(step, labels) for step in logits) / len(logits)
+    return (1 - weight) * per_step + weight * F.mse_loss(logits, torch.ones_like(logits))
 
 
 @pytest.mark.parametrize(
     "train, by_hand",
     [
-        ({"label_smoothing": 0.2}, lambda rate, labels: F.cross_entropy(rate, labels, label_smoothing=0.2)),
-        ({"loss": "mse_rate"}, lambda rate, labels: F.mse_loss(rate, F.one_hot(labels, 10).double())),
+        ({"label_smoothing": 0.2}, lambda out, labels: F.cross_entropy(out.mean(0), labels, label_smoothing=0.2)),
+        ({"loss": "mse_rate"}, lambda out, labels: F.mse_loss(out.mean(0), F.one_hot(labels, 10).double())),
+        ({"loss": "tet", "tet_lambda": 0.2}, tet_by_hand),
     ],
-    ids=["label_smoothing", "mse_rate"],
+    ids=["label_smoothing", "mse_rate", "tet"],
 )
 def test_the_first_step_trains_on_the_configured_loss(train, by_hand):
     config = own(train)
@@ -53,7 +60,9 @@ def test_the_first_step_trains_on_the_configured_loss(train, by_hand):
 def test_loss_keys_are_checked():
     with pytest.raises(ConfigError, match=r"train\.label_smoothing does not apply to train\.loss = 'mse_rate'"):
         prepare(own({"loss": "mse_rate", "label_smoothing": 0.1}), 1, Plugins())
-    with pytest.raises(UnknownNameError, match="registered loss names: cross_entropy, mse_rate"):
+    with pytest.raises(ConfigError, match=r"train\.tet_lambda does not apply to train\.loss = 'cross_entropy'"):
+        prepare(own({"tet_lambda": 0.1}), 1, Plugins())
+    with pytest.raises(UnknownNameError, match="registered loss names: cross_entropy, mse_rate, tet"):
         prepare(own({"loss": "focal"}), 1, Plugins())
 
 
