@@ -67,27 +67,37 @@ def _check_data(config: Config, plugins: Plugins, own_data: bool) -> None:
 
 
 def with_epochs(config: Config, train_samples: int) -> Config:
-    """``config`` with ``train.steps`` from ``train.epochs`` (that many passes of whole global batches)
-    and ``eval.every`` from ``eval.every_epochs``."""
+    """``config`` with ``train.steps`` from ``train.epochs`` (that many passes of whole global batches),
+    ``train.warmup_steps`` from ``train.warmup_epochs`` and ``eval.every`` from ``eval.every_epochs``."""
     epochs, batch = config.train.epochs, config.data.batch_size
     if epochs is None:
-        if config.eval.every_epochs:
-            raise ConfigError("eval.every_epochs counts epochs of train.epochs; set train.epochs, or use eval.every (steps)")
+        for key, steps in (("eval.every_epochs", "eval.every"), ("train.warmup_epochs", "train.warmup_steps")):
+            if _value(config, key):
+                raise ConfigError(f"{key} counts epochs of train.epochs; set train.epochs, or use {steps} (steps)")
         return config
     if "train.steps" in config.explicit:
         raise ConfigError(f"train.steps ({config.train.steps}) and train.epochs ({epochs}) both say how long to train; remove one of them")
     if train_samples < batch:
         raise ConfigError(f"the training set has {train_samples} samples, fewer than one global batch ({batch}); lower data.batch_size")
-    if config.eval.every_epochs and "eval.every" in config.explicit:
-        raise ConfigError("eval.every and eval.every_epochs both say when to validate; remove one of them")
+    for key, steps, what in (("eval.every_epochs", "eval.every", "when to validate"),
+                             ("train.warmup_epochs", "train.warmup_steps", "how long to warm up")):
+        if _value(config, key) and steps in config.explicit:
+            raise ConfigError(f"{steps} and {key} both say {what}; remove one of them")
     per_epoch = train_samples // batch
+    train = attrs.evolve(config.train, steps=epochs * per_epoch,
+                         warmup_steps=config.train.warmup_epochs * per_epoch or config.train.warmup_steps)
     evaluation = attrs.evolve(config.eval, every=config.eval.every_epochs * per_epoch) if config.eval.every_epochs else config.eval
-    return attrs.evolve(config, train=attrs.evolve(config.train, steps=epochs * per_epoch), eval=evaluation)
+    return attrs.evolve(config, train=train, eval=evaluation)
+
+
+def _value(config: Config, key: str):
+    section, name = key.split(".")
+    return getattr(getattr(config, section), name)
 
 
 def _resolved(config: Config, plugins: Plugins, source: models.Source, datasets: tuple | None) -> Config:
     """The config with what the model and data set decide (``train.steps`` from epochs), its [train] keys checked."""
-    if config.train.epochs is not None or config.eval.every_epochs:
+    if config.train.epochs is not None or config.eval.every_epochs or config.train.warmup_epochs:
         train_set = datasets[0] if datasets else build_datasets(config, source.spec, plugins)[0]
         config = with_epochs(config, len(train_set))
     check_train(config.train, plugins)

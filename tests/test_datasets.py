@@ -2,7 +2,6 @@
 
 from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
 
@@ -14,6 +13,7 @@ from snnfw.plugins import Plugins
 from snnfw.runtime import run_training
 
 from conftest import tiny_config
+from layouts import cifar10_dvs_layout, split_layout, write_cifar10
 
 SPEC = InputSpec(4, (2, 32, 32), 10)
 QUICKSTART = "examples/quickstart.toml"
@@ -24,29 +24,6 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 @pytest.fixture(scope="module")
 def plugins():
     return Plugins()
-
-
-def write_frames(folder, names, shape=(4, 2, 40, 40), seed=0):
-    folder.mkdir(parents=True, exist_ok=True)
-    rng = np.random.default_rng(seed)
-    for name in names:
-        np.savez(folder / f"{name}.npz", frames=rng.poisson(0.3, shape).astype(np.float32))
-
-
-def split_layout(root, classes=("0", "1", "10"), per_class=2, time_steps=4):
-    """DVS128 Gesture's and N-MNIST's layout: frames_number_T_split_by_number/{train,test}/<class>/*.npz."""
-    frames = root / f"frames_number_{time_steps}_split_by_number"
-    for split in ("train", "test"):
-        for c in classes:
-            write_frames(frames / split / c, [f"user{i}" for i in range(per_class)], shape=(time_steps, 2, 40, 40))
-    return root
-
-
-def cifar10_dvs_layout(root, samples=30):
-    """CIFAR10-DVS as SpikingJelly integrates it, unsplit: frames_number_4_split_by_number/<class>/*.npz."""
-    for c in ("airplane", "automobile"):
-        write_frames(root / "frames_number_4_split_by_number" / c, [f"cifar10_{c}_{i}" for i in range(samples)])
-    return root
 
 
 @pytest.mark.parametrize("name", ["dvs128_gesture", "n_mnist"])
@@ -61,24 +38,11 @@ def test_split_sets_number_classes_as_sorted_folders_and_resize(tmp_path, plugin
     assert label == 2 and train.samples[4][0].parent.name == "10"  # folders sorted as strings: 0, 1, 10
 
 
-def test_cifar10_dvs_splits_each_class_as_tebn_and_trains(tmp_path, plugins):
+def test_cifar10_dvs_splits_each_class_as_tebn(tmp_path, plugins):
     root = cifar10_dvs_layout(tmp_path / "data")
     data = DataConfig(name="cifar10_dvs", root=str(root))
     test = plugins.datasets.get("cifar10_dvs").build(data, SPEC, "test", 0)
     assert sorted(p.stem for p, _ in test.samples) == [f"cifar10_{c}_{i}" for c in ("airplane", "automobile") for i in range(3)]
-    config = tiny_config(data={"name": "cifar10_dvs", "root": str(root), "batch_size": 4}, train={"steps": 2})
-    summary = run_training(config, tmp_path / "run")
-    assert len(summary["losses"]) == 2 and all(np.isfinite(summary["losses"]))
-
-
-def write_cifar10(root, records=4):
-    root.mkdir(parents=True, exist_ok=True)
-    rng = np.random.default_rng(0)
-    for i, name in enumerate([f"data_batch_{k}.bin" for k in range(1, 6)] + ["test_batch.bin"]):
-        batch = np.concatenate([rng.integers(0, 10, (records, 1)), rng.integers(0, 256, (records, 3072))], axis=1)
-        batch[0, 1:] = 255 * (i % 2)  # one white or black image per batch
-        batch.astype(np.uint8).tofile(root / name)
-    return root
 
 
 def test_cifar10_images_are_rate_coded_deterministically(tmp_path, plugins):
@@ -93,16 +57,6 @@ def test_cifar10_images_are_rate_coded_deterministically(tmp_path, plugins):
     assert set(spikes.unique().tolist()) <= {0.0, 1.0} and 0 <= label < 10
     assert torch.equal(spikes, train[5][0])
     assert 0.3 < spikes.mean() < 0.7  # uniform random pixels spike half of the time
-
-
-def test_spikformer_trains_on_rate_coded_cifar10(tmp_path):
-    root = write_cifar10(tmp_path / "data")
-    config = tiny_config(
-        model={"family": "spikformer", "flavor": "cifar10", "time_steps": 2},
-        data={"name": "cifar10", "root": str(root), "batch_size": 2},
-        train={"steps": 1},
-    )
-    assert np.isfinite(run_training(config)["losses"][0])
 
 
 def on_disk_quickstart(tmp_path) -> str:

@@ -53,11 +53,16 @@ def test_periodic_validation_records_and_keeps_the_best_model(tmp_path):
         model.load_state_dict(torch.load(tmp_path / name, weights_only=True), strict=True)
 
 
-def test_every_epochs_is_resolved_to_steps_and_needs_epochs():
+def test_epoch_counts_are_resolved_to_steps_and_need_epochs():
     data = {"model": {"builder": reference_config(FAMILY, 1, "float32").model.builder, "input_shape": [2, 16, 16],
                       "num_classes": 10, "input_layout": "TN"},
             "data": {"batch_size": 16, "train_samples": 64}}
-    plan = prepare(build_config({**data, "train": {"epochs": 3}, "eval": {"every_epochs": 1}}), 1, Plugins()).plan
-    assert (plan.config.train.steps, plan.config.eval.every) == (12, 4)
+    plan = prepare(build_config({**data, "train": {"epochs": 3, "warmup_epochs": 1}, "eval": {"every_epochs": 1}}), 1,
+                   Plugins()).plan
+    assert (plan.config.train.steps, plan.config.eval.every, plan.config.train.warmup_steps) == (12, 4, 4)
     with pytest.raises(ConfigError, match="set train.epochs"):
         prepare(build_config({**data, "eval": {"every_epochs": 1}}), 1, Plugins())
+    with pytest.raises(ConfigError, match=r"train.warmup_epochs counts epochs of train.epochs; set train.epochs"):
+        prepare(build_config({**data, "train": {"warmup_epochs": 1}}), 1, Plugins())
+    with pytest.raises(ConfigError, match="train.warmup_steps and train.warmup_epochs both say how long to warm up"):
+        prepare(build_config({**data, "train": {"epochs": 3, "warmup_epochs": 1, "warmup_steps": 2}}), 1, Plugins())

@@ -1,0 +1,44 @@
+"""The published recipes in examples/recipes: each plans on its data set's on-disk layout, epochs resolved."""
+
+from pathlib import Path
+
+import pytest
+
+from snnfw.config import load_config
+from snnfw.plugins import Plugins
+from snnfw.prepare import prepare
+
+from layouts import cifar10_dvs_layout, split_layout, write_cifar10
+
+ROOT = Path(__file__).resolve().parents[1]
+RECIPES = sorted((ROOT / "examples" / "recipes").glob("*.toml"))
+
+
+def layout(name: str, root: Path, time_steps: int) -> tuple[Path, int]:
+    """Tiny files in the layout the recipe's data set reads (small frames: only their count and first shape
+    matter here); the folder and its number of training samples."""
+    if name == "cifar10":
+        return write_cifar10(root, records=13), 65
+    if name == "cifar10_dvs":
+        return cifar10_dvs_layout(root, samples=40, time_steps=time_steps, side=8), 72  # 36 a class to train
+    classes = [str(c) for c in range(11 if name == "dvs128_gesture" else 10)]
+    return split_layout(root, classes, per_class=2, time_steps=time_steps, side=8), 2 * len(classes)
+
+
+def test_every_recipe_is_here():
+    assert [p.stem for p in RECIPES] == ["cifar10dvs_vgg_tet", "dvs128_gesture", "n_mnist_plif", "spikformer_cifar10"]
+
+
+@pytest.mark.parametrize("recipe", RECIPES, ids=lambda p: p.stem)
+def test_a_recipe_plans_on_its_data_set_with_its_epochs(recipe, tmp_path, monkeypatch):
+    monkeypatch.chdir(ROOT)  # model.builder paths start at the repository root
+    written = load_config(recipe)
+    root, samples = layout(written.data.name, tmp_path, written.model.time_steps)
+    batch = min(written.data.batch_size, samples)
+    config = load_config(recipe, [f"data.root={root}", f"data.batch_size={batch}"])
+    plan = prepare(config, 2, Plugins()).plan
+    per_epoch = samples // batch
+    assert plan.config.train.steps == written.train.epochs * per_epoch
+    assert plan.config.eval.every == written.eval.every_epochs * per_epoch
+    assert plan.strategy == written.parallel.strategy
+    assert plan.config.train.warmup_steps == written.train.warmup_epochs * per_epoch
