@@ -35,6 +35,7 @@ from torch.distributed.checkpoint.metadata import StorageMeta, TensorStorageMeta
 from snnfw.errors import CheckpointError, DivergedError
 from snnfw.metrics import TENSORBOARD
 from snnfw.optim import resume_scheduler
+from snnfw.precision import LOSS_SCALE
 from snnfw.weights import BEST_MODEL, FINAL_MODEL
 
 FOLDER = "checkpoints"
@@ -269,7 +270,8 @@ class Checkpoints:
         _barrier()
         if self.rank == 0:
             meta = {"step": step, "loss": loss, "fixed": _fixed(self.config),
-                    "strategy": trainer.plan.strategy, "world_size": trainer.plan.world_size}
+                    "strategy": trainer.plan.strategy, "world_size": trainer.plan.world_size,
+                    "loss_scale": LOSS_SCALE.state_dict()}
             (temp / META).write_text(json.dumps(meta) + "\n")
             if final.exists():
                 shutil.rmtree(final)
@@ -301,6 +303,8 @@ class Checkpoints:
         for group, settings in zip(trainer.optimizer.param_groups, configured):
             group.update(settings)  # the config's hyperparameters, not the checkpoint's
         resume_scheduler(trainer.scheduler, state["scheduler"], self.config.train.lr)
+        if LOSS_SCALE.enabled and meta.get("loss_scale", {}).get("enabled"):  # else fp16 starts its scale afresh
+            LOSS_SCALE.load_state_dict(meta["loss_scale"])
         rng = state.get("rng", {}).get(f"rank{self.rank}", {})
         if "cpu" in rng:
             torch.set_rng_state(rng["cpu"])

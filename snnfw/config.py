@@ -205,6 +205,7 @@ class TrainConfig:
     clip_grad_norm: float | None = attrs.field(default=None, converter=_optional_float, validator=v.optional(v.gt(0)))
     log_every: int = attrs.field(default=1, validator=_positive)
     precision: str = attrs.field(default="fp32", validator=v.in_(("fp32", "bf16", "fp16")))
+    loss_scale: float | None = attrs.field(default=None, converter=_optional_float, validator=v.optional(v.gt(0)))  # fp16's first
     dtype: str = attrs.field(default="float32", validator=v.in_(("float32", "float64")))
 
     @property

@@ -55,12 +55,16 @@ def global_grad_norm(model: torch.nn.Module, plan) -> float:
     return math.sqrt(all_reduce([local_sum])[0])
 
 
-@torch.no_grad()
 def clip_gradients(model: torch.nn.Module, norm: float, max_norm: float) -> None:
     """Scales every gradient by ``max_norm / (norm + 1e-6)`` when below 1, as torch's clip_grad_norm_ does."""
     scale = max_norm / (norm + EPS)
-    if scale >= 1.0:
-        return
+    if scale < 1.0:
+        scale_gradients(model, scale)
+
+
+@torch.no_grad()
+def scale_gradients(model: torch.nn.Module, factor: float) -> None:
+    """Multiplies every gradient this rank holds by ``factor``."""
     for parameter in model.parameters():
         if parameter.grad is not None:
-            parameter.grad.mul_(scale)
+            parameter.grad.mul_(factor)

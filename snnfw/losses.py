@@ -14,7 +14,7 @@ import attrs
 
 from snnfw.config import TrainConfig
 from snnfw.errors import ConfigError
-from snnfw.precision import full_precision
+from snnfw.precision import LOSS_SCALE, full_precision
 
 if TYPE_CHECKING:
     import torch
@@ -42,10 +42,11 @@ def check_loss(train: TrainConfig, plugins) -> None:
 
 
 def training_loss(train: TrainConfig, plugins) -> Loss:
-    """The loss ``train.loss`` names, with its options."""
+    """The loss ``train.loss`` names, with its options (under fp16 its gradient carries the loss scale)."""
     spec = plugins.losses.get(train.loss)
     set_keys = {key: getattr(train, key) for key in spec.options if getattr(train, key) is not None}
-    return spec.build({**spec.defaults, **set_keys})
+    loss = spec.build({**spec.defaults, **set_keys})
+    return (lambda logits, labels: LOSS_SCALE.scaled(loss(logits, labels))) if train.precision == "fp16" else loss
 
 
 def cross_entropy(options: dict[str, Any]) -> Loss:

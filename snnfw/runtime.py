@@ -45,13 +45,14 @@ def run_training(
         log = MetricsLog(run_dir, is_main, config.train.steps, run.start_step, config.log.tensorboard)
         for note in precision_notes(config, plan.device_type) if is_main else ():
             print(f"[snnfw] note: {note}", file=sys.stderr, flush=True)
-        best, evaluated = None, None  # (eval_acc, step) of the best validation; the last step's validation
+        best, evaluations = None, []  # (eval_acc, step) of the best validation; every validation with its step
         for step in range(run.start_step, config.train.steps):
             faults.inject(step + 1, run.env.rank)
             record = run.step(step)
             if config.eval.every and (step + 1) % config.eval.every == 0:
                 evaluated = run.evaluate()
                 record.update(evaluated)
+                evaluations.append({"step": step + 1, **evaluated})
                 if best is None or evaluated["eval_acc"] > best[0]:
                     best = (evaluated["eval_acc"], step + 1)
                     if run_dir is not None:
@@ -64,7 +65,7 @@ def run_training(
             if run.checkpoints.due(step + 1):
                 run.save(step + 1, record["loss"])
         log.close()
-        final = evaluated if evaluated is not None and log.records and "eval_acc" in log.records[-1] else run.evaluate()
+        final = evaluated if evaluations and evaluations[-1]["step"] == config.train.steps else run.evaluate()
         accuracy = final["eval_acc"]
         if run_dir is not None:
             run.export(run_dir / FINAL_MODEL)
@@ -75,6 +76,7 @@ def run_training(
             "resumed_from": run.start_step,
             "test_accuracy": accuracy,
             "eval": final,
+            "evaluations": evaluations,
             **({"best_eval_acc": best[0], "best_step": best[1]} if best else {}),
             "mean_step_ms": sum(r["step_ms"] for r in timed) / max(len(timed), 1),
             "wall_s": time.perf_counter() - started,
@@ -84,6 +86,7 @@ def run_training(
             "losses": [r["loss"] for r in log.records],
             "spike_rates": [r["spike_rate"] for r in log.records],
             "grad_norms": [r["grad_norm"] for r in log.records],
+            **({"loss_scales": [r["loss_scale"] for r in log.records]} if config.train.precision == "fp16" else {}),
         }
         summary["layer_spike_rates"] = run.trainer.layer_spike_rates()
         extra = run.trainer.plugins.summary(plan)

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import math
 import time
+import warnings
 
 import torch
 import torch.distributed as dist
@@ -11,12 +13,13 @@ from snnfw import data as datalib
 from snnfw.augment import Augmented, augment_options
 from snnfw.config import Config
 from snnfw.distributed import all_reduce, broadcast_state, dp_coordinate, dp_group
-from snnfw.grad_norm import clip_gradients, global_grad_norm
+from snnfw.grad_norm import clip_gradients, global_grad_norm, scale_gradients
 from snnfw.weights import load_weights
 from snnfw.metrics import SpikeCounter
 from snnfw.optim import build_scheduler
 from snnfw.phases import PHASES
 from snnfw.plugins import Plugins
+from snnfw.precision import LOSS_SCALE
 from snnfw.prepare import Prepared, build_datasets
 from snnfw.running_stats import RunningStats
 
@@ -51,6 +54,7 @@ class Trainer:
         self.counter.clear()  # spikes of the transforms' and strategies' own forward passes
         self.optimizer = plugins.build_optimizer(self.model, self.plan, mesh)
         self.scheduler = build_scheduler(self.optimizer, config.train, plugins)
+        LOSS_SCALE.reset(enabled=config.train.precision == "fp16", initial=config.train.loss_scale)
         self._batches, self._next_step = None, None
         self.materialize_s = time.perf_counter() - started
 
@@ -79,15 +83,24 @@ class Trainer:
             out = self.plugins.forward_backward(self.model, batches, plan)
         with PHASES("running_stats"):
             self.running_stats.apply()
-        lr = self.optimizer.param_groups[0]["lr"]
+        lr, scale = self.optimizer.param_groups[0]["lr"], LOSS_SCALE.scale
         with PHASES("grad_norm"):
-            grad_norm = global_grad_norm(self.model, plan)
-            if self.config.train.clip_grad_norm is not None:
+            grad_norm = global_grad_norm(self.model, plan) / scale  # the same on every rank
+            finite = math.isfinite(grad_norm)
+            if LOSS_SCALE.enabled:
+                if finite:
+                    scale_gradients(self.model, 1.0 / scale)
+                LOSS_SCALE.update(finite)
+            if self.config.train.clip_grad_norm is not None and finite:
                 clip_gradients(self.model, grad_norm, self.config.train.clip_grad_norm)
         with PHASES("optimizer"):
-            self.optimizer.step()
+            skip = LOSS_SCALE.enabled and not finite  # fp16 skips a step that overflowed, as torch's GradScaler does
+            if not skip:
+                self.optimizer.step()
             self.optimizer.zero_grad(set_to_none=True)
-            self.scheduler.step()
+            with warnings.catch_warnings():  # the schedule follows the steps, skipped or not
+                warnings.filterwarnings("ignore", r"Detected call of `lr_scheduler\.step\(\)` before", UserWarning)
+                self.scheduler.step()
         spikes, elements = self.counter.take()
         extra = {**PHASES.take(), **self.plugins.step_metrics(plan)}
         loss, correct, samples, spikes, elements, *extra_totals = all_reduce(
@@ -98,6 +111,7 @@ class Trainer:
             "epoch": (step + 1) * plan.global_batch / len(self.train_set),  # passes over the training set so far
             "lr": lr,
             "grad_norm": grad_norm,
+            **({"loss_scale": scale} if LOSS_SCALE.enabled else {}),
             "train_acc": correct / samples,
             "spike_rate": spikes / max(elements, 1.0),
             **{key: total / plan.world_size for key, total in zip(extra, extra_totals)},
