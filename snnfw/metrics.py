@@ -13,6 +13,7 @@ from typing import Any
 import torch
 from torch import nn
 
+NEURON_SHARD = "snnfw_shard"  # set by tensor-parallel strategies on a neuron module whose state they shard
 
 class SpikeCounter:
     """Counts the spikes and output elements of every neuron module through forward hooks.
@@ -24,17 +25,25 @@ class SpikeCounter:
     """
 
     def __init__(self, model: nn.Module, neuron_names: tuple[str, ...]):
-        modules = dict(model.named_modules())
+        self._modules = dict(model.named_modules())
         self.names = neuron_names
         self.clear()
         self._run = {name: [0.0, 0] for name in neuron_names}
-        self._handles = [modules[name].register_forward_hook(partial(self._count, name)) for name in neuron_names]
+        self._weights = dict.fromkeys(neuron_names, 1.0)
+        self._handles = [self._modules[name].register_forward_hook(partial(self._count, name)) for name in neuron_names]
+
+    def weigh_replicated(self, tp_size: int) -> None:
+        """Under tensor parallelism, counts a neuron module that every tp rank runs whole (not sharded by the
+        strategy, which marks sharded ones with ``snnfw_shard``) ``1 / tp_size`` in the totals, so the firing
+        rate over all modules weighs each as ``none`` does."""
+        for name in self.names:
+            self._weights[name] = 1.0 if hasattr(self._modules[name], NEURON_SHARD) else 1.0 / tp_size
 
     def _count(self, name: str, module, inputs, output) -> None:
         spikes, elements = self._counts[name]
         self._counts[name] = (spikes + output.detach().sum(), elements + output.numel())
 
-    def take(self, record: bool = True) -> tuple[float, int]:
+    def take(self, record: bool = True) -> tuple[float, float]:
         """Returns and clears the counts since the last call (all neuron modules together),
         adding them to :meth:`by_layer` when ``record`` (training steps, not evaluation).
 
@@ -52,7 +61,8 @@ class SpikeCounter:
             if record:
                 self._run[name][0] += layer_spikes
                 self._run[name][1] += layer_elements
-            total_spikes, total_elements = total_spikes + layer_spikes, total_elements + layer_elements
+            weight = self._weights[name]
+            total_spikes, total_elements = total_spikes + weight * layer_spikes, total_elements + weight * layer_elements
         self.clear()
         return total_spikes, total_elements
 

@@ -52,6 +52,8 @@ class Trainer:
         self.model = plugins.parallelize(model, self.plan, mesh)
         self.running_stats.bind(self.model, self.replica, self.plan.dp_size, dp_group(self.plan, mesh))
         self.counter.clear()  # spikes of the transforms' and strategies' own forward passes
+        if "tp" in dict(self.plan.mesh):
+            self.counter.weigh_replicated(dict(self.plan.mesh)["tp"])
         self.optimizer = plugins.build_optimizer(self.model, self.plan, mesh)
         self.scheduler = build_scheduler(self.optimizer, config.train, plugins)
         LOSS_SCALE.reset(enabled=config.train.precision == "fp16", initial=config.train.loss_scale)
@@ -144,11 +146,12 @@ class Trainer:
     def evaluate(self) -> dict[str, float]:
         """Loss, top-1 (and top-5) accuracy and firing rate on the test split, each sample scored once."""
         self.counter.clear()
-        loss = correct = top5 = samples = 0.0
+        loss = correct = top5 = samples = spikes = elements = 0.0
         for indices, _, out in self._test_batches():
-            if len(indices):
+            batch_spikes, batch_elements = self.counter.take(record=False)
+            if len(indices):  # else a pass that only keeps the collectives in step
                 loss, correct, top5, samples = loss + out.loss * out.samples, correct + out.correct, top5 + out.top5, samples + out.samples
-        spikes, elements = self.counter.take(record=False)
+                spikes, elements = spikes + batch_spikes, elements + batch_elements
         loss, correct, top5, samples, spikes, elements = all_reduce([loss, correct, top5, samples, spikes, float(elements)])
         samples = max(samples, 1.0)
         result = {"eval_loss": loss / samples, "eval_acc": correct / samples, "eval_spike_rate": spikes / max(elements, 1.0)}

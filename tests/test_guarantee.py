@@ -3,9 +3,11 @@
 In float64, rounding cannot hide a logic error, so every strategy must match
 ``none`` with the same microbatches within 1e-9 relative, at every one of 20
 Adam steps at lr 3e-3 on the quickstart's batch of 32, with every neuron
-layer firing; and the whole final model state (BatchNorm running statistics
-included) must equal none's, so evaluation gives the same accuracy whatever
-trained the model.
+layer firing and the firing rate over all layers as none's at every step; the
+validations at steps 10 and 20 must score as none's do; and
+the whole final model state (BatchNorm running statistics included) must
+equal none's, so evaluation gives the same accuracy whatever trained the
+model.
 
 The default run covers dp, fsdp2, tp, fsdp2_tp and pp 1f1b on the VGG, tp on the two other families and on a
 model of the user's own given by import path (its plan inferred);
@@ -15,6 +17,7 @@ every family).
 
 import functools
 
+import attrs
 import pytest
 import torch
 
@@ -22,7 +25,7 @@ from snnfw.equivalence import CASES, FAMILIES, case_config, reference_config
 from snnfw.runtime import run_training
 from snnfw.testing import run_on_ranks
 
-STEPS, REL_TOL = 20, 1e-9
+STEPS, REL_TOL, EVAL_EVERY = 20, 1e-9, 10
 LAYER_RATE = (0.005, 0.7)  # every neuron layer fires, none saturates
 # After 20 steps the reference separates classes (chance is 0.1; measured 0.33-0.44 for the VGG, 0.22 for the
 # MLP, 0.20-0.33 for the SEW network of examples/train_own_model.py), so equal test accuracies compare real
@@ -42,9 +45,22 @@ def final_state(trainer):
     return {name: tensor.detach().cpu().clone() for name, tensor in state.items()}
 
 
+def with_validation(config):
+    return attrs.evolve(config, eval=attrs.evolve(config.eval, every=EVAL_EVERY))
+
+
 @functools.cache
 def reference(family: str, microbatches: int) -> dict:
-    return run_training(reference_config(family, microbatches, "float64", STEPS), on_finish=final_state)
+    return run_training(with_validation(reference_config(family, microbatches, "float64", STEPS)), on_finish=final_state)
+
+
+def assert_same_validations(rank, got, want):
+    assert [e["step"] for e in got] == [e["step"] for e in want] == list(range(EVAL_EVERY, STEPS + 1, EVAL_EVERY))
+    for mine, ref in zip(got, want):
+        step = mine["step"]
+        assert (mine["eval_acc"], mine["eval_acc5"]) == (ref["eval_acc"], ref["eval_acc5"]), f"rank {rank} step {step}"
+        assert_close(f"rank {rank} step {step} eval_loss", mine["eval_loss"], ref["eval_loss"])
+        assert_close(f"rank {rank} step {step} eval_spike_rate", mine["eval_spike_rate"], ref["eval_spike_rate"])
 
 
 def assert_close(name, got, want):
@@ -58,12 +74,15 @@ def check_case(family, case):
     rates = want["layer_spike_rates"]
     assert rates and all(LAYER_RATE[0] <= r <= LAYER_RATE[1] for r in rates.values()), f"layer firing rates {rates}"
     assert want["test_accuracy"] >= SEPARATES[family], f"the reference does not separate classes: {want['test_accuracy']}"
-    summaries = run_on_ranks(case_config(family, case, "float64", STEPS), case.ranks, inspect=final_state, timeout_s=300)
+    config = with_validation(case_config(family, case, "float64", STEPS))
+    summaries = run_on_ranks(config, case.ranks, inspect=final_state, timeout_s=300)
     for rank, got in enumerate(summaries):
         assert len(got["losses"]) == STEPS
         for step, (loss, ref) in enumerate(zip(got["losses"], want["losses"]), start=1):
             assert_close(f"rank {rank} step {step} loss", loss, ref)
-        assert got["test_accuracy"] == want["test_accuracy"], f"rank {rank}: test accuracy differs from none's"
+        for step, (rate, ref) in enumerate(zip(got["spike_rates"], want["spike_rates"]), start=1):
+            assert_close(f"rank {rank} step {step} spike_rate", rate, ref)
+        assert_same_validations(rank, got["evaluations"], want["evaluations"])
         state = got["inspect"]
         assert state, f"rank {rank} holds no model state"
         for name, tensor in state.items():
