@@ -55,6 +55,8 @@ def _cmd_plan(args) -> int:
     plugins = Plugins()
     if args.measure:
         return _measure(args, config, plugins)
+    if args.dry_run or args.device_memory:
+        return _dry_run(args, config, plugins)
     prepared = prepare(config, args.world_size, plugins)
     plan, analysis = prepared.plan, prepared.analysis
     if args.json:
@@ -72,6 +74,16 @@ def _cmd_plan(args) -> int:
     print("why:")
     for line in plan.rationale:
         print(f"  - {line}")
+    return 0
+
+
+def _dry_run(args, config, plugins) -> int:
+    """``snnfw plan --dry-run``: what each representative rank of the job holds, measured under a fake process group."""
+    from snnfw.dry_run import dry_run, parse_bytes, report
+
+    memory = parse_bytes(args.device_memory) if args.device_memory else None
+    plan, footprints = dry_run(config, args.world_size, plugins)
+    print("\n".join(report(plan, footprints, memory)))
     return 0
 
 
@@ -188,6 +200,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("config")
     p.add_argument("--world-size", type=int, default=1)
     p.add_argument("--measure", type=int, metavar="K", help="with strategy auto: run a few steps of the top K candidates")
+    p.add_argument("--dry-run", action="store_true",
+                   help="apply the strategy at --world-size under a fake process group; print each rank's memory")
+    p.add_argument("--device-memory", metavar="SIZE", help="with --dry-run: mark what fits a device of SIZE (80GB)")
     p.add_argument("--json", action="store_true")
     p.add_argument("--set", **overrides)
     p.set_defaults(run=_cmd_plan)

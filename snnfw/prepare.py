@@ -57,7 +57,7 @@ class Prepared:
     given_instance: bool = False  # a module handed over whole: ranks take rank 0's initial state
 
 
-def _check_data(config: Config, plugins: Plugins, own_data: bool) -> None:
+def check_data(config: Config, plugins: Plugins, own_data: bool) -> None:
     check_augment(config.data)
     if own_data or config.data.builder is not None:
         datalib.check_own_data(config, given=own_data)
@@ -117,7 +117,7 @@ def prepare(config: Config, world_size: int, plugins: Plugins, local_ranks: int 
 
     ``model`` (a module or builder) and ``datasets`` (train, test) are what the Python API was handed.
     """
-    _check_data(config, plugins, datasets is not None)
+    check_data(config, plugins, datasets is not None)
     source = models.source(config, plugins, model)
     config = _resolved(config, plugins, source, datasets)
     topology = Topology.detect(world_size, config.parallel.device, local_ranks)
@@ -131,7 +131,7 @@ def prepare(config: Config, world_size: int, plugins: Plugins, local_ranks: int 
 
 def auto_candidates(config: Config, world_size: int, plugins: Plugins) -> list:
     """``auto``'s runnable candidates for ``config`` on ``world_size`` ranks, best first; starts no process."""
-    _check_data(config, plugins, own_data=False)
+    check_data(config, plugins, own_data=False)
     source = models.source(config, plugins)
     config = _resolved(config, plugins, source, None)
     model = _build(config, source)

@@ -1,0 +1,254 @@
+"""``snnfw plan --dry-run``: what each rank of an N-rank job holds, measured on this machine.
+
+One rank at a time joins a fake process group of N ranks (torch's ``fake``
+backend: collectives return at once and move nothing), applies the strategy
+as training does (DDP, ZeRO, FSDP2 and HSDP sharding, tensor-parallel
+styles and neuron shards) and trains one step on a batch of zeros of
+the model's input shape. Every tensor of that rank is real and of the size
+the real job's rank holds: the bytes of its parameters, gradients (before
+the optimizer step), optimizer state and neuron state, and the peak bytes of
+tensors saved for backward during the step (T, batch, microbatches, memopt
+and precision included), for rank 0 and the last rank, where uneven shards
+end. Pipelines are not covered yet (torch's schedules settle their stages'
+metadata by a vote over point-to-point messages). One rank's share
+of the work runs here, so it must fit this machine's memory;
+``--device-memory`` marks what fits a device and gives the largest
+microbatch that would, taking activations and neuron state as linear in it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import weakref
+from typing import Iterator
+
+import attrs
+import torch
+import torch.distributed as dist
+
+from snnfw.config import Config
+from snnfw.plugins import Plugins
+
+UNITS = {"KB": 1e3, "MB": 1e6, "GB": 1e9, "TB": 1e12, "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}
+
+
+@attrs.frozen
+class Footprint:
+    """Bytes one rank holds in a training step."""
+
+    parameters: int
+    gradients: int
+    optimizer: int
+    neurons: int  # neuron state (membrane potentials) after the step's last microbatch
+    activations: int  # peak of the tensors saved for backward, alive together
+
+    @property
+    def total(self) -> int:
+        return self.parameters + self.gradients + self.optimizer + self.neurons + self.activations
+
+
+def _local(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor.to_local() if hasattr(tensor, "to_local") else tensor
+
+
+def tensor_bytes(tensors) -> int:
+    """Bytes of the storages behind ``tensors`` (DTensors by their local shard), each storage once."""
+    seen: dict[int, int] = {}
+    for tensor in tensors:
+        storage = _local(tensor).untyped_storage()
+        seen[storage.data_ptr() or id(storage)] = storage.nbytes()
+    return sum(seen.values())
+
+
+def _neuron_state(model: torch.nn.Module) -> Iterator[torch.Tensor]:
+    for module in model.modules():
+        for value in getattr(module, "_memories", {}).values():  # SpikingJelly's MemoryModule state
+            if isinstance(value, torch.Tensor):
+                yield value
+
+
+class SavedTensors:
+    """Tracks the bytes of tensors autograd saves for backward (each storage once) and their peak."""
+
+    def __init__(self):
+        self.live: dict[int, list[int]] = {}  # storage -> [saves alive, bytes]
+        self.current = self.peak = 0
+
+    def _pack(self, tensor: torch.Tensor):
+        storage = _local(tensor).untyped_storage()
+        key = storage.data_ptr() or id(storage)
+        entry = self.live.setdefault(key, [0, storage.nbytes()])
+        if entry[0] == 0:
+            self.current += entry[1]
+            self.peak = max(self.peak, self.current)
+        entry[0] += 1
+        holder = _Saved(tensor)
+        weakref.finalize(holder, self._release, key)
+        return holder
+
+    def _release(self, key: int) -> None:
+        entry = self.live[key]
+        entry[0] -= 1
+        if entry[0] == 0:
+            self.current -= entry[1]
+            del self.live[key]
+
+    @contextlib.contextmanager
+    def tracking(self):
+        with torch.autograd.graph.saved_tensors_hooks(self._pack, lambda holder: holder.tensor):
+            yield self
+
+
+class _Saved:
+    __slots__ = ("tensor", "__weakref__")
+
+    def __init__(self, tensor):
+        self.tensor = tensor
+
+
+def measure_step(trainer, step: int) -> Footprint:
+    """Trains ``step`` (a collective) and returns what this rank held; the same measurement for real and dry runs."""
+    gradients = []
+
+    def before_step(optimizer, args, kwargs):
+        gradients.append(tensor_bytes(p.grad for group in optimizer.param_groups for p in group["params"] if p.grad is not None))
+
+    handle = trainer.optimizer.register_step_pre_hook(before_step)
+    saved = SavedTensors()
+    try:
+        with saved.tracking():
+            trainer.step(step)
+    finally:
+        handle.remove()
+    local = getattr(trainer.optimizer, "optim", trainer.optimizer)  # ZeRO keeps its shard's state in .optim
+    state = [v for per_param in local.state.values() for v in per_param.values() if isinstance(v, torch.Tensor)]
+    return Footprint(
+        parameters=tensor_bytes(trainer.model.parameters()),
+        gradients=gradients[0] if gradients else 0,
+        optimizer=tensor_bytes(state),
+        neurons=tensor_bytes(_neuron_state(trainer.model)),
+        activations=saved.peak,
+    )
+
+
+class Zeros(torch.utils.data.Dataset):
+    """``length`` samples of zero frames ``[T, C, H, W]`` with label 0."""
+
+    def __init__(self, length: int, spec):
+        self.length, self.shape = length, (spec.time_steps, *spec.shape)
+
+    def __len__(self) -> int:
+        return self.length
+
+    def __getitem__(self, index: int):
+        return torch.zeros(self.shape), 0
+
+
+def _no_communication(state, bucket):  # unannotated: DDP checks a return annotation by value
+    """A DDP communication hook that leaves the bucket as it is, as the fake backend would."""
+    done = torch.futures.Future()
+    done.set_result(bucket.buffer())
+    return done
+
+
+class _NoRunningStats:
+    """BatchNorm statistics left as each rank computed them (they do not change what a rank holds)."""
+
+    def start(self) -> None:
+        pass
+
+    def apply(self) -> None:
+        pass
+
+
+def dry_run(config: Config, world_size: int, plugins: Plugins) -> tuple[object, list[tuple[int, Footprint]]]:
+    """The plan of ``config`` on ``world_size`` ranks and the footprint of each representative rank."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    from torch.nn.parallel import DistributedDataParallel
+
+    from snnfw import models
+    from snnfw.data import REGISTERED_ONLY
+    from snnfw.errors import ConfigError
+    from snnfw.prepare import check_data, prepare
+    from snnfw.trainer import Trainer
+
+    check_data(config, plugins, own_data=False)  # the data set as configured, which the dry run replaces by zeros
+    samples = max(config.data.batch_size, config.data.train_samples or 0)
+    config = attrs.evolve(config, parallel=attrs.evolve(config.parallel, device="cpu"),
+                          data=attrs.evolve(config.data, builder=None),
+                          explicit=config.explicit - {f"data.{key}" for key in (*REGISTERED_ONLY, "builder")})
+    spec = models.source(config, plugins, None).spec
+    data = (Zeros(samples, spec), Zeros(config.data.batch_size, spec))
+    plan, footprints = prepare(config, world_size, plugins, datasets=data).plan, []
+    if "pp" in dict(plan.mesh):
+        raise ConfigError(
+            "the dry run does not cover pipelines yet: torch's pipeline schedules settle their stages' metadata by "
+            "a vote over point-to-point messages, which a fake process group cannot answer; plan pp with a real run"
+        )
+    for rank in sorted({0, world_size - 1}):  # the last rank is where uneven shards end
+        prepared = prepare(config, world_size, plugins, datasets=data)
+        if world_size > 1:
+            dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=world_size)
+        try:
+            names, sizes = zip(*plan.mesh)
+            mesh = init_device_mesh("cpu", sizes, mesh_dim_names=names) if world_size > 1 else None
+            trainer = Trainer(prepared.plan.config, prepared, plugins, mesh, torch.device("cpu"), data)
+            trainer.running_stats = _NoRunningStats()  # its object gathers return nothing under the fake backend
+            for module in trainer.model.modules():
+                if isinstance(module, DistributedDataParallel):  # DDP's reducer needs its all-reduce's result
+                    module.register_comm_hook(None, _no_communication)
+            footprints.append((rank, measure_step(trainer, 0)))
+        finally:
+            if dist.is_initialized():
+                dist.destroy_process_group()
+    return plan, footprints
+
+
+def parse_bytes(text: str) -> int:
+    """``"80GB"`` -> 80e9 bytes (KB, MB, GB, TB powers of 1000; KiB, MiB, GiB, TiB powers of 1024)."""
+    from snnfw.errors import ConfigError
+
+    number = text.rstrip("BbIiKkMmGgTt ")
+    unit = text[len(number):].strip().upper()
+    try:
+        return int(float(number) * UNITS[unit])
+    except (ValueError, KeyError):
+        raise ConfigError(f"--device-memory takes a size such as 80GB or 24GiB, got {text!r}") from None
+
+
+def largest_microbatch(footprint: Footprint, microbatch: int, memory: int) -> int:
+    """The largest microbatch that fits ``memory``, taking activations and neuron state as linear in it."""
+    fixed = footprint.parameters + footprint.gradients + footprint.optimizer
+    per_sample = (footprint.activations + footprint.neurons) / microbatch
+    return max(int((memory - fixed) // per_sample), 0) if per_sample else 0
+
+
+def _size(n: float) -> str:
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
+        if n >= scale:
+            return f"{n / scale:.2f} {unit}"
+    return f"{int(n)} B"
+
+
+def report(plan, footprints: list[tuple[int, Footprint]], memory: int | None) -> list[str]:
+    """The dry run's table, one line per representative rank."""
+    names, sizes = zip(*plan.mesh)
+    grid = torch.arange(plan.world_size).reshape(sizes)
+    mesh = " x ".join(f"{d}={n}" for d, n in plan.mesh)
+    lines = [f"dry run of {plan.strategy} on {plan.world_size} rank(s), mesh {mesh}, microbatch {plan.microbatch_size} "
+             f"x {plan.microbatches}: each rank below joined a fake process group of {plan.world_size} and trained one step here"]
+    columns = ["rank", "coordinates", "parameters", "gradients", "optimizer", "neurons", "activations", "total"]
+    if memory is not None:
+        columns += [f"fits {_size(memory)}", "largest microbatch"]
+    rows = [columns]
+    for rank, f in footprints:
+        where = " ".join(f"{d}={int(i)}" for d, i in zip(names, (grid == rank).nonzero()[0]))
+        row = [str(rank), where, *map(_size, (f.parameters, f.gradients, f.optimizer, f.neurons, f.activations, f.total))]
+        if memory is not None:
+            row += ["yes" if f.total <= memory else "no", str(largest_microbatch(f, plan.microbatch_size, memory))]
+        rows.append(row)
+    widths = [max(len(row[i]) for row in rows) for i in range(len(columns))]
+    lines += ["  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip() for row in rows]
+    return lines
