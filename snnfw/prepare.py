@@ -55,6 +55,7 @@ class Prepared:
     spec: datalib.InputSpec
     analysis: Analysis
     given_instance: bool = False  # a module handed over whole: ranks take rank 0's initial state
+    datasets: tuple | None = None  # (train, test) as built for counting epochs, for the trainer to reuse
 
 
 def check_data(config: Config, plugins: Plugins, own_data: bool) -> None:
@@ -95,9 +96,13 @@ def _value(config: Config, key: str):
     return getattr(getattr(config, section), name)
 
 
+def _counts_epochs(config: Config) -> bool:
+    return config.train.epochs is not None or bool(config.eval.every_epochs) or bool(config.train.warmup_epochs)
+
+
 def _resolved(config: Config, plugins: Plugins, source: models.Source, datasets: tuple | None) -> Config:
     """The config with what the model and data set decide (``train.steps`` from epochs), its [train] keys checked."""
-    if config.train.epochs is not None or config.eval.every_epochs or config.train.warmup_epochs:
+    if _counts_epochs(config):
         train_set = datasets[0] if datasets else build_datasets(config, source.spec, plugins)[0]
         config = with_epochs(config, len(train_set))
     check_train(config.train, plugins)
@@ -119,6 +124,9 @@ def prepare(config: Config, world_size: int, plugins: Plugins, local_ranks: int 
     """
     check_data(config, plugins, datasets is not None)
     source = models.source(config, plugins, model)
+    built_data = None
+    if datasets is None and _counts_epochs(config):
+        datasets = built_data = build_datasets(config, source.spec, plugins)
     config = _resolved(config, plugins, source, datasets)
     topology = Topology.detect(world_size, config.parallel.device, local_ranks)
     built = _build(config, source)
@@ -126,7 +134,7 @@ def prepare(config: Config, world_size: int, plugins: Plugins, local_ranks: int 
     cost = measure(built, source.spec, plugins) if config.parallel.strategy == AUTO else None
     plan = make_plan(config, topology, analysis, plugins, built, cost)
     plan = attrs.evolve(plan, rationale=topology.rationale + plan.rationale + precision_notes(config, topology.device_type))
-    return Prepared(plan, built, source.spec, analysis, given_instance=isinstance(model, torch.nn.Module))
+    return Prepared(plan, built, source.spec, analysis, given_instance=isinstance(model, torch.nn.Module), datasets=built_data)
 
 
 def auto_candidates(config: Config, world_size: int, plugins: Plugins) -> list:

@@ -77,9 +77,21 @@ def test_epochs_are_whole_passes_of_global_batches():
         prepare(build_config({"data": {"train_samples": 8, "batch_size": 16}, "train": {"epochs": 1}}), 1, Plugins())
 
 
-def test_the_record_counts_epochs(tmp_path):
+def test_the_record_counts_epochs_and_the_data_sets_are_built_once(tmp_path, monkeypatch):
+    import snnfw.prepare
+    import snnfw.trainer
+
+    built = []
+
+    def counted(*args):
+        built.append(args)
+        return build_datasets(*args)
+
+    for module in (snnfw.prepare, snnfw.trainer):
+        monkeypatch.setattr(module, "build_datasets", counted)
     config = build_config({"model": OWN_MODELS["own_sew"], "data": {"batch_size": 16, "train_samples": 32, "test_samples": 16},
                            "train": {"epochs": 2}})
     summary = run_training(config, tmp_path)
+    assert len(built) == 1, "counting the epochs and training built the data sets twice"
     records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert summary["steps"] == 4 and [r["epoch"] for r in records] == [0.5, 1.0, 1.5, 2.0]
