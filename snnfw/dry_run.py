@@ -8,8 +8,8 @@ the model's input shape. Every tensor of that rank is real and of the size
 the real job's rank holds: the bytes of its parameters, gradients (before
 the optimizer step), optimizer state and neuron state, and the peak bytes of
 tensors saved for backward during the step (T, batch, microbatches, memopt
-and precision included), for rank 0 and the last rank, where uneven shards
-end. Pipelines are not covered yet (torch's schedules settle their stages'
+and precision included), and the bytes its collectives carry, for rank 0 and
+the last rank, where uneven shards end. Pipelines are not covered yet (torch's schedules settle their stages'
 metadata by a vote over point-to-point messages). One rank's share
 of the work runs here, so it must fit this machine's memory;
 ``--device-memory`` marks what fits a device and gives the largest
@@ -25,6 +25,7 @@ from typing import Iterator
 import attrs
 import torch
 import torch.distributed as dist
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from snnfw.config import Config
 from snnfw.plugins import Plugins
@@ -41,6 +42,7 @@ class Footprint:
     optimizer: int
     neurons: int  # neuron state (membrane potentials) after the step's last microbatch
     activations: int  # peak of the tensors saved for backward, alive together
+    communication: int = 0  # bytes the step's collectives carry (not held: outside the total)
 
     @property
     def total(self) -> int:
@@ -106,6 +108,33 @@ class _Saved:
         self.tensor = tensor
 
 
+GATHERS = {"_allgather_base_", "allgather_", "allgather_coalesced_", "allgather_into_tensor_coalesced_"}
+SCATTERS = {"_reduce_scatter_base_", "reduce_scatter_", "reduce_scatter_tensor_coalesced_", "alltoall_base_", "alltoall_"}
+
+
+class Collectives(TorchDispatchMode):
+    """Sums the bytes every collective of this rank carries: a gather's whole output, a reduce-scatter's or
+    all-to-all's whole input, the tensor of an all-reduce, broadcast, send or receive."""
+
+    def __init__(self):
+        super().__init__()
+        self.bytes = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        namespace, name = func.namespace, func._opname
+        if namespace == "c10d" and "barrier" not in name:
+            self.bytes += _nbytes(args[1] if name in SCATTERS else args[0])
+        elif namespace == "_c10d_functional" and not name.startswith("wait"):
+            self.bytes += _nbytes(args[0]) * (args[1] if name.startswith("all_gather") else 1)
+        return func(*args, **(kwargs or {}))
+
+
+def _nbytes(tree) -> int:
+    from torch.utils._pytree import tree_leaves
+
+    return sum(t.numel() * t.element_size() for t in tree_leaves(tree) if isinstance(t, torch.Tensor))
+
+
 def measure_step(trainer, step: int) -> Footprint:
     """Trains ``step`` (a collective) and returns what this rank held; the same measurement for real and dry runs."""
     gradients = []
@@ -114,9 +143,9 @@ def measure_step(trainer, step: int) -> Footprint:
         gradients.append(tensor_bytes(p.grad for group in optimizer.param_groups for p in group["params"] if p.grad is not None))
 
     handle = trainer.optimizer.register_step_pre_hook(before_step)
-    saved = SavedTensors()
+    saved, collectives = SavedTensors(), Collectives()
     try:
-        with saved.tracking():
+        with saved.tracking(), collectives:
             trainer.step(step)
     finally:
         handle.remove()
@@ -128,6 +157,7 @@ def measure_step(trainer, step: int) -> Footprint:
         optimizer=tensor_bytes(state),
         neurons=tensor_bytes(_neuron_state(trainer.model)),
         activations=saved.peak,
+        communication=collectives.bytes,
     )
 
 
@@ -144,21 +174,12 @@ class Zeros(torch.utils.data.Dataset):
         return torch.zeros(self.shape), 0
 
 
-def _no_communication(state, bucket):  # unannotated: DDP checks a return annotation by value
-    """A DDP communication hook that leaves the bucket as it is, as the fake backend would."""
+def _no_communication(counted: list, bucket):  # unannotated: DDP checks a return annotation by value
+    """A DDP communication hook that counts the bucket's bytes and leaves it as it is, as the fake backend would."""
+    counted.append(bucket.buffer().numel() * bucket.buffer().element_size())
     done = torch.futures.Future()
     done.set_result(bucket.buffer())
     return done
-
-
-class _NoRunningStats:
-    """BatchNorm statistics left as each rank computed them (they do not change what a rank holds)."""
-
-    def start(self) -> None:
-        pass
-
-    def apply(self) -> None:
-        pass
 
 
 def dry_run(config: Config, world_size: int, plugins: Plugins) -> tuple[object, list[tuple[int, Footprint]]]:
@@ -195,11 +216,13 @@ def dry_run(config: Config, world_size: int, plugins: Plugins) -> tuple[object, 
             names, sizes = zip(*plan.mesh)
             mesh = init_device_mesh("cpu", sizes, mesh_dim_names=names) if world_size > 1 else None
             trainer = Trainer(prepared.plan.config, prepared, plugins, mesh, torch.device("cpu"), data)
-            trainer.running_stats = _NoRunningStats()  # its object gathers return nothing under the fake backend
+            trainer.running_stats.moves_nothing = True
+            buckets: list[int] = []
             for module in trainer.model.modules():
                 if isinstance(module, DistributedDataParallel):  # DDP's reducer needs its all-reduce's result
-                    module.register_comm_hook(None, _no_communication)
-            footprints.append((rank, measure_step(trainer, 0)))
+                    module.register_comm_hook(buckets, _no_communication)
+            footprint = measure_step(trainer, 0)  # DDP's all-reduces do not run: its hook counts what they carry
+            footprints.append((rank, attrs.evolve(footprint, communication=footprint.communication + sum(buckets))))
         finally:
             if dist.is_initialized():
                 dist.destroy_process_group()
@@ -239,13 +262,15 @@ def report(plan, footprints: list[tuple[int, Footprint]], memory: int | None) ->
     mesh = " x ".join(f"{d}={n}" for d, n in plan.mesh)
     lines = [f"dry run of {plan.strategy} on {plan.world_size} rank(s), mesh {mesh}, microbatch {plan.microbatch_size} "
              f"x {plan.microbatches}: each rank below joined a fake process group of {plan.world_size} and trained one step here"]
-    columns = ["rank", "coordinates", "parameters", "gradients", "optimizer", "neurons", "activations", "total"]
+    columns = ["rank", "coordinates", "parameters", "gradients", "optimizer", "neurons", "activations", "total",
+               "communication"]
     if memory is not None:
         columns += [f"fits {_size(memory)}", "largest microbatch"]
     rows = [columns]
     for rank, f in footprints:
         where = " ".join(f"{d}={int(i)}" for d, i in zip(names, (grid == rank).nonzero()[0]))
-        row = [str(rank), where, *map(_size, (f.parameters, f.gradients, f.optimizer, f.neurons, f.activations, f.total))]
+        row = [str(rank), where,
+               *map(_size, (f.parameters, f.gradients, f.optimizer, f.neurons, f.activations, f.total, f.communication))]
         if memory is not None:
             row += ["yes" if f.total <= memory else "no", str(largest_microbatch(f, plan.microbatch_size, memory))]
         rows.append(row)

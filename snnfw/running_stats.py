@@ -55,6 +55,7 @@ class RunningStats:
         self.norms = _batch_norms(model)
         self.replica, self.replicas, self.group = 0, 1, None
         self.recording = False
+        self.moves_nothing = False  # under a fake process group (the dry run): gathered records read as this rank's
         self._records: dict[nn.Module, list[torch.Tensor]] = {}  # [mean, var] of each call
         self._saved: dict[nn.Module, tuple] = {}
         for norm in self.norms:
@@ -109,6 +110,8 @@ class RunningStats:
         tagged = torch.cat([torch.tensor([float(self.replica)], dtype=flat.dtype, device=flat.device), flat])
         gathered = [torch.empty_like(tagged) for _ in range(self.replicas)]
         dist.all_gather(gathered, tagged, group=self.group)
+        if self.moves_nothing:
+            return [self._records] * self.replicas
         out = [None] * self.replicas
         for tensor in gathered:
             out[int(tensor[0])] = self._unflatten(tensor[1:])

@@ -38,7 +38,8 @@ def footprint_of_one_more_step(trainer):
 def test_the_dry_run_measures_what_each_rank_of_a_real_run_holds(name):
     """Ranks 0 and N-1 of a real run on 2 or 4 CPU ranks, measured from their live tensors in a training step,
     hold the bytes the dry run reports: parameters, gradients, optimizer and neuron state exactly, the tensors
-    saved for backward within 10% (they agree exactly here)."""
+    saved for backward within 10% (they agree exactly here); their collectives carry the bytes the dry run
+    counts (more than the gradient: every strategy reduces it, and exchanges BatchNorm statistics)."""
     strategy, ranks, mesh = MESHES.get(name, (name, 2, None))
     plan, dry = dry_run(config(strategy, mesh), ranks, Plugins())
     assert [rank for rank, _ in dry] == [0, ranks - 1] and plan.strategy == strategy
@@ -48,6 +49,7 @@ def test_the_dry_run_measures_what_each_rank_of_a_real_run_holds(name):
         assert footprint.parameters > 0 and footprint.optimizer > 0 and footprint.neurons > 0
         for key in ("parameters", "gradients", "optimizer", "neurons"):
             assert getattr(footprint, key) == held[key], f"rank {rank} {key}"
+        assert footprint.communication == held["communication"] > footprint.gradients, f"rank {rank}"
         assert abs(footprint.activations - held["activations"]) <= 0.1 * held["activations"], f"rank {rank}"
 
 
@@ -82,7 +84,7 @@ def test_the_cli_marks_what_fits_and_refuses_pipelines(capsys):
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].startswith("dry run of fsdp2 on 4 rank(s), mesh dp=4, microbatch 8 x 1")
     assert lines[1].split() == ["rank", "coordinates", "parameters", "gradients", "optimizer", "neurons", "activations",
-                                "total", "fits", "80.00", "GB", "largest", "microbatch"]
+                                "total", "communication", "fits", "80.00", "GB", "largest", "microbatch"]
     assert [line.split()[:2] for line in lines[2:]] == [["0", "dp=0"], ["3", "dp=3"]]
     assert all(line.split()[-2] == "yes" and int(line.split()[-1]) > 8 for line in lines[2:])
     assert main([*args, "--device-memory", "1MB"]) == 0
