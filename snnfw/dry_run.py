@@ -10,7 +10,8 @@ the optimizer step), optimizer state and neuron state, and the peak bytes of
 tensors saved for backward during the step (T, batch, microbatches, memopt
 and precision included), and the bytes its collectives carry, for rank 0 and
 the last rank, where uneven shards end. Pipelines are not covered yet (torch's schedules settle their stages'
-metadata by a vote over point-to-point messages). One rank's share
+metadata by a vote over point-to-point messages), nor memopt (checkpointed
+blocks keep what the saved-tensor count does not see). One rank's share
 of the work runs here, so it must fit this machine's memory;
 ``--device-memory`` marks what fits a device and gives the largest
 microbatch that would, taking activations and neuron state as linear in it.
@@ -203,6 +204,11 @@ def dry_run(config: Config, world_size: int, plugins: Plugins) -> tuple[object, 
     spec = models.source(config, plugins, None).spec
     data = (Zeros(samples, spec), Zeros(config.data.batch_size, spec))
     plan, footprints = prepare(config, world_size, plugins, datasets=data).plan, []
+    if config.memopt.level:
+        raise ConfigError(
+            f"the dry run counts the tensors autograd saves for backward, and memopt.level = {config.memopt.level} "
+            "checkpoints blocks, whose stored inputs and recomputation it does not see; dry-run with memopt.level = 0"
+        )
     if "pp" in dict(plan.mesh):
         raise ConfigError(
             "the dry run does not cover pipelines yet: torch's pipeline schedules settle their stages' metadata by "
@@ -260,8 +266,9 @@ def report(plan, footprints: list[tuple[int, Footprint]], memory: int | None) ->
     names, sizes = zip(*plan.mesh)
     grid = torch.arange(plan.world_size).reshape(sizes)
     mesh = " x ".join(f"{d}={n}" for d, n in plan.mesh)
+    how = f"joined a fake process group of {plan.world_size} and " if plan.world_size > 1 else ""
     lines = [f"dry run of {plan.strategy} on {plan.world_size} rank(s), mesh {mesh}, microbatch {plan.microbatch_size} "
-             f"x {plan.microbatches}: each rank below joined a fake process group of {plan.world_size} and trained one step here"]
+             f"x {plan.microbatches}: each rank below {how}trained one step here"]
     columns = ["rank", "coordinates", "parameters", "gradients", "optimizer", "neurons", "activations", "total",
                "communication"]
     if memory is not None:

@@ -78,7 +78,7 @@ def full_vgg(batch):
     })
 
 
-def test_the_cli_marks_what_fits_and_refuses_pipelines(capsys):
+def test_the_cli_marks_what_fits_and_refuses_pipelines_and_memopt(capsys):
     args = ["plan", "examples/quickstart.toml", "--world-size", "4", "--dry-run", "--set", "parallel.strategy=fsdp2"]
     assert main([*args, "--device-memory", "80GB"]) == 0
     lines = capsys.readouterr().out.splitlines()
@@ -93,3 +93,5 @@ def test_the_cli_marks_what_fits_and_refuses_pipelines(capsys):
     assert "--device-memory takes a size such as 80GB" in capsys.readouterr().err
     assert main(["plan", "examples/quickstart.toml", "--world-size", "2", "--dry-run", "--set", "parallel.strategy=pp"]) == 2
     assert "the dry run does not cover pipelines yet" in capsys.readouterr().err
+    assert main([*args, "--set", "memopt.level=1"]) == 2
+    assert "memopt.level = 1 checkpoints blocks" in capsys.readouterr().err
