@@ -82,8 +82,48 @@ def _dry_run(args, config, plugins) -> int:
     from snnfw.dry_run import dry_run, parse_bytes, report
 
     memory = parse_bytes(args.device_memory) if args.device_memory else None
+    if config.parallel.strategy == "auto":
+        return _dry_run_candidates(args, config, plugins, memory)
     plan, footprints = dry_run(config, args.world_size, plugins)
     print("\n".join(report(plan, footprints, memory)))
+    return 0
+
+
+def _dry_run_candidates(args, config, plugins, memory: int | None) -> int:
+    """``--dry-run`` with strategy auto: every runnable candidate dry-run, ranked by what its ranks hold."""
+    from snnfw.config import load_config
+    from snnfw.dry_run import dry_run, largest_microbatch
+    from snnfw.errors import ConfigError
+    from snnfw.prepare import auto_candidates
+
+    prefer, measured, skipped = config.parallel.prefer or "speed", [], {}
+    for candidate in auto_candidates(config, args.world_size, plugins):
+        mesh = "{" + ", ".join(f"{d} = {n}" for d, n in candidate.mesh.items()) + "}"
+        settings = [f"{key}={value}" for key, value in candidate.settings]
+        try:
+            chosen = load_config(args.config, [*args.overrides, f"parallel.strategy={candidate.strategy}",
+                                               f"parallel.mesh={mesh}", *settings])
+            plan, footprints = dry_run(chosen, args.world_size, plugins)
+        except ConfigError as err:  # pipelines and memopt, which the dry run does not cover
+            name = " ".join([candidate.strategy, *(str(value) for _, value in candidate.settings)])
+            skipped.setdefault(str(err), []).append(name)
+            continue
+        largest = max(footprints, key=lambda item: item[1].total)[1]
+        batch = largest_microbatch(largest, plan.microbatch_size, memory) * plan.microbatches if memory else 0
+        measured.append((candidate, plan, largest, batch))
+    order = {"memory": lambda m: m[2].total, "capacity": lambda m: -m[3] * m[1].dp_size}.get(prefer)
+    ranked = sorted(measured, key=order) if order else measured  # speed: the estimates' order (a dry run times nothing)
+    print(f"dry run of auto's candidates on {args.world_size} rank(s), prefer {prefer}; the rank holding most in each:")
+    for candidate, plan, largest, batch in ranked:
+        mesh = " x ".join(f"{d}={n}" for d, n in plan.mesh)
+        fits = (f"; fits {args.device_memory}: {'yes' if largest.total <= memory else 'no'}, largest batch "
+                f"{batch} a replica ({batch * plan.dp_size} global)") if memory else ""
+        print(f"  {candidate.assignments} ({mesh}): holds {largest.total:,} bytes, its collectives carry "
+              f"{largest.communication:,} a step{fits}")
+    for reason, names in skipped.items():
+        print(f"  not measured: {', '.join(names)}: {reason}")
+    if ranked:
+        print(f"by the dry run, prefer {prefer} picks {ranked[0][0].assignments}")
     return 0
 
 

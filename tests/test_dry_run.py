@@ -95,3 +95,17 @@ def test_the_cli_marks_what_fits_and_refuses_pipelines_and_memopt(capsys):
     assert "the dry run does not cover pipelines yet" in capsys.readouterr().err
     assert main([*args, "--set", "memopt.level=1"]) == 2
     assert "memopt.level = 1 checkpoints blocks" in capsys.readouterr().err
+
+
+def test_auto_candidates_are_dry_run_and_ranked_by_what_they_hold(capsys):
+    args = ["plan", "examples/quickstart.toml", "--world-size", "2", "--dry-run", "--set", "parallel.strategy=auto",
+            "--set", "parallel.prefer=memory", "--device-memory", "1GB"]
+    assert main(args) == 0
+    lines = capsys.readouterr().out.splitlines()
+    measured = [line for line in lines if line.startswith("  parallel.strategy = ")]
+    held = [int(line.split("holds ")[1].split(" bytes")[0].replace(",", "")) for line in measured]
+    strategies = [line.split('"')[1] for line in measured]
+    assert sorted(strategies) == ["dp", "fsdp2", "tp", "zero"] and held == sorted(held)
+    assert all("fits 1GB: yes, largest batch" in line for line in measured)
+    assert any(line.startswith("  not measured: pp ") and "does not cover pipelines" in line for line in lines)
+    assert lines[-1] == f'by the dry run, prefer memory picks parallel.strategy = "{strategies[0]}"'
