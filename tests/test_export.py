@@ -144,3 +144,17 @@ def test_safetensors_is_written_when_the_package_is_there(tp_run, tmp_path):
     exported = safetensors.load_file(str(out))
     assert sorted(exported) == sorted(final)
     assert all(torch.equal(exported[name], tensor) for name, tensor in final.items())
+
+
+def test_the_families_state_maps_onto_spikingjelly_zoo_classes():
+    """What snnfw export writes (the family module's own names) loads strictly into SpikingJelly's model-zoo
+    classes: the full VGG into CIFAR10DVSVGG with its classifier renamed (the zoo's dropout takes index 0),
+    Spikformer into Spikformer without the family wrapper's ``net.`` prefix."""
+    from spikingjelly.activation_based.examples.memopt.models import CIFAR10DVSVGG
+    from spikingjelly.activation_based.model.spikformer import Spikformer
+    from snnfw_plugins.families.spikformer import TINY
+
+    vgg = build_model(build_config({"model": {"family": "cifar10dvs_vgg", "flavor": "full"}}), Plugins())[0].state_dict()
+    CIFAR10DVSVGG().load_state_dict({k.replace("classifier.0.", "classifier.1."): v for k, v in vgg.items()}, strict=True)
+    former = build_model(build_config({"model": {"family": "spikformer", "flavor": "tiny"}}), Plugins())[0].state_dict()
+    Spikformer(**TINY).load_state_dict({k.removeprefix("net."): v for k, v in former.items()}, strict=True)
