@@ -9,10 +9,10 @@ the whole final model state (BatchNorm running statistics included) must
 equal none's, so evaluation gives the same accuracy whatever trained the
 model.
 
-The default run covers dp, fsdp2, tp, fsdp2_tp and pp 1f1b on the VGG, tp on the two other families and on a
+The default run covers fsdp2, tp and pp 1f1b on the VGG, tp on the two other families and on a
 model of the user's own given by import path (its plan inferred);
-``pytest -m full_matrix`` runs the rest (zero, HSDP, pp x dp, every schedule,
-every family).
+``pytest -m full_matrix`` runs the rest (dp, zero, HSDP, fsdp2_tp, pp x dp,
+every schedule, every family).
 """
 
 import functools
@@ -32,7 +32,9 @@ LAYER_RATE = (0.005, 0.7)  # every neuron layer fires, none saturates
 # predictions; the tiny Spikformer is still near chance at 20 steps (0.13-0.41).
 SEPARATES = {"cifar10dvs_vgg": 0.25, "spiking_mlp": 0.2, "spikformer": 0.0, "own_sew": 0.2}
 DEFAULT_RUN = {  # within the suite's time budget; -m full_matrix runs the rest
-    "cifar10dvs_vgg": {"dp", "fsdp2", "tp", "fsdp2_tp", "pp-1f1b"},  # zbv's V-shape: tests/test_pp.py in float32
+    # dp and fsdp2_tp: in float32 by tests/test_equivalence.py and tests/test_fsdp2_tp.py; zbv's V-shape by
+    # tests/test_pp.py
+    "cifar10dvs_vgg": {"fsdp2", "tp", "pp-1f1b"},
     "spikformer": {"tp"},
     "spiking_mlp": {"tp"},
     "own_sew": {"tp"},
