@@ -36,6 +36,11 @@ class Candidate:
         pairs = (("parallel.strategy", self.strategy), *self.settings)
         return ", ".join(f"{key} = {json.dumps(value)}" for key, value in pairs)
 
+    def overrides(self) -> list[str]:
+        """The candidate as ``--set`` overrides: strategy, mesh and settings."""
+        mesh = "{" + ", ".join(f"{d} = {n}" for d, n in self.mesh.items()) + "}"
+        return [f"parallel.strategy={self.strategy}", f"parallel.mesh={mesh}", *(f"{k}={v}" for k, v in self.settings)]
+
     def describe(self, device_type: str) -> str:
         settings = "".join(f", {key} = {value!r}" for key, value in self.settings)
         if self.reason:
@@ -148,10 +153,8 @@ def measure_top(config_path, overrides: list[str], world: int, ranked: list[Cand
 
     timed = []
     for candidate in ranked:
-        mesh = "{" + ", ".join(f"{d} = {n}" for d, n in candidate.mesh.items()) + "}"
-        settings = [f"{key}={value}" for key, value in candidate.settings]
-        extra = [*overrides, f"parallel.strategy={candidate.strategy}", f"parallel.mesh={mesh}", *settings,
-                 f"train.steps={steps}", f"train.log_every={steps}", f"data.test_samples={world}"]
+        extra = [*overrides, *candidate.overrides(), f"train.steps={steps}", f"train.log_every={steps}",
+                 f"data.test_samples={world}"]
         with tempfile.TemporaryDirectory(prefix="snnfw-measure-") as tmp:
             if launch(config_path, world, Path(tmp), extra, 300.0):
                 continue

@@ -98,11 +98,8 @@ def _dry_run_candidates(args, config, plugins, memory: int | None) -> int:
 
     prefer, measured, skipped = config.parallel.prefer or "speed", [], {}
     for candidate in auto_candidates(config, args.world_size, plugins):
-        mesh = "{" + ", ".join(f"{d} = {n}" for d, n in candidate.mesh.items()) + "}"
-        settings = [f"{key}={value}" for key, value in candidate.settings]
         try:
-            chosen = load_config(args.config, [*args.overrides, f"parallel.strategy={candidate.strategy}",
-                                               f"parallel.mesh={mesh}", *settings])
+            chosen = load_config(args.config, [*args.overrides, *candidate.overrides()])
             plan, footprints = dry_run(chosen, args.world_size, plugins)
         except ConfigError as err:  # pipelines and memopt, which the dry run does not cover
             name = " ".join([candidate.strategy, *(str(value) for _, value in candidate.settings)])
