@@ -5,7 +5,8 @@ one process runs a hand-written loop, several wrap the model in DDP. It uses
 only the family's model builder and the data set; no snnfw runtime, hooks or
 metrics machinery. It trains what the config asks of ``none`` or ``dp``: on
 the device snnfw's plan takes for ``parallel.device`` (CUDA with NCCL, or the
-CPU with gloo), in ``train.dtype``, with ``train.optimizer`` and
+CPU with gloo), in ``train.dtype`` and ``train.precision`` (autocast; fp16
+with torch's GradScaler), with ``train.optimizer`` and
 ``train.lr_schedule`` as snnfw builds them, and ``train.microbatches`` per
 replica (neurons reset before each, gradients accumulated as the mean,
 synchronised after the last). It writes
@@ -39,6 +40,7 @@ def main(argv=None) -> int:
     from snnfw.prepare import build_model
     from snnfw.train import mark_done
     from snnfw.optim import build_optimizer, build_scheduler
+    from snnfw.precision import autocast
 
     parser = argparse.ArgumentParser(prog="python -m snnfw.baseline")
     parser.add_argument("config")
@@ -64,6 +66,7 @@ def main(argv=None) -> int:
     optimizer = build_optimizer(model, config.train, plugins)
     scheduler = build_scheduler(optimizer, config.train, plugins)
     microbatches = config.train.microbatches or 1
+    scaler = torch.amp.GradScaler(device.type, enabled=config.train.precision == "fp16")
     run_dir = Path(args.run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     records = []
@@ -76,10 +79,13 @@ def main(argv=None) -> int:
             last = m == microbatches - 1
             with model.no_sync() if world > 1 and not last else contextlib.nullcontext():
                 functional.reset_net(model)
-                loss = F.cross_entropy(model(frames).mean(0), labels)
-                (loss / microbatches).backward()
+                with autocast(config.train, device.type):
+                    logits = model(frames)
+                loss = F.cross_entropy(logits.float().mean(0), labels)
+                scaler.scale(loss / microbatches).backward()
             loss_sum += loss.item()
-        optimizer.step()
+        scaler.step(optimizer)
+        scaler.update()
         optimizer.zero_grad(set_to_none=True)
         scheduler.step()
         if device.type == "cuda":

@@ -42,16 +42,17 @@ def _pieces(grad: torch.Tensor, sliced_over) -> tuple[torch.Tensor, int]:
 def global_grad_norm(model: torch.nn.Module, plan) -> float:
     """The L2 norm of the whole model's gradient (a collective over the world)."""
     holders = plan.world_size // dict(plan.mesh).get("pp", 1)  # ranks that hold any one parameter
-    total = None
+    by_weight: dict[tuple[float, torch.dtype], list[torch.Tensor]] = {}  # pieces / holders -> local gradients
     for module in model.modules():
         slices = module.__dict__.get(SLICES, {})
         for name, parameter in module.named_parameters(recurse=False):
-            if parameter.grad is None:
-                continue
-            local, pieces = _pieces(parameter.grad, getattr(slices.get(name), "group", None))
-            part = local.detach().double().pow(2).sum() * (pieces / holders)
-            total = part if total is None else total + part
-    local_sum = float(total) if total is not None else 0.0
+            if parameter.grad is not None:
+                local, pieces = _pieces(parameter.grad, getattr(slices.get(name), "group", None))
+                by_weight.setdefault((pieces / holders, local.dtype), []).append(local.detach())
+    local_sum = 0.0
+    for (weight, _), grads in by_weight.items():  # one foreach kernel per group, as torch's clip_grad_norm_
+        norms = torch.stack(torch._foreach_norm(grads)).double()
+        local_sum += float(norms.pow(2).sum()) * weight
     return math.sqrt(all_reduce([local_sum])[0])
 
 

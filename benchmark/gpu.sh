@@ -1,0 +1,9 @@
+#!/usr/bin/env bash
+# Every GPU setting snnfw offers on the GPUs of this host, within about 10 minutes on one GPU:
+# neuron backends, compile, bf16/fp16, memopt 1-4, and every strategy the GPU count fits, beside
+# the plain PyTorch loop; CUDA allocator peaks. Prints the table, writes the JSONL.
+# Usage: bash benchmark/gpu.sh [--dry] [--gpus N] [--budget-s S] [--only CASE,...]
+# --dry (automatic without CUDA): the same cases on the CPU with tiny shapes, to prove the script runs.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+exec python benchmark/gpu.py "$@"

@@ -1,0 +1,33 @@
+"""benchmark/gpu.sh: the case list fits the GPU count, and its dry mode runs end to end on the CPU."""
+
+import json
+import runpy
+import subprocess
+import sys
+from pathlib import Path
+
+GPU = runpy.run_path(str(Path(__file__).parents[1] / "benchmark" / "gpu.py"), run_name="gpu")
+
+
+def test_cases_fit_the_gpu_count():
+    one = list(GPU["cases"](1))
+    assert {ranks for _, _, ranks, _, _ in one} == {1}
+    assert {label for _, label, *_ in one} >= {"plain pytorch", "none", "neuron cuda", "neuron triton", "neuron inductor",
+                                                 "compile", "bf16", "fp16", "memopt 1", "memopt 4"}
+    four = {(family, label): ranks for family, label, ranks, _, _ in GPU["cases"](4)}
+    assert four["spikformer", "fsdp2_tp"] == 4 and four["spikformer", "dp"] == 4 and four["spikformer", "tp"] == 2
+    assert four["cifar10dvs_vgg", "plain pytorch ddp"] == 4
+    assert ("spikformer", "fsdp2_tp") not in {(f, label) for f, label, *_ in GPU["cases"](3)}
+
+
+def test_dry_mode_runs_a_case_and_skips_what_needs_cuda(tmp_path):
+    out = tmp_path / "gpu"
+    done = subprocess.run(
+        ["bash", "benchmark/gpu.sh", "--dry", "--family", "spikformer", "--only", "none,neuron cuda", "--out", str(out)],
+        capture_output=True, text=True, timeout=300,
+    )
+    assert done.returncode == 0, done.stderr
+    rows = {r["case"]: r for r in map(json.loads, out.with_suffix(".jsonl").read_text().splitlines())}
+    assert rows["none"]["dry"] and rows["none"]["step_ms"] > 0 and len(rows["none"]["peak_mb_per_rank"]) == 1
+    assert "need CUDA" in rows["neuron cuda"]["skipped"]
+    assert "| spikformer | none | 1 |" in done.stdout and "| spikformer | neuron cuda | 1 | skipped |" in done.stdout
