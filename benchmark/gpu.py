@@ -72,7 +72,7 @@ def plan_refusal(sets: list[str], ranks: int) -> str | None:
                            *[a for s in sets for a in ("--set", s)]], capture_output=True, text=True)
     if done.returncode == 0:
         return None
-    return (done.stderr.strip().splitlines() or ["plan failed"])[-1]
+    return (done.stderr.strip().splitlines() or ["plan failed"])[-1].removeprefix("snnfw: error: ")
 
 
 def run_case(family, label, ranks, sets, baseline, args) -> dict:
@@ -88,7 +88,10 @@ def run_case(family, label, ranks, sets, baseline, args) -> dict:
                "--steps", str(steps), "--results", str(args.records), "--label", label,
                *[a for s in sets for a in ("--set", s)], *(["--baseline"] if baseline else [])]
     before = args.records.read_text().count("\n") if args.records.exists() else 0
-    done = subprocess.run(command, capture_output=True, text=True, timeout=args.case_timeout_s)
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=args.case_timeout_s)
+    except subprocess.TimeoutExpired:
+        return {**row, "failed": f"did not finish within --case-timeout-s {args.case_timeout_s:.0f}"}
     lines = args.records.read_text().splitlines() if args.records.exists() else []
     if done.returncode or len(lines) <= before:
         return {**row, "failed": (done.stderr.strip().splitlines() or ["no output"])[-1]}

@@ -45,12 +45,14 @@ def wrap_ddp(model, plan, mesh, hooks):
     """The model's blocks compiled (``hooks.compile``), then DistributedDataParallel over the mesh's ``dp`` dimension.
 
     Buffers are not broadcast from rank 0 before each forward: snnfw's BatchNorm running statistics are equal on every
-    replica already (:mod:`snnfw.running_stats`)."""
+    replica already (:mod:`snnfw.running_stats`). Gradients are views of DDP's all-reduce buckets, which saves copying
+    every gradient into its bucket and back, and a gradient's worth of memory."""
     from torch.nn.parallel import DistributedDataParallel
 
     hooks.compile(model, plan)
     device_ids = [next(model.parameters()).device.index] if plan.device_type == "cuda" else None
-    return DistributedDataParallel(model, device_ids=device_ids, process_group=mesh.get_group("dp"), forward_sync_buffers=False)
+    return DistributedDataParallel(model, device_ids=device_ids, process_group=mesh.get_group("dp"), forward_sync_buffers=False,
+                                   gradient_as_bucket_view=True)
 
 
 @hookimpl

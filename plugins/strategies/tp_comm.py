@@ -7,8 +7,9 @@ sharded. Three functions cross the boundary:
 - ``copy_in``: a replicated input entering a sharded unit (backward sums the
   partial input gradients with an all-reduce);
 - ``reduce_out``: partial sums leaving a row-parallel layer (forward all-reduce);
-- ``gather_out``: a channel shard leaving a unit (forward all-gather, backward
-  keeps this rank's slice of the replicated gradient).
+- ``gather_out``: a channel shard leaving a unit (forward all-gather, in int8
+  when the shard holds spikes; backward keeps this rank's slice of the
+  replicated gradient).
 
 Units that torch's DTensor styles parallelize (``ColwiseParallel`` then
 ``RowwiseParallel``) run DTensor's own collectives; :func:`count_dtensor_mlp`
@@ -70,17 +71,35 @@ class _ReduceOut(torch.autograd.Function):
 class _GatherOut(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, group, dim):
-        size = dist.get_world_size(group)
         ctx.dim, ctx.local, ctx.rank = dim, x.shape[dim], dist.get_rank(group)
-        parts = [torch.empty_like(x) for _ in range(size)]
-        COUNTER.all_gather += 1
-        COUNTER.bytes += x.numel() * x.element_size() * size
-        dist.all_gather(parts, x.contiguous(), group=group)
-        return torch.cat(parts, dim=dim)
+        return torch.cat(_all_gather_exact(x, group), dim=dim).to(x.dtype)
 
     @staticmethod
     def backward(ctx, grad):
         return grad.narrow(ctx.dim, ctx.rank * ctx.local, ctx.local).contiguous(), None, None
+
+
+def _all_gather_exact(x: torch.Tensor, group) -> list[torch.Tensor]:
+    """Every rank's ``x``, gathered as int8 when every rank's values are small integers (spikes: a quarter of
+    float32's bytes, returned as int8), else in ``x``'s dtype.
+
+    Each rank sends its int8 copy with one more byte saying whether that copy is exact; if any is not, all ranks
+    gather again in ``x``'s dtype, so the result is always exact and every rank takes the same path."""
+    size = dist.get_world_size(group)
+    small = x.to(torch.int8)
+    exact = torch.equal(small.to(x.dtype), x)
+    payload = torch.cat([small.reshape(-1), small.new_tensor([int(exact)])])
+    parts = [torch.ones_like(payload) for _ in range(size)]  # a backend that writes nothing (the dry run's) reads exact
+    COUNTER.all_gather += 1
+    COUNTER.bytes += payload.numel() * size
+    dist.all_gather(parts, payload, group=group)
+    if all(part[-1].item() for part in parts):
+        return [part[:-1].view(x.shape) for part in parts]
+    parts = [torch.empty_like(x) for _ in range(size)]
+    COUNTER.all_gather += 1
+    COUNTER.bytes += x.numel() * x.element_size() * size
+    dist.all_gather(parts, x.contiguous(), group=group)
+    return parts
 
 
 def copy_in(x: torch.Tensor, group) -> torch.Tensor:
