@@ -55,7 +55,8 @@ def main(argv=None) -> int:
         torch.cuda.set_device(device)
     else:
         device = torch.device("cpu")
-        torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
+        if "OMP_NUM_THREADS" not in os.environ:  # as snnfw's ranks: the cores shared out, unless set
+            torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
     plugins = Plugins()
     model, spec = build_model(config, plugins)
     model = model.to(device, config.train.torch_dtype)

@@ -80,8 +80,12 @@ def check_pipeline_run(config, nproc, run_dir=None, replicas=1):
     reports = [s["inspect"] for s in summaries]
     assert len({r["layout"] for r in reports}) == 1, "ranks use different splits"
     first = reports[0]
+    for stage, units in enumerate(first["layout"]):  # the summary says what split the run used
+        assert summaries[0][f"pp_stage{stage}_units"] == units
     if first["unit_ms"]:
         assert first["layout"] == balanced_layout(first["unit_ms"], len(first["layout"]))
+        stage_ms = [summaries[0][f"pp_stage{stage}_ms"] for stage in range(len(first["layout"]))]
+        assert sum(stage_ms) == pytest.approx(sum(first["unit_ms"]))
     pipeline_ranks = nproc // replicas
     replica = reports[:pipeline_ranks]
     assert sorted(i for r in replica for i in r["stages"]) == list(range(len(first["layout"])))

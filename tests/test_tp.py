@@ -148,3 +148,28 @@ def test_tp_comm_counters_count_every_collective(family, request):
         assert counted == seen and counted["all_reduce"] > 0, summary["inspect"]
         if family == "cifar10dvs_vgg":
             assert counted["all_gather"] > 0
+
+
+def gathers(trainer):
+    """What tp's channel gather returns for spikes, and for shards of which one is not small integers."""
+    import torch.distributed as dist
+
+    from snnfw_plugins.strategies.tp_comm import _all_gather_exact
+
+    rank = dist.get_rank()
+    spikes = (torch.arange(24.0).reshape(2, 3, 4) % (rank + 2) == 0).to(torch.float64)
+    graded = spikes * (0.5 if rank == 1 else 1.0)
+    out = {}
+    for name, x in (("spikes", spikes), ("graded", graded)):
+        parts = _all_gather_exact(x, dist.group.WORLD)
+        out[name] = {"dtype": str(parts[0].dtype), "values": [p.to(torch.float64).tolist() for p in parts]}
+    out["want"] = {name: [(torch.arange(24.0).reshape(2, 3, 4) % (r + 2) == 0).double().mul(0.5 if name == "graded" and r == 1 else 1.0).tolist()
+                          for r in range(2)] for name in ("spikes", "graded")}
+    return out
+
+
+def test_channel_gather_sends_spikes_as_int8_and_anything_else_exactly():
+    for summary in run_on_ranks(tiny_config("tp", train={"steps": 1}), 2, inspect=gathers):
+        got = summary["inspect"]
+        assert got["spikes"]["dtype"] == "torch.int8" and got["spikes"]["values"] == got["want"]["spikes"]
+        assert got["graded"]["dtype"] == "torch.float64" and got["graded"]["values"] == got["want"]["graded"]

@@ -220,6 +220,22 @@ def snnfw_step_metrics(plan):
     return STEP_TIMES.take()
 
 
+@hookimpl
+def snnfw_summary(plan):
+    """Units per stage of the run's split and, where it was measured, each stage's forward+backward ms on one
+    microbatch (the sum of its units')."""
+    from snnfw_plugins.strategies.pp_build import LAST_SPLIT
+
+    if plan.strategy != NAME or not LAST_SPLIT:
+        return None
+    split, out = LAST_SPLIT[0], {}
+    for stage, units in enumerate(split.layout):
+        out[f"pp_stage{stage}_units"] = float(units)
+        if split.unit_ms:
+            out[f"pp_stage{stage}_ms"] = sum(split.unit_ms[u] for u in split.unit_range(stage))
+    return out
+
+
 @hookimpl(trylast=True)
 def snnfw_schedule(stages, plan, loss_fn, hooks):
     """A schedule whose spec names a torch.distributed.pipelining class: one stage or a list, as it takes."""

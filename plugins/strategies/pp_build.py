@@ -37,6 +37,9 @@ def stage_inputs(stages: list[nn.Module], example: torch.Tensor, hooks) -> list[
     return inputs
 
 
+LAST_SPLIT: list = []  # the split of the pipeline built last, for the run's summary
+
+
 def build_pipeline(model: nn.Module, plan, mesh, hooks) -> PipelineModel:
     """This rank's stages of ``model``, their torch PipelineStages and the schedule."""
     pipeline, pp_mesh = plan.config.pipeline, mesh["pp"]
@@ -53,6 +56,7 @@ def build_pipeline(model: nn.Module, plan, mesh, hooks) -> PipelineModel:
             f"{len(declared)} stage_units it declares; its plugin must implement snnfw_split_stages"
         )
     split = decide_split(model, plan, hooks, example, pp * pipeline.virtual_stages)
+    LAST_SPLIT[:] = [split]
     indices = spec.stage_indices(pp_rank, pp, pipeline.virtual_stages)
     precision = functools.partial(autocast, plan.config.train, plan.device_type)
     every = [Stage(*(units[u] for u in split.unit_range(index)), precision=precision) for index in range(len(split.layout))]
