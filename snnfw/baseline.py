@@ -40,7 +40,7 @@ def main(argv=None) -> int:
     from snnfw.prepare import build_model
     from snnfw.train import mark_done
     from snnfw.optim import build_optimizer, build_scheduler
-    from snnfw.precision import autocast
+    from snnfw.precision import autocast, full_precision
 
     parser = argparse.ArgumentParser(prog="python -m snnfw.baseline")
     parser.add_argument("config")
@@ -82,7 +82,7 @@ def main(argv=None) -> int:
                 functional.reset_net(model)
                 with autocast(config.train, device.type):
                     logits = model(frames)
-                loss = F.cross_entropy(logits.float().mean(0), labels)
+                loss = F.cross_entropy(full_precision(logits).mean(0), labels)
                 scaler.scale(loss / microbatches).backward()
             loss_sum += loss.item()
         scaler.step(optimizer)

@@ -180,7 +180,8 @@ def _cmd_bench(args) -> int:
     from snnfw.report import report
 
     if args.report:
-        return report(Path(args.results), Path(args.chart or Path(args.results).with_suffix(".png")))
+        into = Path(args.into) if args.into else None
+        return report(Path(args.results), Path(args.chart or Path(args.results).with_suffix(".png")), into)
     if args.config is None:
         raise ConfigError("snnfw bench needs a CONFIG (or --report to summarise a results file)")
     return bench(
@@ -268,6 +269,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--baseline", action="store_true", help="time the plain PyTorch loop (one process, or DDP) instead")
     p.add_argument("--report", action="store_true", help="print a table and write a chart of the latest records")
     p.add_argument("--chart", help="where --report writes its PNG (default: beside the results file)")
+    p.add_argument("--into", metavar="FILE", help="with --report: also write the table between FILE's "
+                   "<!-- bench-table --> and <!-- /bench-table --> lines (the README's results)")
     p.add_argument("--set", **overrides)
     p.set_defaults(run=_cmd_bench)
 

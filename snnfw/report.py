@@ -60,8 +60,14 @@ def strategy_label(record: dict) -> str:
 
 
 def _workload(record: dict) -> tuple:
-    model = record["config"]["model"]
-    return (model["family"], model["flavor"], model["time_steps"], record["global_batch"], record["nproc"])
+    model, precision = record["config"]["model"], record["config"]["train"].get("precision", "fp32")
+    return (model["family"], model["flavor"], model["time_steps"], precision, record["global_batch"], record["nproc"])
+
+
+def _panel(record: dict) -> tuple:
+    """One chart row: family, flavor, precision."""
+    family, flavor, _, precision, *_ = _workload(record)
+    return family, flavor, precision
 
 
 def overhead(runs: list[tuple[int, float]], baseline_runs: list[tuple[int, float]]) -> float:
@@ -77,16 +83,16 @@ def table(records: list[dict]) -> str:
     """A markdown table of step time, throughput and peak memory, with the overhead against the baseline."""
     baselines = {_workload(r): r for r in records if r["plan"]["strategy"].startswith("baseline")}
     lines = [
-        "| model | strategy | ranks | global batch | runs | step ms (median) | samples/s | per-device samples/s | peak MB per rank | vs plain PyTorch |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        "| model | precision | strategy | ranks | global batch | runs | step ms (median) | samples/s | per-device samples/s | peak MB per rank | vs plain PyTorch |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
-    for r in sorted(records, key=lambda r: (_workload(r)[:2], r["nproc"], strategy_label(r))):
-        family, flavor, steps, batch, nproc = _workload(r)
+    for r in sorted(records, key=lambda r: (_workload(r)[:4], r["nproc"], strategy_label(r))):
+        family, flavor, steps, precision, batch, nproc = _workload(r)
         base = baselines.get(_workload(r))
         ratio = f"{overhead(r['run_ms'], base['run_ms']):.2f}" if base and base is not r else ""
         peaks = " / ".join(f"{p:.0f}" for p in r["peak_mem_mb_per_rank"])
         lines.append(
-            f"| {family}/{flavor} T={steps} | {strategy_label(r)} | {nproc} | {batch} | {r['runs']} | {r['step_ms']:.1f} | "
+            f"| {family}/{flavor} T={steps} | {precision} | {strategy_label(r)} | {nproc} | {batch} | {r['runs']} | {r['step_ms']:.1f} | "
             f"{r['global_samples_per_s']:.1f} | {r['per_device_samples_per_s']:.1f} | {peaks} | {ratio} |"
         )
     return "\n".join(lines)
@@ -99,10 +105,10 @@ def chart(records: list[dict], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    models = sorted({_workload(r)[:2] for r in records})
+    models = sorted({_panel(r) for r in records})
     fig, axes = plt.subplots(len(models), 2, figsize=(11, 3.2 * len(models)), squeeze=False)
     for row, model in zip(axes, models):
-        mine = sorted((r for r in records if _workload(r)[:2] == model), key=lambda r: (r["nproc"], strategy_label(r)))
+        mine = sorted((r for r in records if _panel(r) == model), key=lambda r: (r["nproc"], strategy_label(r)))
         names = [f"{strategy_label(r)}\nx{r['nproc']}" for r in mine]
         row[0].bar(names, [r["global_samples_per_s"] for r in mine], color="tab:blue")
         row[0].set_title(f"{'/'.join(model)}: global samples/s")
@@ -115,9 +121,26 @@ def chart(records: list[dict], path: Path) -> None:
     fig.savefig(path, dpi=110)
 
 
-def report(results: Path, chart_path: Path) -> int:
+MARKERS = ("<!-- bench-table -->", "<!-- /bench-table -->")
+
+
+def write_into(path: Path, text: str) -> None:
+    """Replaces what lies between the two :data:`MARKERS` lines of ``path`` with ``text``."""
+    start, end = MARKERS
+    document = path.read_text()
+    if start not in document or end not in document:
+        raise UserError(f"{path} has no {start} ... {end} section to write the table into; add the two lines first")
+    head, rest = document.split(start, 1)
+    path.write_text(f"{head}{start}\n{text}\n{end}{rest.split(end, 1)[1]}")
+
+
+def report(results: Path, chart_path: Path, into: Path | None = None) -> int:
     records = _grouped(results)
-    print(table(records))
+    text = table(records)
+    print(text)
     chart(records, chart_path)
     print(f"\nchart: {chart_path}")
+    if into is not None:
+        write_into(into, text)
+        print(f"table written into {into}")
     return 0

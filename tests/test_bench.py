@@ -67,3 +67,19 @@ def test_the_baseline_trains_the_configs_dtype_optimizer_and_microbatches_as_non
     assert len(losses) == len(reference) == 3
     for step, (want, got) in enumerate(zip(reference, losses), start=1):
         assert abs(want - got) < 1e-9, f"step {step}: baseline loss {got}, none {want}"
+
+
+def test_report_writes_its_table_between_the_markers_only(tmp_path):
+    import pytest
+
+    from snnfw.errors import UserError
+    from snnfw.report import MARKERS, write_into
+
+    readme = tmp_path / "README.md"
+    readme.write_text(f"# title\nbefore\n{MARKERS[0]}\nold table\n{MARKERS[1]}\nafter\n")
+    write_into(readme, "| new | table |")
+    assert readme.read_text() == f"# title\nbefore\n{MARKERS[0]}\n| new | table |\n{MARKERS[1]}\nafter\n"
+    readme.write_text("no markers\n")
+    with pytest.raises(UserError, match="bench-table"):
+        write_into(readme, "| new |")
+    assert readme.read_text() == "no markers\n"
