@@ -101,7 +101,7 @@ def _dry_run_candidates(args, config, plugins, memory: int | None) -> int:
         try:
             chosen = load_config(args.config, [*args.overrides, *candidate.overrides()])
             plan, footprints = dry_run(chosen, args.world_size, plugins)
-        except ConfigError as err:  # pipelines and memopt, which the dry run does not cover
+        except ConfigError as err:  # memopt, which the dry run does not cover
             name = " ".join([candidate.strategy, *(str(value) for _, value in candidate.settings)])
             skipped.setdefault(str(err), []).append(name)
             continue

@@ -9,8 +9,9 @@ the real job's rank holds: the bytes of its parameters, gradients (before
 the optimizer step), optimizer state and neuron state, and the peak bytes of
 tensors saved for backward during the step (T, batch, microbatches, memopt
 and precision included), and the bytes its collectives carry, for rank 0 and
-the last rank, where uneven shards end. Pipelines are not covered yet (torch's schedules settle their stages'
-metadata by a vote over point-to-point messages), nor memopt (checkpointed
+the last rank, where uneven shards end (under pp: the first and last
+stages, which receive nothing real: their activations and gradients arrive
+as empty buffers of the right shapes). memopt is not covered (checkpointed
 blocks keep what the saved-tensor count does not see). One rank's share
 of the work runs here, so it must fit this machine's memory;
 ``--device-memory`` marks what fits a device and gives the largest
@@ -183,6 +184,24 @@ def _no_communication(counted: list, bucket):  # unannotated: DDP checks a retur
     return done
 
 
+def _static_pipeline(trainer, config: Config) -> Config:
+    """Makes the rank's pipeline schedule skip torch's warm-up vote over point-to-point messages (which a fake group
+    cannot answer) and use the stages' static metadata, as a real run with snnfw's static stage examples settles on;
+    returns ``config`` with the split this rank used, for the next rank (a fake group cannot broadcast it)."""
+    from torch.distributed.pipelining.stage import InferenceMode
+
+    from snnfw_plugins.strategies.pp_build import LAST_SPLIT
+
+    def static(stages, has_backward, p2p_done):
+        for stage in stages:
+            stage._inference_mode = InferenceMode.STATIC
+
+    trainer.model.schedule._warmup_p2p = static
+    layout = "|".join(map(str, LAST_SPLIT[0].layout))
+    return attrs.evolve(config, pipeline=attrs.evolve(config.pipeline, layout=layout),
+                        explicit=config.explicit | {"pipeline.layout"})
+
+
 def dry_run(config: Config, world_size: int, plugins: Plugins) -> tuple[object, list[tuple[int, Footprint]]]:
     """The plan of ``config`` on ``world_size`` ranks and the footprint of each representative rank."""
     from torch.distributed.device_mesh import init_device_mesh
@@ -209,11 +228,6 @@ def dry_run(config: Config, world_size: int, plugins: Plugins) -> tuple[object, 
             f"the dry run counts the tensors autograd saves for backward, and memopt.level = {config.memopt.level} "
             "checkpoints blocks, whose stored inputs and recomputation it does not see; dry-run with memopt.level = 0"
         )
-    if "pp" in dict(plan.mesh):
-        raise ConfigError(
-            "the dry run does not cover pipelines yet: torch's pipeline schedules settle their stages' metadata by "
-            "a vote over point-to-point messages, which a fake process group cannot answer; plan pp with a real run"
-        )
     for rank in sorted({0, world_size - 1}):  # the last rank is where uneven shards end
         prepared = prepare(config, world_size, plugins, datasets=data)
         if world_size > 1:
@@ -223,6 +237,8 @@ def dry_run(config: Config, world_size: int, plugins: Plugins) -> tuple[object, 
             mesh = init_device_mesh("cpu", sizes, mesh_dim_names=names) if world_size > 1 else None
             trainer = Trainer(prepared.plan.config, prepared, plugins, mesh, torch.device("cpu"), data)
             trainer.running_stats.moves_nothing = True
+            if "pp" in dict(plan.mesh):
+                config = _static_pipeline(trainer, config)
             buckets: list[int] = []
             for module in trainer.model.modules():
                 if isinstance(module, DistributedDataParallel):  # DDP's reducer needs its all-reduce's result

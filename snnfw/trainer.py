@@ -108,6 +108,7 @@ class Trainer:
         loss, correct, samples, spikes, elements, *extra_totals = all_reduce(
             [out.loss * out.samples, out.correct, out.samples, spikes, float(elements), *extra.values()]
         )
+        samples = max(samples, 1.0)  # 0 only where collectives move nothing (the dry run's pipeline stages)
         return {
             "loss": loss / samples,
             "epoch": (step + 1) * plan.global_batch / len(self.train_set),  # passes over the training set so far

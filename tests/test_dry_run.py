@@ -13,16 +13,22 @@ from snnfw.prepare import build_model
 from snnfw.testing import run_on_ranks
 
 pytestmark = pytest.mark.usefixtures("one_thread")
-MESHES = {"hsdp": ("fsdp2", 4, {"dp_replicate": 2, "dp_shard": 2}), "fsdp2_tp": ("fsdp2_tp", 4, None)}
-DEFAULT_RUN = {"fsdp2", "tp"}  # within the suite's time budget; -m full_matrix runs the rest
+MESHES = {"hsdp": ("fsdp2", 4, {"dp_replicate": 2, "dp_shard": 2}), "fsdp2_tp": ("fsdp2_tp", 4, None),
+          "pp": ("pp", 2, None), "pp_dp": ("pp", 4, {"dp": 2, "pp": 2}), "pp_interleaved": ("pp", 2, None)}
+PIPELINES = {  # a given layout: a real run would balance by its own timings
+    "pp": {"schedule": "1f1b", "layout": "4|5"}, "pp_dp": {"schedule": "1f1b", "layout": "4|5"},
+    "pp_interleaved": {"schedule": "interleaved", "virtual_stages": 2, "layout": "2|2|2|3"},
+}
+DEFAULT_RUN = {"fsdp2", "tp", "pp"}  # within the suite's time budget; -m full_matrix runs the rest
 
 
-def config(strategy, mesh=None, **train):
+def config(strategy, mesh=None, pipeline=None, **train):
     return build_config({
         "model": {"family": "cifar10dvs_vgg", "flavor": "tiny", "time_steps": 4},
         "data": {"name": "synthetic_dvs", "batch_size": 8, "train_samples": 64, "test_samples": 16},
-        "train": {"steps": 2, "seed": 3, **train},
+        "train": {"steps": 2, "seed": 3, **({"microbatches": 4} if pipeline else {}), **train},
         "parallel": {"strategy": strategy, "device": "cpu", **({"mesh": mesh} if mesh else {})},
+        **({"pipeline": pipeline} if pipeline else {}),
     })
 
 
@@ -33,7 +39,7 @@ def footprint_of_one_more_step(trainer):
 
 @pytest.mark.parametrize("name", [
     pytest.param(name, marks=[] if name in DEFAULT_RUN else [pytest.mark.full_matrix])
-    for name in ("dp", "zero", "fsdp2", "hsdp", "tp", "fsdp2_tp")
+    for name in ("dp", "zero", "fsdp2", "hsdp", "tp", "fsdp2_tp", "pp", "pp_dp", "pp_interleaved")
 ])
 def test_the_dry_run_measures_what_each_rank_of_a_real_run_holds(name):
     """Ranks 0 and N-1 of a real run on 2 or 4 CPU ranks, measured from their live tensors in a training step,
@@ -41,9 +47,10 @@ def test_the_dry_run_measures_what_each_rank_of_a_real_run_holds(name):
     saved for backward within 10% (they agree exactly here); their collectives carry the bytes the dry run
     counts (more than the gradient: every strategy reduces it, and exchanges BatchNorm statistics)."""
     strategy, ranks, mesh = MESHES.get(name, (name, 2, None))
-    plan, dry = dry_run(config(strategy, mesh), ranks, Plugins())
+    chosen = config(strategy, mesh, PIPELINES.get(name))
+    plan, dry = dry_run(chosen, ranks, Plugins())
     assert [rank for rank, _ in dry] == [0, ranks - 1] and plan.strategy == strategy
-    real = run_on_ranks(config(strategy, mesh), ranks, inspect=footprint_of_one_more_step, timeout_s=180)
+    real = run_on_ranks(chosen, ranks, inspect=footprint_of_one_more_step, timeout_s=180)
     for rank, footprint in dry:
         held = real[rank]["inspect"]
         assert footprint.parameters > 0 and footprint.optimizer > 0 and footprint.neurons > 0
@@ -78,7 +85,7 @@ def full_vgg(batch):
     })
 
 
-def test_the_cli_marks_what_fits_and_refuses_pipelines_and_memopt(capsys):
+def test_the_cli_marks_what_fits_and_refuses_memopt(capsys):
     args = ["plan", "examples/quickstart.toml", "--world-size", "4", "--dry-run", "--set", "parallel.strategy=fsdp2"]
     assert main([*args, "--device-memory", "80GB"]) == 0
     lines = capsys.readouterr().out.splitlines()
@@ -91,8 +98,9 @@ def test_the_cli_marks_what_fits_and_refuses_pipelines_and_memopt(capsys):
     assert all(line.split()[-2:] == ["no", "0"] for line in capsys.readouterr().out.splitlines()[2:])
     assert main([*args, "--device-memory", "lots"]) == 2
     assert "--device-memory takes a size such as 80GB" in capsys.readouterr().err
-    assert main(["plan", "examples/quickstart.toml", "--world-size", "2", "--dry-run", "--set", "parallel.strategy=pp"]) == 2
-    assert "the dry run does not cover pipelines yet" in capsys.readouterr().err
+    assert main(["plan", "examples/quickstart.toml", "--world-size", "4", "--dry-run", "--set", "parallel.strategy=pp",
+                 "--set", "parallel.mesh={dp=2,pp=2}"]) == 0
+    assert [line.split()[:3] for line in capsys.readouterr().out.splitlines()[2:]] == [["0", "dp=0", "pp=0"], ["3", "dp=1", "pp=1"]]
     assert main([*args, "--set", "memopt.level=1"]) == 2
     assert "memopt.level = 1 checkpoints blocks" in capsys.readouterr().err
 
@@ -105,7 +113,8 @@ def test_auto_candidates_are_dry_run_and_ranked_by_what_they_hold(capsys):
     measured = [line for line in lines if line.startswith("  parallel.strategy = ")]
     held = [int(line.split("holds ")[1].split(" bytes")[0].replace(",", "")) for line in measured]
     strategies = [line.split('"')[1] for line in measured]
-    assert sorted(strategies) == ["dp", "fsdp2", "tp", "zero"] and held == sorted(held)
+    assert {"dp", "fsdp2", "tp", "zero", "pp"} == set(strategies) and held == sorted(held)
     assert all("fits 1GB: yes, largest batch" in line for line in measured)
-    assert any(line.startswith("  not measured: pp ") and "does not cover pipelines" in line for line in lines)
-    assert lines[-1] == f'by the dry run, prefer memory picks parallel.strategy = "{strategies[0]}"'
+    schedules = [line.split('pipeline.schedule = "')[1].split('"')[0] for line in measured if "pipeline.schedule" in line]
+    assert {"gpipe", "1f1b", "interleaved"} <= set(schedules)
+    assert lines[-1] == f"by the dry run, prefer memory picks {measured[0].split(' (')[0].strip()}"

@@ -117,12 +117,15 @@ def measure_units(units: list[nn.Module], example: torch.Tensor, reset, passes: 
 def decide_split(model: nn.Module, plan, hooks, example: torch.Tensor, stages: int) -> Split:
     """Rank 0 runs a copy of ``model`` (its buffers, gradients and hooks stay untouched),
     balances the measured unit costs over ``stages`` unless ``pipeline.layout`` is given,
-    and broadcasts the split, so every rank uses the same one."""
+    and broadcasts the split, so every rank uses the same one. In a fake process group (the dry run), which
+    moves nothing, each rank decides the split itself."""
     payload: list[Split | str | None] = [None]
-    if dist.get_rank() == 0:
+    alone = dist.get_backend() == "fake"
+    if alone or dist.get_rank() == 0:
         with autocast(plan.config.train, plan.device_type):  # boundary dtypes as training computes them
             payload = [_split_on_rank_0(model, plan, hooks, example, stages)]
-    dist.broadcast_object_list(payload, src=0)
+    if not alone:
+        dist.broadcast_object_list(payload, src=0)
     if isinstance(payload[0], str):
         raise (ConfigError if plan.analysis.own else PluginError)(payload[0])
     return payload[0]
