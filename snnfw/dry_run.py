@@ -186,7 +186,7 @@ def _no_communication(counted: list, bucket):  # unannotated: DDP checks a retur
 
 def _static_pipeline(trainer, config: Config) -> Config:
     """Makes the rank's pipeline schedule skip torch's warm-up vote over point-to-point messages (which a fake group
-    cannot answer) and use the stages' static metadata, as a real run with snnfw's static stage examples settles on;
+    cannot answer) and use the stages' static shapes (snnfw gives every stage its input and output examples);
     returns ``config`` with the split this rank used, for the next rank (a fake group cannot broadcast it)."""
     from torch.distributed.pipelining.stage import InferenceMode
 
