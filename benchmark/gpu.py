@@ -48,7 +48,7 @@ STRATEGIES = [  # (label, GPUs it needs, --set list)
     ("pp interleaved v2", 2, ["parallel.strategy=pp", "pipeline.schedule=interleaved", "pipeline.virtual_stages=2",
                               "train.microbatches=4"]),
     ("fsdp2_tp", 4, ["parallel.strategy=fsdp2_tp"]),
-    ("hsdp", 4, ["parallel.strategy=fsdp2", "parallel.mesh={replicate=2,shard=2}"]),
+    ("hsdp", 4, ["parallel.strategy=fsdp2", "parallel.mesh={dp_replicate=2,dp_shard=2}"]),
 ]
 
 
@@ -59,11 +59,12 @@ def cases(gpus: int):
         yield family, "none", 1, ["parallel.strategy=none"], False
         for label, sets in SETTINGS[1:]:  # "neuron torch" is `none` itself
             yield family, label, 1, ["parallel.strategy=none", *sets], False
-        if gpus >= 2:
-            yield family, "plain pytorch ddp", gpus, [], True
+        replicas = 2 * (gpus // 2)  # dp and its DDP baseline on the same even count
+        if replicas:
+            yield family, "plain pytorch ddp", replicas, [], True
         for label, need, sets in STRATEGIES:
             if gpus >= need:
-                yield family, label, need * (gpus // need) if label == "dp" else need, sets, False
+                yield family, label, replicas if label == "dp" else need, sets, False
 
 
 def plan_refusal(sets: list[str], ranks: int) -> str | None:
@@ -75,11 +76,15 @@ def plan_refusal(sets: list[str], ranks: int) -> str | None:
     return (done.stderr.strip().splitlines() or ["plan failed"])[-1].removeprefix("snnfw: error: ")
 
 
-def run_case(family, label, ranks, sets, baseline, args) -> dict:
-    shape = FAMILIES[family][1 if args.dry else 0]
-    device = "cpu" if args.dry else "cuda"
-    sets = [f"model.family={family}", *shape, f"parallel.device={device}", "data.train_samples=512",
+def case_overrides(family: str, sets: list[str], dry: bool) -> list[str]:
+    """The --set list of a case: the family's shape (tiny in the dry mode) and device, then the case's own."""
+    shape = FAMILIES[family][1 if dry else 0]
+    return [f"model.family={family}", *shape, f"parallel.device={'cpu' if dry else 'cuda'}", "data.train_samples=512",
             "data.test_samples=8", *sets]
+
+
+def run_case(family, label, ranks, sets, baseline, args) -> dict:
+    sets = case_overrides(family, sets, args.dry)
     row = {"family": family, "case": label, "ranks": ranks, "dry": args.dry}
     if not baseline and (reason := plan_refusal(sets, ranks)):
         return {**row, "skipped": reason}

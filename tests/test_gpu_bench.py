@@ -20,6 +20,20 @@ def test_cases_fit_the_gpu_count():
     assert ("spikformer", "fsdp2_tp") not in {(f, label) for f, label, *_ in GPU["cases"](3)}
 
 
+def test_every_strategy_case_of_four_gpus_plans_in_the_dry_mode():
+    from snnfw.config import load_config
+    from snnfw.plugins import Plugins
+    from snnfw.prepare import prepare
+
+    strategies = {label for label, _, _ in GPU["STRATEGIES"]}
+    planned = set()
+    for family, label, ranks, sets, baseline in GPU["cases"](4):
+        if label in strategies:
+            config = load_config(GPU["CONFIG"], GPU["case_overrides"](family, sets, True))
+            planned.add((label, prepare(config, ranks, Plugins()).plan.world_size == ranks))
+    assert planned == {(label, True) for label in strategies}
+
+
 def test_dry_mode_runs_a_case_and_skips_what_needs_cuda(tmp_path):
     out = tmp_path / "gpu"
     done = subprocess.run(
