@@ -34,6 +34,7 @@ def main(argv=None) -> int:
 
     from snnfw import data as datalib
     from snnfw.config import load_config
+    from snnfw.distributed import RankEnv, set_cpu_threads
     from snnfw.metrics import peak_memory_mb
     from snnfw.plan import Topology
     from snnfw.plugins import Plugins
@@ -55,8 +56,7 @@ def main(argv=None) -> int:
         torch.cuda.set_device(device)
     else:
         device = torch.device("cpu")
-        if "OMP_NUM_THREADS" not in os.environ:  # as snnfw's ranks: the cores shared out, unless set
-            torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
+        set_cpu_threads(RankEnv.from_environ())
     plugins = Plugins()
     model, spec = build_model(config, plugins)
     model = model.to(device, config.train.torch_dtype)

@@ -35,6 +35,12 @@ class RankEnv:
         )
 
 
+def set_cpu_threads(env: RankEnv) -> None:
+    """Shares this node's cores out among its ranks, unless ``OMP_NUM_THREADS`` says how many to use."""
+    if "OMP_NUM_THREADS" not in os.environ:
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // env.local_world_size))
+
+
 def device_for(plan: Plan, env: RankEnv) -> torch.device:
     if plan.device_type == "cuda":
         torch.cuda.set_device(env.local_rank)

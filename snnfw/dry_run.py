@@ -190,14 +190,12 @@ def _static_pipeline(trainer, config: Config) -> Config:
     returns ``config`` with the split this rank used, for the next rank (a fake group cannot broadcast it)."""
     from torch.distributed.pipelining.stage import InferenceMode
 
-    from snnfw_plugins.strategies.pp_build import LAST_SPLIT
-
     def static(stages, has_backward, p2p_done):
         for stage in stages:
             stage._inference_mode = InferenceMode.STATIC
 
     trainer.model.schedule._warmup_p2p = static
-    layout = "|".join(map(str, LAST_SPLIT[0].layout))
+    layout = "|".join(map(str, trainer.model.split.layout))
     return attrs.evolve(config, pipeline=attrs.evolve(config.pipeline, layout=layout),
                         explicit=config.explicit | {"pipeline.layout"})
 

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import contextlib
 import gc
-import os
 import time
 from pathlib import Path
 from typing import Any, Iterator
@@ -34,16 +33,11 @@ import torch.distributed as dist
 
 from snnfw.checkpoint import Checkpoints
 from snnfw.config import Config, build_config, load_config
-from snnfw.distributed import RankEnv, all_reduce, device_for, process_group
+from snnfw.distributed import RankEnv, all_reduce, device_for, process_group, set_cpu_threads
 from snnfw.metrics import peak_memory_mb
 from snnfw.plugins import Plugins, check_same_plugins_on_all_ranks
 from snnfw.prepare import prepare
 from snnfw.trainer import Trainer
-
-
-def _set_cpu_threads(env: RankEnv) -> None:
-    if "OMP_NUM_THREADS" not in os.environ:
-        torch.set_num_threads(max(1, (os.cpu_count() or 1) // env.local_world_size))
 
 
 def as_config(config: Config | dict | str | Path | None) -> Config:
@@ -185,7 +179,7 @@ def start(
             check_same_plugins_on_all_ranks(plugins)
         device = device_for(prepared.plan, env)
         if device.type == "cpu":
-            _set_cpu_threads(env)
+            set_cpu_threads(env)
         trainer = Trainer(config, prepared, plugins, mesh, device, datasets, weights)
         checkpoints = Checkpoints(Path(run_dir) if run_dir is not None else None, config, env.rank)
         resumed = checkpoints.begin(trainer, resume)
