@@ -104,6 +104,7 @@ def main(argv=None) -> int:
         (run_dir / "summary.json").write_text(json.dumps({"final_loss": records[-1]["loss"]}) + "\n")
     del model, optimizer
     if world > 1:
+        dist.barrier()  # no rank marks itself done before rank 0 has written the results
         dist.destroy_process_group()
     mark_done(run_dir, rank)
     return 0

@@ -27,11 +27,11 @@ from pathlib import Path
 from typing import Callable
 
 import torch
-import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint import DefaultLoadPlanner, FileSystemReader, FileSystemWriter
 from torch.distributed.checkpoint.metadata import StorageMeta, TensorStorageMetadata
 
+from snnfw.distributed import barrier
 from snnfw.errors import CheckpointError, DivergedError
 from snnfw.metrics import TENSORBOARD
 from snnfw.optim import resume_scheduler
@@ -115,11 +115,6 @@ def _quiet():
 def _fixed(config) -> dict:
     """The settings a resumed run must share: the model, the optimizer, and what orders the data (as JSON has them)."""
     return json.loads(json.dumps({key: getattr(getattr(config, key.split(".")[0]), key.split(".")[1]) for key in FIXED}))
-
-
-def _barrier() -> None:
-    if dist.is_initialized():
-        dist.barrier()
 
 
 def _step(path: Path) -> int:
@@ -225,7 +220,7 @@ class Checkpoints:
         """
         if self.root is not None and self.rank == 0:
             shutil.rmtree(self.root / f"{PREFIX}{step - 1}", ignore_errors=True)
-        _barrier()
+        barrier()
         done = self.complete()
         if done:
             kept = f"the last good checkpoint, {done[-1]}, is kept; continue from it with --resume and a lower train.lr"
@@ -254,7 +249,7 @@ class Checkpoints:
             for stale in self.root.glob(f"{TEMP}*"):
                 shutil.rmtree(stale)
             temp.mkdir(parents=True)
-        _barrier()
+        barrier()
         state = trainer.plugins.state_dict(trainer.model, trainer.optimizer, trainer.plan)
         foreign = sorted(set(state["model"]) - trainer.state_names)
         if foreign:
@@ -267,7 +262,7 @@ class Checkpoints:
                 {**state, "scheduler": trainer.scheduler.state_dict(), "rng": {f"rank{self.rank}": _rng_state()}},
                 storage_writer=FileSystemWriter(temp),
             )
-        _barrier()
+        barrier()
         if self.rank == 0:
             meta = {"step": step, "loss": loss, "fixed": _fixed(self.config),
                     "strategy": trainer.plan.strategy, "world_size": trainer.plan.world_size,
@@ -278,7 +273,7 @@ class Checkpoints:
             temp.rename(final)
             for old in self.complete()[: -self.config.checkpoint.keep]:
                 shutil.rmtree(old)
-        _barrier()
+        barrier()
 
     def load(self, trainer, path: Path) -> dict:
         """Restores model, optimizer (with the config's hyperparameters), the learning-rate scheduler at its step

@@ -86,6 +86,12 @@ def dp_group(plan: Plan, mesh):
     return mesh.get_group(dims[0]) if len(dims) == 1 else mesh[dims]._flatten().get_group()
 
 
+def barrier() -> None:
+    """Waits until every rank gets here (the process group's timeout applies); nothing on one process."""
+    if dist.is_initialized():
+        dist.barrier()
+
+
 def all_reduce(values: list[float], op: str = "sum") -> list[float]:
     """Reduces a few floats over the world (identity on one rank)."""
     if not dist.is_initialized():

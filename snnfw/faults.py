@@ -6,6 +6,8 @@
 - ``SNNFW_TEST_HANG_AT_STEP=k``: before step k, that rank stops answering.
 - ``SNNFW_TEST_EXIT_AT_END=N``: after marking itself done, that rank exits
   with status N, or aborts (SIGABRT) with ``abort``; first attempt only.
+- ``SNNFW_TEST_SLOW_RESULTS=s``: rank 0 waits s seconds before writing the
+  run's results, so the other ranks finish first.
 """
 
 from __future__ import annotations
@@ -42,3 +44,9 @@ def inject_at_end(rank: int) -> None:
         os.abort()
     print(f"[snnfw] test fault: rank {rank} exits with status {how} after its work", file=sys.stderr, flush=True)
     os._exit(int(how))
+
+
+def delay_results(rank: int) -> None:
+    """Called by every rank of a training run before rank 0 writes the summary."""
+    if rank == 0 and "SNNFW_TEST_SLOW_RESULTS" in os.environ:
+        time.sleep(float(os.environ["SNNFW_TEST_SLOW_RESULTS"]))

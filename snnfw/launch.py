@@ -1,8 +1,9 @@
 """``snnfw train``: launch N local ranks through torch's elastic launcher.
 
 The same as ``torchrun --nproc_per_node=N -m snnfw.train CONFIG ...``, plus
-one honest distinction: a rank that aborts at process exit after finishing all
-its work (seen with gloo on CPU) is reported as such, not as a failed run.
+one honest distinction: a rank that aborts at process exit after every rank
+finished its work (seen with gloo on CPU) is reported as such, not as a failed
+run.
 With ``nnodes`` > 1 the launchers of all nodes meet through the c10d
 rendezvous at ``rdzv_endpoint``, hosted by node rank 0. With ``max_restarts``
 the group restarts when a rank dies, and restarted ranks resume from the
@@ -86,11 +87,12 @@ def launch(
         failed = err.failures
         if all(f.exitcode == 2 for f in failed.values()):
             return 2
-        # a signal (the abort) after the rank marked itself done is harmless; an exit status reports a failure
-        finished = {r for r in failed if failed[r].exitcode < 0 and (done_dir / f"rank{r}.done").exists()}
-        if finished != failed.keys():
-            print(f"snnfw: error: training failed on ranks {sorted(failed.keys() - finished)}; see the messages above",
-                  file=sys.stderr)
+        # A rank marks itself done after the run's last barrier, so one marker says every rank's work is complete:
+        # then a signal (the abort at exit, or the agent's SIGTERM to the others) is harmless; an exit status is not.
+        finished = any(done_dir.glob("rank*.done"))
+        broken = sorted(r for r in failed if failed[r].exitcode > 0 or not finished)
+        if broken:
+            print(f"snnfw: error: training failed on ranks {broken}; see the messages above", file=sys.stderr)
             return 1
         codes = ", ".join(f"rank {r}: {failed[r].signal_name()}" for r in sorted(failed))
         print(

@@ -11,7 +11,7 @@ from typing import Any, Callable
 
 from snnfw import faults
 from snnfw.config import Config
-from snnfw.distributed import all_reduce
+from snnfw.distributed import all_reduce, barrier
 from snnfw.metrics import MetricsLog
 from snnfw.plugins import Plugins
 from snnfw.precision import precision_notes
@@ -93,9 +93,11 @@ def run_training(
         summary.update(zip(extra, all_reduce(list(extra.values()), op="max")))
         if on_finish is not None:
             summary["inspect"] = on_finish(run.trainer)
+        faults.delay_results(run.env.rank)
         if is_main and run_dir is not None:
             public = {k: v for k, v in summary.items() if k != "inspect"}
             (run_dir / "summary.json").write_text(json.dumps(public, indent=2) + "\n")
+        barrier()  # no rank leaves before rank 0 has written the run's results
     return summary
 
 
@@ -124,4 +126,5 @@ def run_evaluation(config: Config, weights: str | Path, run_dir: str | Path | No
             if rows is not None:
                 Path(predict).parent.mkdir(parents=True, exist_ok=True)
                 Path(predict).write_text("".join(json.dumps(row) + "\n" for row in rows))
+        barrier()
     return result

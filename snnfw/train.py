@@ -25,7 +25,8 @@ LAUNCHED = "SNNFW_LAUNCHED"  # set by snnfw train, which reports a rank's user e
 
 
 def mark_done(run_dir: Path, rank: int) -> None:
-    """Records that this rank finished all its work, so an abort at exit is told apart."""
+    """Records that this rank passed the run's last barrier (every rank's work is complete), so an abort at exit
+    is told apart."""
     (run_dir / DONE_DIR).mkdir(parents=True, exist_ok=True)
     (run_dir / DONE_DIR / f"rank{rank}.done").touch()
 

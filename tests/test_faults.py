@@ -109,11 +109,12 @@ def test_a_rank_that_stops_answering_fails_the_others_within_the_timeout():
     ("abort", 0, ["rank 1: SIGABRT", "after finishing all work (an abort at process exit"]),  # rank 0 may get SIGTERM
 ])
 def test_a_rank_that_exits_with_a_status_after_its_work_fails_the_run(tmp_path, how, status, messages):
+    """Rank 0 writes its results last (slowed on purpose): the others wait for it, so the results are whole."""
     run = snnfw_train("--nproc", "2", "--run-dir", str(tmp_path), *overrides("train.steps=1"),
-                      env={"SNNFW_TEST_EXIT_AT_END": how})
+                      env={"SNNFW_TEST_EXIT_AT_END": how, "SNNFW_TEST_SLOW_RESULTS": "2"})
     _, err = run.communicate(timeout=180)
     assert run.returncode == status and all(message in err for message in messages), err
-    assert (tmp_path / ".ranks" / "rank1.done").exists()
+    assert (tmp_path / ".ranks" / "rank1.done").exists() and (tmp_path / "summary.json").exists()
 
 
 def test_a_done_marker_of_an_earlier_attempt_is_removed_when_a_rank_starts(tmp_path):
