@@ -1,21 +1,23 @@
-"""``snnfw plan --dry-run``: what each rank of an N-rank job holds, measured on this machine.
+"""``snnfw plan --dry-run``: what each rank of an N-rank job holds, without the memory or the arithmetic.
 
 One rank at a time joins a fake process group of N ranks (torch's ``fake``
-backend: collectives return at once and move nothing), applies the strategy
-as training does (DDP, ZeRO, FSDP2 and HSDP sharding, tensor-parallel
-styles and neuron shards) and trains one step on a batch of zeros of
-the model's input shape. Every tensor of that rank is real and of the size
-the real job's rank holds: the bytes of its parameters, gradients (before
-the optimizer step), optimizer state and neuron state, and the peak bytes of
-tensors saved for backward during the step (T, batch, microbatches, memopt
-and precision included), and the bytes its collectives carry, for rank 0 and
-the last rank, where uneven shards end (under pp: the first and last
-stages, which receive nothing real: their activations and gradients arrive
-as empty buffers of the right shapes). memopt is not covered (checkpointed
-blocks keep what the saved-tensor count does not see). One rank's share
-of the work runs here, so it must fit this machine's memory;
-``--device-memory`` marks what fits a device and gives the largest
-microbatch that would, taking activations and neuron state as linear in it.
+backend: collectives return at once and move nothing), builds the model under
+fake tensors (shapes, dtypes and storages, no memory, no arithmetic), applies
+the strategy as training does (DDP, ZeRO, FSDP2 and HSDP sharding,
+tensor-parallel styles and neuron shards, the pipeline split and schedule)
+and trains one step on a batch of the model's input shape. Every tensor of
+that rank has the size the real job's rank holds: the bytes of its
+parameters, gradients (before the optimizer step), optimizer state and neuron
+state, and the peak bytes of tensors saved for backward during the step (T,
+batch, microbatches and precision included), and the bytes its collectives
+carry, for rank 0 and the last rank, where uneven shards end (under pp: the
+first and last stages). Where the step asks a tensor for a value (a loss to
+log, a norm to clip by), a fake tensor answers 1 (True): the step takes the
+path of a finite step. A pipeline without ``pipeline.layout`` is balanced by
+the units' FLOPs (a real run times them). memopt is not covered
+(checkpointed blocks keep what the saved-tensor count does not see).
+``--device-memory`` marks what fits a device and gives the largest microbatch
+that would, taking activations and neuron state as linear in it.
 """
 
 from __future__ import annotations
@@ -27,10 +29,13 @@ from typing import Iterator
 import attrs
 import torch
 import torch.distributed as dist
+from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode, unset_fake_temporarily
 from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
 
 from snnfw.config import Config
 from snnfw.plugins import Plugins
+from snnfw.trainer import Trainer
 
 UNITS = {"KB": 1e3, "MB": 1e6, "GB": 1e9, "TB": 1e12, "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}
 
@@ -60,7 +65,7 @@ def tensor_bytes(tensors) -> int:
     seen: dict[int, int] = {}
     for tensor in tensors:
         storage = _local(tensor).untyped_storage()
-        seen[storage.data_ptr() or id(storage)] = storage.nbytes()
+        seen[storage._cdata] = storage.nbytes()
     return sum(seen.values())
 
 
@@ -80,7 +85,7 @@ class SavedTensors:
 
     def _pack(self, tensor: torch.Tensor):
         storage = _local(tensor).untyped_storage()
-        key = storage.data_ptr() or id(storage)
+        key = storage._cdata
         entry = self.live.setdefault(key, [0, storage.nbytes()])
         if entry[0] == 0:
             self.current += entry[1]
@@ -163,6 +168,37 @@ def measure_step(trainer, step: int) -> Footprint:
     )
 
 
+class FakeValues(FakeTensorMode):
+    """Fake tensors for the model and everything the step computes from it, answering 1 (True) where Python asks
+    one for a value; an operation on real tensors only (a device mesh's coordinates) runs for real."""
+
+    def __init__(self):
+        super().__init__(allow_non_fake_inputs=True)
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func is torch.ops.aten._local_scalar_dense.default:  # .item(), float(), bool()
+            return {torch.bool: True}.get(args[0].dtype, 1.0 if args[0].is_floating_point() else 1)
+        if func in (torch.ops.aten.equal.default, torch.ops.aten.allclose.default):
+            return True
+        tensors = [leaf for leaf in tree_leaves((args, kwargs)) if isinstance(leaf, torch.Tensor)]
+        if tensors and not any(isinstance(tensor, FakeTensor) for tensor in tensors):
+            with unset_fake_temporarily():
+                return func(*args, **(kwargs or {}))
+        return super().__torch_dispatch__(func, types, args, kwargs)
+
+
+class _ZeroBatches(Trainer):
+    """A trainer whose every microbatch is zero frames of the model's input shape, made where it is used."""
+
+    def example(self) -> torch.Tensor:
+        spec = self.spec
+        return torch.zeros((self.plan.microbatch_size, spec.time_steps, *spec.shape), dtype=self.dtype or torch.float32)
+
+    def batches(self, step: int) -> list:
+        frames = self.example()
+        return [(frames, torch.zeros(len(frames), dtype=torch.long))] * self.plan.microbatches
+
+
 class Zeros(torch.utils.data.Dataset):
     """``length`` samples of zero frames ``[T, C, H, W]`` with label 0."""
 
@@ -211,7 +247,6 @@ def dry_run(config: Config, world_size: int, plugins: Plugins) -> tuple[object, 
     from snnfw.data import REGISTERED_ONLY
     from snnfw.errors import ConfigError
     from snnfw.prepare import check_data, prepare
-    from snnfw.trainer import Trainer
 
     check_data(config, plugins, own_data=False)  # the data set as configured, which the dry run replaces by zeros
     samples = max(config.data.batch_size, config.data.train_samples or 0)
@@ -220,33 +255,44 @@ def dry_run(config: Config, world_size: int, plugins: Plugins) -> tuple[object, 
                           explicit=config.explicit - {f"data.{key}" for key in (*REGISTERED_ONLY, "builder")})
     spec = models.source(config, plugins, None).spec
     data = (Zeros(samples, spec), Zeros(config.data.batch_size, spec))
-    plan, footprints = prepare(config, world_size, plugins, datasets=data).plan, []
+    fake = FakeValues()
+    with fake:
+        plan, footprints = prepare(config, world_size, plugins, datasets=data).plan, []
     if config.memopt.level:
         raise ConfigError(
             f"the dry run counts the tensors autograd saves for backward, and memopt.level = {config.memopt.level} "
             "checkpoints blocks, whose stored inputs and recomputation it does not see; dry-run with memopt.level = 0"
         )
     for rank in sorted({0, world_size - 1}):  # the last rank is where uneven shards end
-        prepared = prepare(config, world_size, plugins, datasets=data)
         if world_size > 1:
             dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=world_size)
         try:
             names, sizes = zip(*plan.mesh)
             mesh = init_device_mesh("cpu", sizes, mesh_dim_names=names) if world_size > 1 else None
-            trainer = Trainer(prepared.plan.config, prepared, plugins, mesh, torch.device("cpu"), data)
-            trainer.running_stats.moves_nothing = True
-            if "pp" in dict(plan.mesh):
-                config = _static_pipeline(trainer, config)
-            buckets: list[int] = []
-            for module in trainer.model.modules():
-                if isinstance(module, DistributedDataParallel):  # DDP's reducer needs its all-reduce's result
-                    module.register_comm_hook(buckets, _no_communication)
-            footprint = measure_step(trainer, 0)  # DDP's all-reduces do not run: its hook counts what they carry
+            with fake, _unchecked_ddp_shapes():
+                prepared = prepare(config, world_size, plugins, datasets=data)
+                trainer = _ZeroBatches(prepared.plan.config, prepared, plugins, mesh, torch.device("cpu"), data)
+                trainer.running_stats.moves_nothing = True
+                if "pp" in dict(plan.mesh):
+                    config = _static_pipeline(trainer, config)
+                buckets: list[int] = []
+                for module in trainer.model.modules():
+                    if isinstance(module, DistributedDataParallel):  # DDP's reducer needs its all-reduce's result
+                        module.register_comm_hook(buckets, _no_communication)
+                footprint = measure_step(trainer, 0)  # DDP's all-reduces do not run: its hook counts what they carry
             footprints.append((rank, attrs.evolve(footprint, communication=footprint.communication + sum(buckets))))
         finally:
             if dist.is_initialized():
                 dist.destroy_process_group()
     return plan, footprints
+
+
+def _unchecked_ddp_shapes():
+    """DDP without its check that all ranks' parameters have equal shapes, which reads their data (fake tensors have
+    none; a fake group has no other ranks to compare with)."""
+    from unittest import mock
+
+    return mock.patch("torch.nn.parallel.distributed._verify_param_shape_across_processes", lambda *args: None)
 
 
 def parse_bytes(text: str) -> int:

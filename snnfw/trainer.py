@@ -34,7 +34,7 @@ class Trainer:
         PHASES.synchronize = torch.cuda.synchronize if device.type == "cuda" else None
         self.counter = SpikeCounter(prepared.model, prepared.analysis.neurons)
         self.state_names = frozenset(prepared.model.state_dict())
-        self.num_classes = prepared.spec.num_classes
+        self.spec, self.num_classes = prepared.spec, prepared.spec.num_classes
         self.train_set, self.test_set = datasets or prepared.datasets or build_datasets(config, prepared.spec, plugins)
         for split, dataset in (("train", self.train_set), ("test", self.test_set)):
             datalib.check_samples(dataset, prepared.spec, split)

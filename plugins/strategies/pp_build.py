@@ -6,6 +6,7 @@ import functools
 
 import torch
 from torch import nn
+from torch._subclasses.fake_tensor import is_fake
 
 from snnfw.errors import PluginError
 from snnfw.losses import training_loss
@@ -65,7 +66,7 @@ def build_pipeline(model: nn.Module, plan, mesh, hooks) -> PipelineModel:
     stages = {index: every[index] for index in indices}
     local_units = {u for index in indices for u in split.unit_range(index)}
     for u, unit in enumerate(units):
-        if u not in local_units:
+        if u not in local_units and not is_fake(example):  # fake tensors (the dry run) hold no memory
             unit.to("meta")  # frees what other ranks hold
     for stage in stages.values():
         stage.register_forward_pre_hook(lambda module, args: hooks.reset_state(module))

@@ -11,7 +11,9 @@ import attrs
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch._subclasses.fake_tensor import is_fake
 from torch.distributed.pipelining import PipelineStage
+from torch.utils.flop_counter import FlopCounterMode
 
 from snnfw.errors import ConfigError, PluginError
 from snnfw.pipeline import balanced_layout, parse_layout
@@ -132,15 +134,43 @@ def decide_split(model: nn.Module, plan, hooks, example: torch.Tensor, stages: i
 
 
 def _split_on_rank_0(model: nn.Module, plan, hooks, example: torch.Tensor, stages: int) -> Split | str:
-    """The split, or why the units do not compute the model."""
-    replica = copy.deepcopy(model)
+    """The split, or why the units do not compute the model. Fake tensors (the dry run) cannot be timed: their
+    units are balanced by FLOPs."""
+    replica = _replica(model)
     units = hooks.split_stages(replica, plan, example)
     if error := composition_error(replica, units, example, hooks.reset_state):
         return error
-    given = plan.config.pipeline.layout
-    boundaries, unit_ms = measure_units(units, example, hooks.reset_state, 0 if given else TIMED_PASSES)
-    layout = parse_layout(given) if given else balanced_layout(unit_ms, stages)
-    return Split(layout, boundaries, unit_ms)
+    given, fake = plan.config.pipeline.layout, is_fake(example)
+    boundaries, unit_ms = measure_units(units, example, hooks.reset_state, 0 if given or fake else TIMED_PASSES)
+    if given:
+        return Split(parse_layout(given), boundaries)
+    return Split(balanced_layout(unit_flops(units, example, hooks.reset_state) if fake else unit_ms, stages), boundaries,
+                 unit_ms)
+
+
+def _replica(model: nn.Module) -> nn.Module:
+    """A deep copy of ``model``, its tensors cloned by an operation (a fake tensor's storage cannot be copied)."""
+    memo = {}
+    for module in model.modules():
+        held = (*module._parameters.values(), *module._buffers.values(), *vars(module).values(),
+                *getattr(module, "_memories", {}).values())  # SpikingJelly's neuron state
+        for tensor in held:
+            if isinstance(tensor, torch.Tensor) and id(tensor) not in memo:
+                clone = tensor.detach().clone()
+                memo[id(tensor)] = nn.Parameter(clone, tensor.requires_grad) if isinstance(tensor, nn.Parameter) else clone
+    return copy.deepcopy(model, memo)
+
+
+def unit_flops(units: list[nn.Module], example: torch.Tensor, reset) -> tuple[int, ...]:
+    """Each unit's forward FLOPs on ``example``, as torch's FlopCounterMode counts them (products and convolutions)."""
+    x, flops = example, []
+    with torch.no_grad():
+        for unit in units:
+            reset(unit)
+            with FlopCounterMode(display=False) as counter:
+                x = unit(x)
+            flops.append(counter.get_total_flops())
+    return tuple(flops)
 
 
 def composition_error(model: nn.Module, units: list[nn.Module], example: torch.Tensor, reset) -> str | None:
