@@ -16,7 +16,7 @@ import torch
 
 from snnfw.config import Config, with_settings
 from snnfw.errors import PlanError
-from snnfw.estimate import device_memory_bytes, measure_cost
+from snnfw.estimate import measure_cost
 
 AUTO = "auto"
 
@@ -56,7 +56,7 @@ def candidates(request, proposals) -> tuple[list[Candidate], list[Candidate]]:
     when the strategy is named; one with settings refuses only that variant.
     """
     config, topology = request.config, request.topology
-    memory = device_memory_bytes(topology.device_type, topology.world_size)
+    memory = topology.memory_per_rank()
     vetoed = {p.strategy for p in proposals if p.refusal and not p.settings}
     feasible, refused = [], []
     for p in proposals:
@@ -117,7 +117,7 @@ def ranked_candidates(request, plugins) -> tuple[list[Candidate], list[Candidate
     if not feasible:
         reasons = "; ".join(c.describe(topology.device_type) for c in refused) or "no strategy plugin proposed a plan"
         raise PlanError(f"auto found no strategy that can run on {topology.world_size} rank(s): {reasons}")
-    memory = device_memory_bytes(topology.device_type, topology.world_size)
+    memory = topology.memory_per_rank()
     return rank(feasible, request.config.parallel.prefer or "speed", topology.device_type, memory), refused
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import re
 import sys
 import time
@@ -97,7 +98,8 @@ def _dry_run_candidates(args, config, plugins, memory: int | None) -> int:
     from snnfw.prepare import auto_candidates
 
     prefer, measured, skipped = config.parallel.prefer or "speed", [], {}
-    for candidate in auto_candidates(config, args.world_size, plugins):
+    # the cluster's ranks are not this machine's: the dry run, not this machine's memory, says what fits
+    for candidate in auto_candidates(config, args.world_size, plugins, device_memory=memory or math.inf):
         try:
             chosen = load_config(args.config, [*args.overrides, *candidate.overrides()])
             plan, footprints = dry_run(chosen, args.world_size, plugins)

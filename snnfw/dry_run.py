@@ -29,7 +29,7 @@ from typing import Iterator
 import attrs
 import torch
 import torch.distributed as dist
-from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode, unset_fake_temporarily
+from torch._subclasses.fake_tensor import FakeTensor, FakeTensorConverter, FakeTensorMode, unset_fake_temporarily
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
@@ -168,12 +168,22 @@ def measure_step(trainer, step: int) -> Footprint:
     )
 
 
+class _Unmemoized(FakeTensorConverter):
+    """Keeps no weak reference to the fake tensors it makes: torch moves a module of fake parameters (``.to``) by
+    swapping each, which it refuses for a tensor that has one."""
+
+    def set_tensor_memo(self, tensor, fake) -> None:
+        pass
+
+
 class FakeValues(FakeTensorMode):
     """Fake tensors for the model and everything the step computes from it, answering 1 (True) where Python asks
     one for a value; an operation on real tensors only (a device mesh's coordinates) runs for real."""
 
     def __init__(self):
         super().__init__(allow_non_fake_inputs=True)
+        converter = self.fake_tensor_converter
+        self.fake_tensor_converter = _Unmemoized(copy_data=converter.meta_converter.copy_data, export=converter.export)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         if func is torch.ops.aten._local_scalar_dense.default:  # .item(), float(), bool()
@@ -185,6 +195,21 @@ class FakeValues(FakeTensorMode):
             with unset_fake_temporarily():
                 return func(*args, **(kwargs or {}))
         return super().__torch_dispatch__(func, types, args, kwargs)
+
+
+def made_fake(model: torch.nn.Module, mode: FakeTensorMode) -> None:
+    """Replaces ``model``'s parameters and buffers by fake tensors of ``mode`` (shared ones stay shared), freeing
+    their memory; the model is built for real first, as families initialise weights by sampling until values fit."""
+    fakes: dict[int, torch.Tensor] = {}
+    for module in model.modules():
+        for tensors in (module._parameters, module._buffers):
+            for name, tensor in tensors.items():
+                if tensor is not None and id(tensor) not in fakes:
+                    with mode:
+                        fake = torch.empty_strided(tensor.shape, tensor.stride(), dtype=tensor.dtype, device=tensor.device)
+                    fakes[id(tensor)] = torch.nn.Parameter(fake, tensor.requires_grad) if tensors is module._parameters else fake
+                if tensor is not None:
+                    tensors[name] = fakes[id(tensor)]
 
 
 class _ZeroBatches(Trainer):
@@ -255,9 +280,7 @@ def dry_run(config: Config, world_size: int, plugins: Plugins) -> tuple[object, 
                           explicit=config.explicit - {f"data.{key}" for key in (*REGISTERED_ONLY, "builder")})
     spec = models.source(config, plugins, None).spec
     data = (Zeros(samples, spec), Zeros(config.data.batch_size, spec))
-    fake = FakeValues()
-    with fake:
-        plan, footprints = prepare(config, world_size, plugins, datasets=data).plan, []
+    plan, footprints = prepare(config, world_size, plugins, datasets=data).plan, []
     if config.memopt.level:
         raise ConfigError(
             f"the dry run counts the tensors autograd saves for backward, and memopt.level = {config.memopt.level} "
@@ -269,8 +292,10 @@ def dry_run(config: Config, world_size: int, plugins: Plugins) -> tuple[object, 
         try:
             names, sizes = zip(*plan.mesh)
             mesh = init_device_mesh("cpu", sizes, mesh_dim_names=names) if world_size > 1 else None
+            prepared = prepare(config, world_size, plugins, datasets=data)
+            fake = FakeValues()
+            made_fake(prepared.model, fake)
             with fake, _unchecked_ddp_shapes():
-                prepared = prepare(config, world_size, plugins, datasets=data)
                 trainer = _ZeroBatches(prepared.plan.config, prepared, plugins, mesh, torch.device("cpu"), data)
                 trainer.running_stats.moves_nothing = True
                 if "pp" in dict(plan.mesh):

@@ -22,6 +22,13 @@ class Topology:
     world_size: int
     device_type: str = "cpu"
     rationale: tuple[str, ...] = ()  # why auto chose the CPU on a host with GPUs
+    device_memory: float | None = None  # bytes a rank may use where the caller knows (a dry run's --device-memory)
+
+    def memory_per_rank(self) -> float:
+        """``device_memory``, else this machine's: its GPU's, or an even share of its memory among the ranks."""
+        from snnfw.estimate import device_memory_bytes
+
+        return self.device_memory if self.device_memory is not None else device_memory_bytes(self.device_type, self.world_size)
 
     @property
     def backend(self) -> str:

@@ -137,14 +137,16 @@ def prepare(config: Config, world_size: int, plugins: Plugins, local_ranks: int 
     return Prepared(plan, built, source.spec, analysis, given_instance=isinstance(model, torch.nn.Module), datasets=built_data)
 
 
-def auto_candidates(config: Config, world_size: int, plugins: Plugins) -> list:
-    """``auto``'s runnable candidates for ``config`` on ``world_size`` ranks, best first; starts no process."""
+def auto_candidates(config: Config, world_size: int, plugins: Plugins, device_memory: float | None = None) -> list:
+    """``auto``'s runnable candidates for ``config`` on ``world_size`` ranks, best first; starts no process.
+    ``device_memory``: the bytes a rank may use (default: this machine's, shared by its ranks)."""
     check_data(config, plugins, own_data=False)
     source = models.source(config, plugins)
     config = _resolved(config, plugins, source, None)
     model = _build(config, source)
+    topology = attrs.evolve(Topology.detect(world_size, config.parallel.device), device_memory=device_memory)
     request = PlanRequest(
-        config=config, topology=Topology.detect(world_size, config.parallel.device),
+        config=config, topology=topology,
         analysis=_analyze(model, config, source, plugins), model=model, plugins=plugins,
         cost=measure(model, source.spec, plugins),
     )

@@ -1,6 +1,7 @@
 """snnfw plan --dry-run: each rank's memory at any world size, from a fake process group, as a real run holds it."""
 
 import math
+import os
 
 import attrs
 import pytest
@@ -9,7 +10,8 @@ from snnfw.cli import main
 from snnfw.config import build_config
 from snnfw.dry_run import dry_run, measure_step
 from snnfw.plugins import Plugins
-from snnfw.prepare import build_model
+from snnfw.errors import PlanError
+from snnfw.prepare import auto_candidates, build_model
 from snnfw.testing import run_on_ranks
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -76,12 +78,35 @@ def test_sharded_state_shrinks_as_one_over_n_at_cluster_sizes():
     assert rows < sum(p.numel() * 4 for p in model.parameters()) / 300  # 1/374 of the model at 512: padding
 
 
-def full_vgg(batch):
+def test_a_rank_larger_than_this_machine_is_dry_run_without_its_memory():
+    """The full VGG on one rank at batch 4096 needs more than this machine's memory for its saved tensors alone;
+    under fake tensors it is dry-run here all the same: the same parameters, gradients and optimizer state as at
+    batch 4, 1024 times its neuron state, and the saved tensors of batch 4 and 8 extrapolated (the convolutions
+    also save their weights, whatever the batch)."""
+    machine = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    (_, four), (_, eight), (_, large) = (dry_run(full_vgg(batch, "none"), 1, Plugins())[1][0] for batch in (4, 8, 4096))
+    assert large.activations > machine and large.total > machine
+    assert (large.parameters, large.gradients, large.optimizer) == (four.parameters, four.gradients, four.optimizer)
+    assert large.neurons == 1024 * four.neurons
+    per_sample = (eight.activations - four.activations) / 4
+    assert abs(large.activations - four.activations - 4092 * per_sample) <= 0.01 * large.activations
+
+
+def test_auto_weighs_candidates_by_the_given_device_memory_not_this_machines():
+    """At 64 ranks this machine's memory, shared by 64, says little of a cluster's GPUs: with a device memory given
+    (the dry run's --device-memory, or none: the dry run measures what fits), auto's estimates are held to it."""
+    config = full_vgg(1024, "auto")  # 16 samples a rank: ~0.9 GB a rank by auto's estimate
+    assert {"dp", "zero", "fsdp2", "tp", "fsdp2_tp"} <= {c.strategy for c in auto_candidates(config, 64, Plugins(), 80e9)}
+    with pytest.raises(PlanError, match=r"zero: cannot run: needs ~0.9 GiB per rank, has 0.1"):
+        auto_candidates(config, 64, Plugins(), 1e8)
+
+
+def full_vgg(batch, strategy="fsdp2"):
     return build_config({
         "model": {"family": "cifar10dvs_vgg", "flavor": "full", "time_steps": 2},
-        "data": {"name": "synthetic_dvs", "batch_size": batch, "train_samples": 1024},
+        "data": {"name": "synthetic_dvs", "batch_size": batch, "train_samples": max(batch, 1024)},
         "train": {"steps": 1},
-        "parallel": {"strategy": "fsdp2", "device": "cpu"},
+        "parallel": {"strategy": strategy, "device": "cpu"},
     })
 
 
