@@ -197,7 +197,7 @@ class FakeValues(FakeTensorMode):
         return super().__torch_dispatch__(func, types, args, kwargs)
 
 
-def made_fake(model: torch.nn.Module, mode: FakeTensorMode) -> None:
+def make_fake(model: torch.nn.Module, mode: FakeTensorMode) -> None:
     """Replaces ``model``'s parameters and buffers by fake tensors of ``mode`` (shared ones stay shared), freeing
     their memory; the model is built for real first, as families initialise weights by sampling until values fit."""
     fakes: dict[int, torch.Tensor] = {}
@@ -294,7 +294,7 @@ def dry_run(config: Config, world_size: int, plugins: Plugins) -> tuple[object, 
             mesh = init_device_mesh("cpu", sizes, mesh_dim_names=names) if world_size > 1 else None
             prepared = prepare(config, world_size, plugins, datasets=data)
             fake = FakeValues()
-            made_fake(prepared.model, fake)
+            make_fake(prepared.model, fake)
             with fake, _unchecked_ddp_shapes():
                 trainer = _ZeroBatches(prepared.plan.config, prepared, plugins, mesh, torch.device("cpu"), data)
                 trainer.running_stats.moves_nothing = True
@@ -339,7 +339,9 @@ def largest_microbatch(footprint: Footprint, microbatch: int, memory: int) -> in
     return max(int((memory - fixed) // per_sample), 0) if per_sample else 0
 
 
-def _size(n: float) -> str:
+def size_text(n: float) -> str:
+    """Bytes in GB, MB or KB (powers of 1000), or B."""
+    """Bytes as GB, MB, KB (powers of 1000) or B."""
     for unit, scale in (("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
         if n >= scale:
             return f"{n / scale:.2f} {unit}"
@@ -357,12 +359,12 @@ def report(plan, footprints: list[tuple[int, Footprint]], memory: int | None) ->
     columns = ["rank", "coordinates", "parameters", "gradients", "optimizer", "neurons", "activations", "total",
                "communication"]
     if memory is not None:
-        columns += [f"fits {_size(memory)}", "largest microbatch"]
+        columns += [f"fits {size_text(memory)}", "largest microbatch"]
     rows = [columns]
     for rank, f in footprints:
         where = " ".join(f"{d}={int(i)}" for d, i in zip(names, (grid == rank).nonzero()[0]))
         row = [str(rank), where,
-               *map(_size, (f.parameters, f.gradients, f.optimizer, f.neurons, f.activations, f.total, f.communication))]
+               *map(size_text, (f.parameters, f.gradients, f.optimizer, f.neurons, f.activations, f.total, f.communication))]
         if memory is not None:
             row += ["yes" if f.total <= memory else "no", str(largest_microbatch(f, plan.microbatch_size, memory))]
         rows.append(row)

@@ -55,7 +55,7 @@ class RunningStats:
         self.norms = _batch_norms(model)
         self.replica, self.replicas, self.group = 0, 1, None
         self.recording = False
-        self.moves_nothing = False  # under a fake process group (the dry run): gathered records read as this rank's
+        self.moves_nothing = False  # under a fake process group (the dry run): records are gathered, not applied
         self._records: dict[nn.Module, list[torch.Tensor]] = {}  # [mean, var] of each call
         self._saved: dict[nn.Module, tuple] = {}
         for norm in self.norms:
@@ -100,6 +100,8 @@ class RunningStats:
             raise RuntimeError(f"BatchNorm layers ran a different number of times in one step: {sorted(counts)}")
         flat = torch.cat([record for records in self._records.values() for record in records])
         per_replica = self._gather(flat)
+        if self.moves_nothing:  # the dry run's records hold no values: the updates would change nothing it measures
+            return
         for norm in self.norms:
             self._update(norm, [record for records in per_replica for record in records[norm]])
 
@@ -111,7 +113,7 @@ class RunningStats:
         gathered = [torch.empty_like(tagged) for _ in range(self.replicas)]
         dist.all_gather(gathered, tagged, group=self.group)
         if self.moves_nothing:
-            return [self._records] * self.replicas
+            return []
         out = [None] * self.replicas
         for tensor in gathered:
             out[int(tensor[0])] = self._unflatten(tensor[1:])
