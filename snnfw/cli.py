@@ -103,7 +103,7 @@ def _dry_run_candidates(args, config, plugins, memory: int | None) -> int:
         try:
             chosen = load_config(args.config, [*args.overrides, *candidate.overrides()])
             plan, footprints = dry_run(chosen, args.world_size, plugins)
-        except ConfigError as err:  # memopt, which the dry run does not cover
+        except ConfigError as err:  # a candidate the model cannot take (units that do not compose a pipeline)
             name = " ".join([candidate.strategy, *(str(value) for _, value in candidate.settings)])
             skipped.setdefault(str(err), []).append(name)
             continue

@@ -9,13 +9,14 @@ and trains one step on a batch of the model's input shape. Every tensor of
 that rank has the size the real job's rank holds: the bytes of its
 parameters, gradients (before the optimizer step), optimizer state and neuron
 state, and the peak bytes of tensors saved for backward during the step (T,
-batch, microbatches and precision included), and the bytes its collectives
+batch, microbatches, memopt and precision included), and the bytes its collectives
 carry, for rank 0 and the last rank, where uneven shards end (under pp: the
 first and last stages). Where the step asks a tensor for a value (a loss to
 log, a norm to clip by), a fake tensor answers 1 (True): the step takes the
 path of a finite step. A pipeline without ``pipeline.layout`` is balanced by
-the units' FLOPs (a real run times them). memopt is not covered
-(checkpointed blocks keep what the saved-tensor count does not see).
+the units' FLOPs (a real run times them). Under memopt the count holds what
+torch's checkpoint keeps: the blocks' inputs and, in backward, what it
+recomputes.
 ``--device-memory`` marks what fits a device and gives the largest microbatch
 that would, taking activations and neuron state as linear in it.
 """
@@ -77,13 +78,21 @@ def _neuron_state(model: torch.nn.Module) -> Iterator[torch.Tensor]:
 
 
 class SavedTensors:
-    """Tracks the bytes of tensors autograd saves for backward (each storage once) and their peak."""
+    """Tracks the bytes of tensors autograd saves for backward (each storage once) and their peak, with what
+    torch's checkpoint (memopt) keeps: a block's inputs (saved through these hooks) and, in the backward pass, the
+    tensors it recomputes, which it saves under hooks of its own until their gradient step uses them."""
 
     def __init__(self):
         self.live: dict[int, list[int]] = {}  # storage -> [saves alive, bytes]
         self.current = self.peak = 0
 
     def _pack(self, tensor: torch.Tensor):
+        holder = _Saved(tensor)
+        self._hold(tensor, holder)
+        return holder
+
+    def _hold(self, tensor: torch.Tensor, holder) -> None:
+        """Counts ``tensor``'s storage as held until ``holder`` is gone."""
         storage = _local(tensor).untyped_storage()
         key = storage._cdata
         entry = self.live.setdefault(key, [0, storage.nbytes()])
@@ -91,9 +100,7 @@ class SavedTensors:
             self.current += entry[1]
             self.peak = max(self.peak, self.current)
         entry[0] += 1
-        holder = _Saved(tensor)
         weakref.finalize(holder, self._release, key)
-        return holder
 
     def _release(self, key: int) -> None:
         entry = self.live[key]
@@ -104,8 +111,25 @@ class SavedTensors:
 
     @contextlib.contextmanager
     def tracking(self):
-        with torch.autograd.graph.saved_tensors_hooks(self._pack, lambda holder: holder.tensor):
+        from unittest import mock
+
+        import torch.utils.checkpoint as checkpointing
+
+        counter = self
+
+        class Recomputation(checkpointing._recomputation_hook):
+            def __init__(self, *args):
+                super().__init__(*args)
+                keep = self.pack_hook  # returns the recomputed tensor that checkpoint keeps for its gradient step
+                self.pack_hook = lambda tensor: counter._kept(keep(tensor))
+
+        with torch.autograd.graph.saved_tensors_hooks(self._pack, lambda holder: holder.tensor), \
+                mock.patch.object(checkpointing, "_recomputation_hook", Recomputation):
             yield self
+
+    def _kept(self, tensor: torch.Tensor) -> torch.Tensor:
+        self._hold(tensor, tensor)
+        return tensor
 
 
 class _Saved:
@@ -281,11 +305,6 @@ def dry_run(config: Config, world_size: int, plugins: Plugins) -> tuple[object, 
     spec = models.source(config, plugins, None).spec
     data = (Zeros(samples, spec), Zeros(config.data.batch_size, spec))
     plan, footprints = prepare(config, world_size, plugins, datasets=data).plan, []
-    if config.memopt.level:
-        raise ConfigError(
-            f"the dry run counts the tensors autograd saves for backward, and memopt.level = {config.memopt.level} "
-            "checkpoints blocks, whose stored inputs and recomputation it does not see; dry-run with memopt.level = 0"
-        )
     for rank in sorted({0, world_size - 1}):  # the last rank is where uneven shards end
         if world_size > 1:
             dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=world_size)

@@ -5,10 +5,12 @@ import os
 
 import attrs
 import pytest
+import torch
+from torch.utils.checkpoint import checkpoint
 
 from snnfw.cli import main
 from snnfw.config import build_config
-from snnfw.dry_run import dry_run, measure_step
+from snnfw.dry_run import SavedTensors, dry_run, measure_step
 from snnfw.plugins import Plugins
 from snnfw.errors import PlanError
 from snnfw.prepare import auto_candidates, build_model
@@ -16,16 +18,18 @@ from snnfw.testing import run_on_ranks
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 MESHES = {"hsdp": ("fsdp2", 4, {"dp_replicate": 2, "dp_shard": 2}), "fsdp2_tp": ("fsdp2_tp", 4, None),
+          "dp_memopt": ("dp", 2, None), "fsdp2_tp_memopt": ("fsdp2_tp", 4, None),
           "pp": ("pp", 2, None), "pp_dp": ("pp", 4, {"dp": 2, "pp": 2}), "pp_interleaved": ("pp", 2, None)}
 PIPELINES = {  # a given layout: a real run would balance by its own timings
     "pp": {"schedule": "1f1b", "layout": "4|5"}, "pp_dp": {"schedule": "1f1b", "layout": "4|5"},
     "pp_interleaved": {"schedule": "interleaved", "virtual_stages": 2, "layout": "2|2|2|3"},
 }
-DEFAULT_RUN = {"fsdp2", "tp", "pp"}  # within the suite's time budget; -m full_matrix runs the rest
+DEFAULT_RUN = {"fsdp2", "tp", "pp", "dp_memopt"}  # within the suite's time budget; -m full_matrix runs the rest
 
 
-def config(strategy, mesh=None, pipeline=None, **train):
+def config(strategy, mesh=None, pipeline=None, memopt=0, **train):
     return build_config({
+        "memopt": {"level": memopt},
         "model": {"family": "cifar10dvs_vgg", "flavor": "tiny", "time_steps": 4},
         "data": {"name": "synthetic_dvs", "batch_size": 8, "train_samples": 64, "test_samples": 16},
         "train": {"steps": 2, "seed": 3, **({"microbatches": 4} if pipeline else {}), **train},
@@ -41,7 +45,8 @@ def footprint_of_one_more_step(trainer):
 
 @pytest.mark.parametrize("name", [
     pytest.param(name, marks=[] if name in DEFAULT_RUN else [pytest.mark.full_matrix])
-    for name in ("dp", "zero", "fsdp2", "hsdp", "tp", "fsdp2_tp", "pp", "pp_dp", "pp_interleaved")
+    for name in ("dp", "zero", "fsdp2", "hsdp", "tp", "fsdp2_tp", "pp", "pp_dp", "pp_interleaved", "dp_memopt",
+                 "fsdp2_tp_memopt")
 ])
 def test_the_dry_run_measures_what_each_rank_of_a_real_run_holds(name):
     """Ranks 0 and N-1 of a real run on 2 or 4 CPU ranks, measured from their live tensors in a training step,
@@ -49,7 +54,7 @@ def test_the_dry_run_measures_what_each_rank_of_a_real_run_holds(name):
     saved for backward within 10% (they agree exactly here); their collectives carry the bytes the dry run
     counts (more than the gradient: every strategy reduces it, and exchanges BatchNorm statistics)."""
     strategy, ranks, mesh = MESHES.get(name, (name, 2, None))
-    chosen = config(strategy, mesh, PIPELINES.get(name))
+    chosen = config(strategy, mesh, PIPELINES.get(name), memopt=int(name.endswith("memopt")))
     plan, dry = dry_run(chosen, ranks, Plugins())
     assert [rank for rank, _ in dry] == [0, ranks - 1] and plan.strategy == strategy
     real = run_on_ranks(chosen, ranks, inspect=footprint_of_one_more_step, timeout_s=180)
@@ -60,6 +65,24 @@ def test_the_dry_run_measures_what_each_rank_of_a_real_run_holds(name):
             assert getattr(footprint, key) == held[key], f"rank {rank} {key}"
         assert footprint.communication == held["communication"] > footprint.gradients, f"rank {rank}"
         assert abs(footprint.activations - held["activations"]) <= 0.1 * held["activations"], f"rank {rank}"
+
+
+def test_checkpointed_blocks_count_their_kept_inputs_and_what_backward_recomputes():
+    """Four checkpointed blocks keep their inputs (1 MiB each) through the forward pass; backward recomputes each
+    block's saved tensors in turn: the peak lies a block's worth above the inputs, below what plain blocks save."""
+    blocks = [torch.nn.Sequential(torch.nn.Linear(256, 256), torch.nn.ReLU(), torch.nn.Linear(256, 256), torch.nn.ReLU())
+              for _ in range(4)]
+    peaks = []
+    for checkpointed in (False, True):
+        saved, x = SavedTensors(), torch.randn(1024, 256, requires_grad=True)
+        with saved.tracking():
+            for block in blocks:
+                x = checkpoint(block, x, use_reentrant=False) if checkpointed else block(x)
+            x.sum().backward()
+        peaks.append(saved.peak)
+    plain, checkpointed = peaks
+    inputs = 4 * 1024 * 256 * 4
+    assert inputs + 2**20 <= checkpointed < plain, peaks
 
 
 def test_sharded_state_shrinks_as_one_over_n_at_cluster_sizes():
@@ -110,7 +133,7 @@ def full_vgg(batch, strategy="fsdp2"):
     })
 
 
-def test_the_cli_marks_what_fits_and_refuses_memopt(capsys):
+def test_the_cli_marks_what_fits(capsys):
     args = ["plan", "examples/quickstart.toml", "--world-size", "4", "--dry-run", "--set", "parallel.strategy=fsdp2"]
     assert main([*args, "--device-memory", "80GB"]) == 0
     lines = capsys.readouterr().out.splitlines()
@@ -126,8 +149,8 @@ def test_the_cli_marks_what_fits_and_refuses_memopt(capsys):
     assert main(["plan", "examples/quickstart.toml", "--world-size", "4", "--dry-run", "--set", "parallel.strategy=pp",
                  "--set", "parallel.mesh={dp=2,pp=2}"]) == 0
     assert [line.split()[:3] for line in capsys.readouterr().out.splitlines()[2:]] == [["0", "dp=0", "pp=0"], ["3", "dp=1", "pp=1"]]
-    assert main([*args, "--set", "memopt.level=1"]) == 2
-    assert "memopt.level = 1 checkpoints blocks" in capsys.readouterr().err
+    assert main([*args, "--set", "memopt.level=2"]) == 2  # a search by measured CUDA memory cannot be dry-run
+    assert "memopt.level 2 searches by measured CUDA peak memory and needs CUDA" in capsys.readouterr().err
 
 
 def test_auto_candidates_are_dry_run_and_ranked_by_what_they_hold(capsys):
