@@ -6,6 +6,7 @@ import contextlib
 import copy
 import statistics
 import time
+import warnings
 
 import attrs
 import torch
@@ -158,7 +159,9 @@ def _replica(model: nn.Module) -> nn.Module:
             if isinstance(tensor, torch.Tensor) and id(tensor) not in memo:
                 clone = tensor.detach().clone()
                 memo[id(tensor)] = nn.Parameter(clone, tensor.requires_grad) if isinstance(tensor, nn.Parameter) else clone
-    return copy.deepcopy(model, memo)
+    with warnings.catch_warnings():  # tensors the hooks' objects hold: torch clones fake ones after asking their address
+        warnings.filterwarnings("ignore", "Accessing the data pointer of FakeTensor", UserWarning)
+        return copy.deepcopy(model, memo)
 
 
 def unit_flops(units: list[nn.Module], example: torch.Tensor, reset) -> tuple[int, ...]:
