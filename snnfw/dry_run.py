@@ -1,8 +1,9 @@
 """``snnfw plan --dry-run``: what each rank of an N-rank job holds, without the memory or the arithmetic.
 
 One rank at a time joins a fake process group of N ranks (torch's ``fake``
-backend: collectives return at once and move nothing), builds the model under
-fake tensors (shapes, dtypes and storages, no memory, no arithmetic), applies
+backend: collectives return at once and move nothing), builds the model on the
+meta device and makes it fake (shapes, dtypes and storages, no memory, no
+arithmetic), applies
 the strategy as training does (DDP, ZeRO, FSDP2 and HSDP sharding,
 tensor-parallel styles and neuron shards, the pipeline split and schedule)
 and trains one step on a batch of the model's input shape. Every tensor of
@@ -221,16 +222,29 @@ class FakeValues(FakeTensorMode):
         return super().__torch_dispatch__(func, types, args, kwargs)
 
 
-def make_fake(model: torch.nn.Module, mode: FakeTensorMode) -> None:
-    """Replaces ``model``'s parameters and buffers by fake tensors of ``mode`` (shared ones stay shared), freeing
-    their memory; the model is built for real first, as families initialise weights by sampling until values fit."""
+def _prepare_on_meta(config: Config, world_size: int, plugins: Plugins, data: tuple):
+    """analyze -> plan with the model built on the meta device (no memory; initialisations that sample skip),
+    or for real where its builder needs values (a meta tensor has none)."""
+    from snnfw.prepare import prepare
+
+    try:
+        with torch.device("meta"):
+            return prepare(config, world_size, plugins, datasets=data)
+    except (RuntimeError, NotImplementedError):  # an error of the model itself recurs when built for real
+        return prepare(config, world_size, plugins, datasets=data)
+
+
+def make_fake(model: torch.nn.Module, mode: FakeTensorMode, device: torch.device) -> None:
+    """Replaces ``model``'s parameters and buffers (meta or real) by fake tensors of ``mode`` on ``device``, shared
+    ones staying shared; the fake tensors are made, not converted: families initialise weights by sampling until
+    values fit, which fake values cannot answer."""
     fakes: dict[int, torch.Tensor] = {}
     for module in model.modules():
         for tensors in (module._parameters, module._buffers):
             for name, tensor in tensors.items():
                 if tensor is not None and id(tensor) not in fakes:
                     with mode:
-                        fake = torch.empty_strided(tensor.shape, tensor.stride(), dtype=tensor.dtype, device=tensor.device)
+                        fake = torch.empty_strided(tensor.shape, tensor.stride(), dtype=tensor.dtype, device=device)
                     fakes[id(tensor)] = torch.nn.Parameter(fake, tensor.requires_grad) if tensors is module._parameters else fake
                 if tensor is not None:
                     tensors[name] = fakes[id(tensor)]
@@ -295,7 +309,7 @@ def dry_run(config: Config, world_size: int, plugins: Plugins) -> tuple[object, 
     from snnfw import models
     from snnfw.data import REGISTERED_ONLY
     from snnfw.errors import ConfigError
-    from snnfw.prepare import check_data, prepare
+    from snnfw.prepare import check_data
 
     check_data(config, plugins, own_data=False)  # the data set as configured, which the dry run replaces by zeros
     samples = max(config.data.batch_size, config.data.train_samples or 0)
@@ -304,16 +318,16 @@ def dry_run(config: Config, world_size: int, plugins: Plugins) -> tuple[object, 
                           explicit=config.explicit - {f"data.{key}" for key in (*REGISTERED_ONLY, "builder")})
     spec = models.source(config, plugins, None).spec
     data = (Zeros(samples, spec), Zeros(config.data.batch_size, spec))
-    plan, footprints = prepare(config, world_size, plugins, datasets=data).plan, []
+    plan, footprints = _prepare_on_meta(config, world_size, plugins, data).plan, []
     for rank in sorted({0, world_size - 1}):  # the last rank is where uneven shards end
         if world_size > 1:
             dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=world_size)
         try:
             names, sizes = zip(*plan.mesh)
             mesh = init_device_mesh("cpu", sizes, mesh_dim_names=names) if world_size > 1 else None
-            prepared = prepare(config, world_size, plugins, datasets=data)
+            prepared = _prepare_on_meta(config, world_size, plugins, data)
             fake = FakeValues()
-            make_fake(prepared.model, fake)
+            make_fake(prepared.model, fake, torch.device("cpu"))
             with fake, _unchecked_ddp_shapes():
                 trainer = _ZeroBatches(prepared.plan.config, prepared, plugins, mesh, torch.device("cpu"), data)
                 trainer.running_stats.moves_nothing = True
