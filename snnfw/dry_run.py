@@ -3,16 +3,15 @@
 One rank at a time joins a fake process group of N ranks (torch's ``fake``
 backend: collectives return at once and move nothing), builds the model on the
 meta device and makes it fake (shapes, dtypes and storages, no memory, no
-arithmetic), applies
-the strategy as training does (DDP, ZeRO, FSDP2 and HSDP sharding,
-tensor-parallel styles and neuron shards, the pipeline split and schedule)
-and trains one step on a batch of the model's input shape. Every tensor of
-that rank has the size the real job's rank holds: the bytes of its
+arithmetic), applies the strategy as training does (DDP, ZeRO, FSDP2 and HSDP
+sharding, tensor-parallel styles and neuron shards, the pipeline split and
+schedule) and trains one step on a batch of the model's input shape. Every
+tensor of that rank has the size the real job's rank holds: the bytes of its
 parameters, gradients (before the optimizer step), optimizer state and neuron
 state, and the peak bytes of tensors saved for backward during the step (T,
-batch, microbatches, memopt and precision included), and the bytes its collectives
-carry, for rank 0 and the last rank, where uneven shards end (under pp: the
-first and last stages). Where the step asks a tensor for a value (a loss to
+batch, microbatches, memopt and precision included), and the bytes its
+collectives carry, for rank 0 and the last rank, where uneven shards end
+(under pp: the first and last stages). Where the step asks a tensor for a value (a loss to
 log, a norm to clip by), a fake tensor answers 1 (True): the step takes the
 path of a finite step. A pipeline without ``pipeline.layout`` is balanced by
 the units' FLOPs (a real run times them). Under memopt the count holds what
@@ -308,7 +307,6 @@ def dry_run(config: Config, world_size: int, plugins: Plugins) -> tuple[object, 
 
     from snnfw import models
     from snnfw.data import REGISTERED_ONLY
-    from snnfw.errors import ConfigError
     from snnfw.prepare import check_data
 
     check_data(config, plugins, own_data=False)  # the data set as configured, which the dry run replaces by zeros
@@ -374,7 +372,6 @@ def largest_microbatch(footprint: Footprint, microbatch: int, memory: int) -> in
 
 def size_text(n: float) -> str:
     """Bytes in GB, MB or KB (powers of 1000), or B."""
-    """Bytes as GB, MB, KB (powers of 1000) or B."""
     for unit, scale in (("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
         if n >= scale:
             return f"{n / scale:.2f} {unit}"

@@ -100,8 +100,6 @@ class RunningStats:
             raise RuntimeError(f"BatchNorm layers ran a different number of times in one step: {sorted(counts)}")
         flat = torch.cat([record for records in self._records.values() for record in records])
         per_replica = self._gather(flat)
-        if self.moves_nothing:  # the dry run's records hold no values: the updates would change nothing it measures
-            return
         for norm in self.norms:
             self._update(norm, [record for records in per_replica for record in records[norm]])
 
@@ -112,7 +110,7 @@ class RunningStats:
         tagged = torch.cat([torch.tensor([float(self.replica)], dtype=flat.dtype, device=flat.device), flat])
         gathered = [torch.empty_like(tagged) for _ in range(self.replicas)]
         dist.all_gather(gathered, tagged, group=self.group)
-        if self.moves_nothing:
+        if self.moves_nothing:  # the dry run's records hold no values: nothing to apply
             return []
         out = [None] * self.replicas
         for tensor in gathered:
