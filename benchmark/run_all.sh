@@ -3,7 +3,8 @@
 # PyTorch loop on the same device, precision, optimizer and microbatches, into a new results file;
 # then prints the report and writes its table into the README (between its bench-table markers).
 # `none` and `dp` alternate with their baselines REPEATS times, since a shared machine's speed
-# drifts between runs; the report takes the median of the paired ratios.
+# drifts between runs; the report takes the median of the paired ratios. Each pair also runs
+# `none` and `dp` with the fused LIF kernels (model.neuron_backend = "inductor").
 # Usage: [REPEATS=5] [PRECISIONS="fp32 bf16"] [INTO=README.md] bash benchmark/run_all.sh [--set overrides...]
 # bf16 is left out, saying so, on a CPU without bf16 kernels (torch runs its convolutions on a slow path there).
 set -euo pipefail
@@ -30,6 +31,8 @@ for precision in $precisions; do
       run --nproc 1 "${sets[@]}" --set parallel.strategy=none
       run --nproc 2 --baseline "${sets[@]}"
       run --nproc 2 "${sets[@]}" --set parallel.strategy=dp
+      run --nproc 1 "${sets[@]}" --set parallel.strategy=none --set model.neuron_backend=inductor
+      run --nproc 2 "${sets[@]}" --set parallel.strategy=dp --set model.neuron_backend=inductor
     done
     for strategy in zero tp fsdp2; do
       run --nproc 2 "${sets[@]}" --set parallel.strategy=$strategy

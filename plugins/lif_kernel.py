@@ -1,15 +1,16 @@
 """SpikingJelly's multi-step LIF neuron as two Inductor kernels: the whole sequence forward, and its backward.
 
-SpikingJelly runs a LIF layer on the CPU as eager ops per time step, each a
-full pass over the layer's activations (about 10 forward and 15 backward for
-T = 4). Here the same arithmetic, in the same order, is written once in torch
-ops over all T steps and compiled by Inductor into one loop forward and one
-backward, which read the inputs and write the outputs once. Spikes, the final
-voltage and the input gradient equal SpikingJelly's operator exactly in
-float32 (tests/test_lif_kernel.py); it saves what SpikingJelly's saves (the
-charged voltage of every step). ``install`` gives a ``LIFNode`` this forward
-where it runs SpikingJelly's fused operator (multi-step, one of its
-surrogates, no per-neuron precision), and leaves other neurons alone.
+SpikingJelly runs a LIF layer on the CPU as eager ops, each a full pass over
+one time step of the layer's activations (about 10 per step forward and 15
+backward). Here the same arithmetic, in the same order, is written once in
+torch ops over all T steps and compiled by Inductor into one loop forward and
+one backward, which read the inputs and write the outputs once. Spikes and
+the final voltage equal SpikingJelly's operator in float32, the input
+gradient within 2 ulps (tests/test_lif_kernel.py). For backward it saves the
+charged voltage of every step, as that operator does, but not the inputs,
+which it also keeps for a double backward (this one has none). ``install``
+gives this multi-step forward to a ``LIFNode`` with one of SpikingJelly's
+surrogates, no voltage trace and no per-neuron precision (``fits``).
 """
 
 from __future__ import annotations

@@ -12,8 +12,8 @@ whole sequence forward and its backward (:mod:`snnfw_plugins.lif_kernel`:
 SpikingJelly's arithmetic, fused; 5x faster than its CPU operator for the
 VGG's layers), and compiles the forward of every other neuron kind with
 ``torch.compile`` (one dynamic-shape graph per kind), at the point where
-strategies compile (see ``compile``). A backend that cannot run here is refused when planning,
-with the reason.
+strategies compile (see ``compile``). A backend that cannot run here is
+refused when planning, with the reason.
 """
 
 from __future__ import annotations

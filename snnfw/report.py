@@ -49,13 +49,16 @@ def grouped(records: list[dict], key) -> list[dict]:
 
 
 def strategy_label(record: dict) -> str:
-    """The strategy, with the schedule and stages per rank for a pipeline, and the record's label."""
+    """The strategy, with the schedule and stages per rank for a pipeline, a neuron backend other than torch,
+    and the record's label."""
     name = record["plan"]["strategy"]
     pipeline = record["config"].get("pipeline") or {}
     if name == "pp":
         name += f" {pipeline['schedule']}" + (f" v{pipeline['virtual_stages']}" if pipeline["virtual_stages"] > 1 else "")
     if record["config"]["parallel"].get("zero") and name != "zero":
         name += " +zero"
+    if (backend := record["config"]["model"].get("neuron_backend", "torch")) != "torch":
+        name += f" +{backend} neurons"
     return name + (f" ({record['label']})" if record.get("label") else "")
 
 

@@ -76,6 +76,20 @@ def test_compiled_training_matches_eager(strategy, feature, eager, tmp_path):
         assert summary["losses"] == pytest.approx(eager["losses"], abs=1e-5)
 
 
+@pytest.mark.full_matrix
+@pytest.mark.parametrize("strategy, ranks, sections", [
+    ("tp", 2, {}), ("pp", 2, {"pipeline": {"schedule": "1f1b"}}), ("fsdp2_tp", 4, {}),
+])
+def test_lif_kernels_train_as_spikingjelly_under_model_parallel_strategies(strategy, ranks, sections, tmp_path):
+    """The LIF kernels where the strategy shards the neuron state (tp) or splits the model into stages (pp):
+    the losses are those of SpikingJelly's operator, bit for bit."""
+    losses = {}
+    for backend in ("torch", "inductor"):
+        config = tiny_config(strategy, 2 if strategy == "pp" else 1, model={"neuron_backend": backend}, **sections)
+        losses[backend] = run_on_ranks(config, ranks, tmp_path / backend)[0]["losses"]
+    assert losses["inductor"] == losses["torch"]
+
+
 @pytest.mark.parametrize(
     "sections, reason",
     [
