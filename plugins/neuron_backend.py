@@ -23,7 +23,6 @@ from importlib.util import find_spec
 
 from snnfw import hookimpl
 from snnfw.plan import Proposal
-from snnfw_plugins import lif_kernel
 from snnfw_plugins.compile import inductor_refusal
 
 NEURON_OPERATORS = ("if_", "lif", "plif", "qif", "eif", "izhikevich", "ilif", "activation_aware_if", "stbif", "clif")
@@ -77,6 +76,8 @@ def snnfw_compile(model, plan):
         return
     import torch
     from spikingjelly.activation_based.neuron import BaseNode
+
+    from snnfw_plugins import lif_kernel
 
     neurons = [m for m in model.modules() if isinstance(m, BaseNode)]
     others = [neuron for neuron in neurons if not lif_kernel.fits(neuron)]
