@@ -19,6 +19,9 @@ import math
 from functools import partial
 
 import torch
+from spikingjelly.activation_based import surrogate
+from spikingjelly.activation_based.neuron import LIFNode
+from torch._subclasses.fake_tensor import is_fake
 
 SURROGATE_GRADIENTS = {  # SpikingJelly's surrogates by class name: d spike / d (h - threshold)
     "Sigmoid": lambda x, a: (1 - torch.sigmoid(a * x)) * torch.sigmoid(a * x) * a,
@@ -72,8 +75,6 @@ def _kernel(name: str, fn, example: torch.Tensor):
     """``fn`` compiled (dynamic shapes and scalars; a graph per dtype and set of neuron options), or ``fn``
     itself inside a compiled block (whose graph then holds it) and for fake tensors (the dry run).
     Past the recompile limit dynamo runs ``fn`` eagerly: the same values."""
-    from torch._subclasses.fake_tensor import is_fake
-
     if torch.compiler.is_compiling() or is_fake(example):
         return fn
     if name not in _compiled:
@@ -110,9 +111,6 @@ def _multi_step_forward(neuron, x_seq: torch.Tensor) -> torch.Tensor:
 
 def fits(neuron) -> bool:
     """Whether ``neuron`` is a LIF neuron this kernel computes as SpikingJelly's operator would."""
-    from spikingjelly.activation_based import surrogate
-    from spikingjelly.activation_based.neuron import LIFNode
-
     function = neuron.surrogate_function
     return (
         type(neuron) is LIFNode

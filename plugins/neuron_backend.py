@@ -83,7 +83,7 @@ def snnfw_compile(model, plan):
     others = [neuron for neuron in neurons if not lif_kernel.fits(neuron)]
     limit = 2 * len(others) + 8  # the neurons share their class's code and its recompile budget
     for neuron in neurons:
-        if lif_kernel.fits(neuron):
-            lif_kernel.install(neuron)
-        else:
+        if neuron in others:
             neuron.forward = torch.compile(neuron.forward, backend="inductor", dynamic=True, recompile_limit=limit)
+        else:
+            lif_kernel.install(neuron)
