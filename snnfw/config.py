@@ -86,6 +86,7 @@ class ModelConfig:
     flavor: str = attrs.field(default="tiny", validator=v.instance_of(str))
     time_steps: int = attrs.field(default=4, validator=_positive)
     neuron_backend: str = attrs.field(default="torch", validator=v.in_(("torch", "cuda", "triton", "inductor")))
+    memory_format: str = attrs.field(default="contiguous", validator=v.in_(("contiguous", "channels_last", "auto")))
     builder: str | None = attrs.field(default=None, validator=v.optional(v.instance_of(str)))
     input_shape: tuple[int, int, int] | None = attrs.field(default=None, converter=_input_shape)
     num_classes: int | None = attrs.field(default=None, validator=v.optional(_positive))

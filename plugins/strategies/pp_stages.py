@@ -27,7 +27,8 @@ Meta = tuple[tuple[int, ...], torch.dtype]
 class Stage(nn.Sequential):
     """Consecutive pipeline units run as one stage, under ``precision()`` (``train.precision``'s autocast).
 
-    The output is never a view: zero-bubble schedules detach stage outputs in place.
+    The output is contiguous, as point-to-point sends need (channels-last activations are not), and never a
+    view: zero-bubble schedules detach stage outputs in place.
     """
 
     def __init__(self, *units: nn.Module, precision=contextlib.nullcontext):
@@ -36,7 +37,7 @@ class Stage(nn.Sequential):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         with self.precision():
-            out = super().forward(x)
+            out = super().forward(x).contiguous()
         return out.clone() if out._base is not None else out
 
 
