@@ -3,7 +3,8 @@
 ``bash benchmark/gpu.sh`` on a CUDA host: for each family, the plain PyTorch
 loop and ``none`` on one GPU, then each setting changed alone from ``none``:
 the neuron backends (torch, cuda, triton, inductor), ``compile.enable``,
-bf16 and fp16, memopt levels 1 to 4; then every strategy the GPU count fits
+bf16 and fp16, channels-last convolutions (fp32 and bf16), memopt levels 1
+to 4; then every strategy the GPU count fits
 (dp, zero, fsdp2, tp and the pipelines from 2 GPUs, fsdp2_tp and HSDP from
 4). Peaks are the CUDA allocator's. A setting the plan refuses here (a
 backend that is not installed, ...) is recorded as skipped with the plan's
@@ -37,6 +38,8 @@ SETTINGS = [  # (label, --set list) changed alone from `none` on one GPU
     ("compile", ["compile.enable=true"]),
     ("bf16", ["train.precision=bf16"]),
     ("fp16", ["train.precision=fp16"]),
+    ("channels_last", ["model.memory_format=channels_last"]),
+    ("bf16 channels_last", ["train.precision=bf16", "model.memory_format=channels_last"]),
     *[(f"memopt {level}", [f"memopt.level={level}"]) for level in (1, 2, 3, 4)],
 ]
 STRATEGIES = [  # (label, GPUs it needs, --set list)

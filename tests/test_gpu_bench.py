@@ -13,7 +13,8 @@ def test_cases_fit_the_gpu_count():
     one = list(GPU["cases"](1))
     assert {ranks for _, _, ranks, _, _ in one} == {1}
     assert {label for _, label, *_ in one} >= {"plain pytorch", "none", "neuron cuda", "neuron triton", "neuron inductor",
-                                                 "compile", "bf16", "fp16", "memopt 1", "memopt 4"}
+                                                 "compile", "bf16", "fp16", "channels_last", "bf16 channels_last",
+                                                 "memopt 1", "memopt 4"}
     four = {(family, label): ranks for family, label, ranks, _, _ in GPU["cases"](4)}
     assert four["spikformer", "fsdp2_tp"] == 4 and four["spikformer", "dp"] == 4 and four["spikformer", "tp"] == 2
     assert four["cifar10dvs_vgg", "plain pytorch ddp"] == 4
