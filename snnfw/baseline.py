@@ -29,19 +29,65 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 
-def main(argv=None) -> int:
-    from spikingjelly.activation_based import functional
+class PlainLoop:
+    """The hand-written loop on this rank: the config's model (in DDP on several ranks), optimizer and steps.
 
-    from snnfw import data as datalib
+    Several ranks need the default process group started first.
+    """
+
+    def __init__(self, config, device: torch.device, rank: int = 0, world: int = 1):
+        from snnfw.optim import build_optimizer, build_scheduler
+        from snnfw.plugins import Plugins
+        from snnfw.prepare import build_model
+
+        plugins = Plugins()
+        self.config, self.device, self.rank, self.world = config, device, rank, world
+        model, spec = build_model(config, plugins)
+        self.model = model.to(device, config.train.torch_dtype)
+        self.dataset = plugins.datasets.get(config.data.name).build(config.data, spec, "train", config.train.seed)
+        if world > 1:
+            device_ids = [device.index] if device.type == "cuda" else None
+            self.model = torch.nn.parallel.DistributedDataParallel(self.model, device_ids=device_ids)
+        self.optimizer = build_optimizer(self.model, config.train, plugins)
+        self.scheduler = build_scheduler(self.optimizer, config.train, plugins)
+        self.scaler = torch.amp.GradScaler(device.type, enabled=config.train.precision == "fp16")
+
+    def step(self, step: int) -> float:
+        """Trains step ``step``; returns this rank's mean microbatch loss."""
+        from spikingjelly.activation_based import functional
+
+        from snnfw import data as datalib
+        from snnfw.precision import autocast, full_precision
+
+        config, model = self.config, self.model
+        microbatches = config.train.microbatches or 1
+        indices = datalib.global_batch_indices(step, config.data.batch_size, len(self.dataset), config.train.seed)
+        loss_sum = 0.0
+        for m, chunk in enumerate(indices.chunk(self.world)[self.rank].chunk(microbatches)):
+            frames, labels = datalib.load(self.dataset, chunk, self.device, config.train.torch_dtype)
+            last = m == microbatches - 1
+            with model.no_sync() if self.world > 1 and not last else contextlib.nullcontext():
+                functional.reset_net(model)
+                with autocast(config.train, self.device.type):
+                    logits = model(frames)
+                loss = F.cross_entropy(full_precision(logits).mean(0), labels)
+                self.scaler.scale(loss / microbatches).backward()
+            loss_sum += loss.item()
+        self.scaler.step(self.optimizer)
+        self.scaler.update()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.scheduler.step()
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        return loss_sum / microbatches
+
+
+def main(argv=None) -> int:
     from snnfw.config import load_config
     from snnfw.distributed import RankEnv, set_cpu_threads
     from snnfw.metrics import peak_memory_mb
     from snnfw.plan import Topology
-    from snnfw.plugins import Plugins
-    from snnfw.prepare import build_model
     from snnfw.train import mark_done
-    from snnfw.optim import build_optimizer, build_scheduler
-    from snnfw.precision import autocast, full_precision
 
     parser = argparse.ArgumentParser(prog="python -m snnfw.baseline")
     parser.add_argument("config")
@@ -57,44 +103,19 @@ def main(argv=None) -> int:
     else:
         device = torch.device("cpu")
         set_cpu_threads(RankEnv.from_environ())
-    plugins = Plugins()
-    model, spec = build_model(config, plugins)
-    model = model.to(device, config.train.torch_dtype)
-    dataset = plugins.datasets.get(config.data.name).build(config.data, spec, "train", config.train.seed)
     if world > 1:
         dist.init_process_group(topology.backend)
-        model = torch.nn.parallel.DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
-    optimizer = build_optimizer(model, config.train, plugins)
-    scheduler = build_scheduler(optimizer, config.train, plugins)
-    microbatches = config.train.microbatches or 1
-    scaler = torch.amp.GradScaler(device.type, enabled=config.train.precision == "fp16")
+    loop = PlainLoop(config, device, rank, world)
     run_dir = Path(args.run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     records = []
     for step in range(config.train.steps):
         started = time.perf_counter()
-        indices = datalib.global_batch_indices(step, config.data.batch_size, len(dataset), config.train.seed)
-        loss_sum = 0.0
-        for m, chunk in enumerate(indices.chunk(world)[rank].chunk(microbatches)):
-            frames, labels = datalib.load(dataset, chunk, device, config.train.torch_dtype)
-            last = m == microbatches - 1
-            with model.no_sync() if world > 1 and not last else contextlib.nullcontext():
-                functional.reset_net(model)
-                with autocast(config.train, device.type):
-                    logits = model(frames)
-                loss = F.cross_entropy(full_precision(logits).mean(0), labels)
-                scaler.scale(loss / microbatches).backward()
-            loss_sum += loss.item()
-        scaler.step(optimizer)
-        scaler.update()
-        optimizer.zero_grad(set_to_none=True)
-        scheduler.step()
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
+        loss = loop.step(step)
         elapsed = time.perf_counter() - started
         totals = torch.zeros(world + 1, dtype=torch.float64, device=device)  # each rank's peak, then the mean loss
         totals[rank] = peak_memory_mb(device)
-        totals[world] = loss_sum / microbatches / world
+        totals[world] = loss / world
         if world > 1:
             dist.all_reduce(totals)
         records.append({"step": step + 1, "loss": totals[world].item(), "step_ms": elapsed * 1e3,
@@ -102,7 +123,7 @@ def main(argv=None) -> int:
     if rank == 0:
         (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
         (run_dir / "summary.json").write_text(json.dumps({"final_loss": records[-1]["loss"]}) + "\n")
-    del model, optimizer
+    del loop
     if world > 1:
         dist.barrier()  # no rank marks itself done before rank 0 has written the results
         dist.destroy_process_group()

@@ -83,3 +83,18 @@ def test_report_writes_its_table_between_the_markers_only(tmp_path):
     with pytest.raises(UserError, match="bench-table"):
         write_into(readme, "| new |")
     assert readme.read_text() == "no markers\n"
+
+
+def test_paired_overhead_alternates_snnfw_and_the_plain_loop_on_the_same_losses(tmp_path):
+    out = tmp_path / "overhead.jsonl"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "benchmark/overhead.py", "--pairs", "2",
+           "--warmup", "1", "--out", str(out), "--set", "parallel.strategy=dp", "--set", "data.batch_size=8",
+           "--set", "data.test_samples=8"]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, done.stderr
+    (result,) = [json.loads(line) for line in out.read_text().splitlines()]
+    assert (result["strategy"], result["ranks"], len(result["ratios"])) == ("dp", 2, 2)
+    assert all(ms > 0 for ms in result["snnfw_ms"] + result["plain_ms"])
+    assert result["ratio_min"] <= result["ratio_median"] <= result["ratio_max"]
+    for mine, plain in zip(result["snnfw_losses"], result["plain_losses"], strict=True):
+        assert abs(mine - plain) <= 1e-5 * abs(plain)  # the same model, data and optimizer: the same training
