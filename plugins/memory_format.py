@@ -116,7 +116,7 @@ def snnfw_transform_model(model, plan, example, hooks):
         layout = "channels_last" if times["channels_last"] < times["contiguous"] else "contiguous"
         _last_run.update(memory_format_channels_last=float(layout == "channels_last"),
                          **{f"memory_format_{name}_ms": ms for name, ms in times.items()})
-        if plan.world_size == 1 or _rank() == 0:
+        if _rank() == 0:
             print(f"[snnfw] note: model.memory_format auto chose {layout}: forward and backward of a microbatch "
                   f"took {times['contiguous']:.1f} ms contiguous, {times['channels_last']:.1f} ms channels-last "
                   f"(medians of {TRIALS} trials, summed over ranks)", file=sys.stderr, flush=True)
