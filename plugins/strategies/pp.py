@@ -3,7 +3,7 @@
 Mesh ``{pp = P}`` (the default) or ``{dp = D, pp = P}`` for data parallel over
 pipeline replicas. The model's units (``snnfw_split_stages``) are grouped into
 P x ``pipeline.virtual_stages`` stages: by ``pipeline.layout`` if given, else
-balanced by the forward+backward time that rank 0 measures in a short dry run.
+balanced by the forward+backward time that the last rank measures in a short dry run.
 Then the stages go through ``snnfw_transform_stages`` (memory optimisation)
 and the blocks through ``hooks.compile``. Every stage resets its neurons
 before each microbatch. Checkpoints name the stages' state by the model's

@@ -96,10 +96,15 @@ def _meta(tensor: torch.Tensor) -> Meta:
 
 
 def _forward_backward_seconds(unit: nn.Module, x: torch.Tensor, reset) -> float:
+    """One timed forward+backward; the gradients are dropped after it, so that measuring holds one unit's
+    gradients at a time (the measuring rank's peak is otherwise a whole model's gradients above training's)."""
     reset(unit)
     start = time.perf_counter()
     unit(x).sum().backward()
-    return time.perf_counter() - start
+    seconds = time.perf_counter() - start
+    unit.zero_grad(set_to_none=True)
+    x.grad = None
+    return seconds
 
 
 def measure_units(units: list[nn.Module], example: torch.Tensor, reset, passes: int) -> tuple[tuple[Meta, ...], tuple[float, ...]]:
@@ -119,23 +124,26 @@ def measure_units(units: list[nn.Module], example: torch.Tensor, reset, passes: 
 
 
 def decide_split(model: nn.Module, plan, hooks, example: torch.Tensor, stages: int) -> Split:
-    """Rank 0 runs a copy of ``model`` (its buffers, gradients and hooks stay untouched),
+    """The last rank runs a copy of ``model`` (its buffers, gradients and hooks stay untouched),
     balances the measured unit costs over ``stages`` unless ``pipeline.layout`` is given,
-    and broadcasts the split, so every rank uses the same one. In a fake process group (the dry run), which
+    and broadcasts the split, so every rank uses the same one. The last rank holds the last pipeline stage,
+    whose peak memory is the lowest in every schedule (the first holds the most microbatches in flight), so
+    the copy and the timing do not raise the run's peak. In a fake process group (the dry run), which
     moves nothing, each rank decides the split itself."""
     payload: list[Split | str | None] = [None]
     alone = dist.get_backend() == "fake"
-    if alone or dist.get_rank() == 0:
+    measurer = dist.get_world_size() - 1
+    if alone or dist.get_rank() == measurer:
         with autocast(plan.config.train, plan.device_type):  # boundary dtypes as training computes them
-            payload = [_split_on_rank_0(model, plan, hooks, example, stages)]
+            payload = [_measured_split(model, plan, hooks, example, stages)]
     if not alone:
-        dist.broadcast_object_list(payload, src=0)
+        dist.broadcast_object_list(payload, src=measurer)
     if isinstance(payload[0], str):
         raise (ConfigError if plan.analysis.own else PluginError)(payload[0])
     return payload[0]
 
 
-def _split_on_rank_0(model: nn.Module, plan, hooks, example: torch.Tensor, stages: int) -> Split | str:
+def _measured_split(model: nn.Module, plan, hooks, example: torch.Tensor, stages: int) -> Split | str:
     """The split, or why the units do not compute the model. Fake tensors (the dry run) cannot be timed: their
     units are balanced by FLOPs."""
     replica = _replica(model)
