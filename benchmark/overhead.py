@@ -4,7 +4,9 @@
 
 Every rank holds two copies of the config's model: one trained by snnfw (the
 Python API, under the config's strategy) and one by :class:`snnfw.baseline.PlainLoop`
-(in DDP on several ranks), the same optimizer and data on both. Their steps
+(in DDP on several ranks) or, under ``pp``, :class:`snnfw.baseline.PlainPipeline`
+(torch's schedule class on the stages snnfw's split chose), the same optimizer
+and data on both. Their steps
 alternate, the order flipped every pair (ABBA), each timed between barriers
 (a distributed step takes its slowest rank's time). Rank 0 prints each
 pair's ratio snnfw / plain, their median and range, and both losses, which
@@ -22,7 +24,7 @@ import torch
 import torch.distributed as dist
 
 import snnfw
-from snnfw.baseline import PlainLoop
+from snnfw.baseline import PlainLoop, PlainPipeline
 from snnfw.config import load_config
 
 
@@ -48,7 +50,10 @@ def main() -> None:
     steps = args.warmup + args.pairs
     config = load_config(args.config, [*args.overrides, f"train.steps={steps}"])
     with snnfw.start(config) as run:
-        plain = PlainLoop(run.config, run.device, run.env.rank, run.env.world_size)
+        if run.plan.strategy == "pp":
+            plain = PlainPipeline(run.config, run.plan, run.device, run.model.split.layout)
+        else:
+            plain = PlainLoop(run.config, run.device, run.env.rank, run.env.world_size)
         world, ms = run.env.world_size, {"snnfw": [], "plain": []}
         losses = {"snnfw": [], "plain": []}
         for step in range(steps):
@@ -60,10 +65,10 @@ def main() -> None:
                     elapsed = timed(lambda: losses["plain"].append(plain.step(step)), world)
                 if step >= args.warmup:
                     ms[side].append(elapsed)
-        plain_losses = torch.tensor(losses["plain"], dtype=torch.float64)  # each rank's, to the global mean
+        plain_losses = torch.tensor(losses["plain"], dtype=torch.float64) * plain.loss_share  # to the global mean
         if world > 1:
             dist.all_reduce(plain_losses)
-        losses["plain"] = (plain_losses / world).tolist()
+        losses["plain"] = plain_losses.tolist()
         if run.env.rank == 0:
             ratios = [s / p for s, p in zip(ms["snnfw"], ms["plain"])]
             result = {

@@ -51,6 +51,7 @@ class PlainLoop:
         self.optimizer = build_optimizer(self.model, config.train, plugins)
         self.scheduler = build_scheduler(self.optimizer, config.train, plugins)
         self.scaler = torch.amp.GradScaler(device.type, enabled=config.train.precision == "fp16")
+        self.loss_share = 1.0 / world  # each rank's mean loss counts alike in the global mean
 
     def step(self, step: int) -> float:
         """Trains step ``step``; returns this rank's mean microbatch loss."""
@@ -80,6 +81,68 @@ class PlainLoop:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         return loss_sum / microbatches
+
+
+class PlainPipeline:
+    """The hand-written pipeline on this pp rank: the model cut by ``layout`` (units per stage, the family's
+    units), its stages in torch.distributed.pipelining's schedule class, and the optimizer over them.
+
+    Stages reset the neurons before every microbatch; the loss is the time-averaged cross entropy. Every
+    rank of the default process group is one pp rank (no data parallel); it must be started first.
+    """
+
+    def __init__(self, config, plan, device: torch.device, layout: tuple[int, ...]):
+        from spikingjelly.activation_based import functional
+        from torch.distributed import pipelining
+
+        from snnfw import data as datalib
+        from snnfw.optim import build_optimizer, build_scheduler
+        from snnfw.plugins import Plugins
+        from snnfw.prepare import build_model
+
+        plugins = Plugins()
+        spec = plugins.schedules.get(config.pipeline.schedule)
+        if spec.torch_schedule is None:
+            raise ValueError(f"schedule {config.pipeline.schedule!r} has no torch.distributed.pipelining class to compare with")
+        if plan.dp_size > 1:
+            raise ValueError("the plain pipeline runs one pipeline over all ranks; set parallel.mesh = {pp = N}")
+        if config.train.precision != "fp32" or config.train.loss != "cross_entropy":
+            raise ValueError("the plain pipeline trains in fp32 with cross entropy; set train.precision and train.loss so")
+        self.config, self.device = config, device
+        self.rank, world = dist.get_rank(), dist.get_world_size()
+        model, input_spec = build_model(config, plugins)
+        model = model.to(device, config.train.torch_dtype)
+        self.dataset = plugins.datasets.get(config.data.name).build(config.data, input_spec, "train", config.train.seed)
+        example = datalib.load(self.dataset, torch.arange(plan.microbatch_size), device, config.train.torch_dtype)[0]
+        units = plugins.split_stages(model, plan, example)
+        starts = [sum(layout[:s]) for s in range(len(layout) + 1)]
+        indices = spec.stage_indices(self.rank, world, config.pipeline.virtual_stages)
+        modules = [torch.nn.Sequential(*units[starts[s] : starts[s + 1]]) for s in indices]
+        for module in modules:
+            module.register_forward_pre_hook(lambda module, args: functional.reset_net(module))
+        stages = [pipelining.PipelineStage(module, s, len(layout), device) for module, s in zip(modules, indices)]
+        self.holds_last = len(layout) - 1 in indices
+        self.stages = torch.nn.ModuleList(modules)
+        schedule = getattr(pipelining, spec.torch_schedule)
+        self.schedule = schedule(stages[0] if spec.placement == "single" else stages, plan.microbatches,
+                                 loss_fn=lambda logits, labels: F.cross_entropy(logits.float().mean(0), labels))
+        self.optimizer = build_optimizer(self.stages, config.train, plugins)
+        self.scheduler = build_scheduler(self.optimizer, config.train, plugins)
+        self.loss_share = 1.0  # the loss is on the last stage's rank alone
+
+    def step(self, step: int) -> float:
+        """Trains step ``step``; returns the mean microbatch loss on the last stage's rank, 0 elsewhere."""
+        from snnfw import data as datalib
+
+        config = self.config
+        indices = datalib.global_batch_indices(step, config.data.batch_size, len(self.dataset), config.train.seed)
+        frames, labels = datalib.load(self.dataset, indices, self.device, config.train.torch_dtype)
+        losses: list[torch.Tensor] = []
+        self.schedule.step(frames, target=labels, losses=losses)
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.scheduler.step()
+        return float(torch.stack(losses).detach().mean()) if self.holds_last else 0.0
 
 
 def main(argv=None) -> int:
@@ -115,7 +178,7 @@ def main(argv=None) -> int:
         elapsed = time.perf_counter() - started
         totals = torch.zeros(world + 1, dtype=torch.float64, device=device)  # each rank's peak, then the mean loss
         totals[rank] = peak_memory_mb(device)
-        totals[world] = loss / world
+        totals[world] = loss * loop.loss_share
         if world > 1:
             dist.all_reduce(totals)
         records.append({"step": step + 1, "loss": totals[world].item(), "step_ms": elapsed * 1e3,

@@ -4,6 +4,8 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from conftest import TINY
 
 SMALL = ["--set", "data.test_samples=16", "--set", "data.batch_size=8", "--warmup", "1", "--steps", "2"]
@@ -70,8 +72,6 @@ def test_the_baseline_trains_the_configs_dtype_optimizer_and_microbatches_as_non
 
 
 def test_report_writes_its_table_between_the_markers_only(tmp_path):
-    import pytest
-
     from snnfw.errors import UserError
     from snnfw.report import MARKERS, write_into
 
@@ -85,15 +85,17 @@ def test_report_writes_its_table_between_the_markers_only(tmp_path):
     assert readme.read_text() == "no markers\n"
 
 
-def test_paired_overhead_alternates_snnfw_and_the_plain_loop_on_the_same_losses(tmp_path):
+@pytest.mark.parametrize("strategy, sets", [("dp", []), ("pp", ["pipeline.schedule=gpipe", "train.microbatches=4"])])
+def test_paired_overhead_alternates_snnfw_and_the_plain_loop_on_the_same_losses(tmp_path, strategy, sets):
+    """Under pp the plain side is torch's schedule class on the stages of snnfw's split."""
     out = tmp_path / "overhead.jsonl"
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "benchmark/overhead.py", "--pairs", "2",
-           "--warmup", "1", "--out", str(out), "--set", "parallel.strategy=dp", "--set", "data.batch_size=8",
-           "--set", "data.test_samples=8"]
+           "--warmup", "1", "--out", str(out), "--set", f"parallel.strategy={strategy}", "--set", "data.batch_size=8",
+           "--set", "data.test_samples=8", *(arg for s in sets for arg in ("--set", s))]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=240)
     assert done.returncode == 0, done.stderr
     (result,) = [json.loads(line) for line in out.read_text().splitlines()]
-    assert (result["strategy"], result["ranks"], len(result["ratios"])) == ("dp", 2, 2)
+    assert (result["strategy"], result["ranks"], len(result["ratios"])) == (strategy, 2, 2)
     assert all(ms > 0 for ms in result["snnfw_ms"] + result["plain_ms"])
     assert result["ratio_min"] <= result["ratio_median"] <= result["ratio_max"]
     for mine, plain in zip(result["snnfw_losses"], result["plain_losses"], strict=True):
