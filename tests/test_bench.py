@@ -89,7 +89,7 @@ def test_report_writes_its_table_between_the_markers_only(tmp_path):
 def test_paired_overhead_alternates_snnfw_and_the_plain_loop_on_the_same_losses(tmp_path, strategy, sets):
     """Under pp the plain side is torch's schedule class on the stages of snnfw's split."""
     out = tmp_path / "overhead.jsonl"
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "benchmark/overhead.py", "--pairs", "2",
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "benchmark/overhead.py", "--pairs", "2",
            "--warmup", "1", "--out", str(out), "--set", f"parallel.strategy={strategy}", "--set", "data.batch_size=8",
            "--set", "data.test_samples=8", *(arg for s in sets for arg in ("--set", s))]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=240)

@@ -20,7 +20,7 @@ TIMEOUT_S = 300
 
 def torchrun(script: str, *args: str) -> list[str]:
     """Runs ``examples/script`` on 2 ranks; the lines it printed."""
-    command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", str(ROOT / "examples" / script), *args]
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(ROOT / "examples" / script), *args]
     done = subprocess.run(command, cwd=ROOT, env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True,
                           timeout=TIMEOUT_S)
     assert done.returncode == 0, done.stderr[-3000:]
