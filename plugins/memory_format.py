@@ -107,6 +107,8 @@ def measure(model: nn.Module, example: torch.Tensor, plan, hooks) -> dict[str, f
 def snnfw_transform_model(model, plan, example, hooks):
     from torch._subclasses.fake_tensor import is_fake
 
+    from snnfw.distributed import is_main
+
     _last_run.clear()
     layout = plan.config.model.memory_format
     if layout == "auto":
@@ -116,18 +118,12 @@ def snnfw_transform_model(model, plan, example, hooks):
         layout = "channels_last" if times["channels_last"] < times["contiguous"] else "contiguous"
         _last_run.update(memory_format_channels_last=float(layout == "channels_last"),
                          **{f"memory_format_{name}_ms": ms for name, ms in times.items()})
-        if _rank() == 0:
+        if is_main():
             print(f"[snnfw] note: model.memory_format auto chose {layout}: forward and backward of a microbatch "
                   f"took {times['contiguous']:.1f} ms contiguous, {times['channels_last']:.1f} ms channels-last "
                   f"(medians of {TRIALS} trials, summed over ranks)", file=sys.stderr, flush=True)
     if layout == "channels_last":
         channels_last(model)
-
-
-def _rank() -> int:
-    import torch.distributed as dist
-
-    return dist.get_rank() if dist.is_initialized() else 0
 
 
 @hookimpl

@@ -86,6 +86,11 @@ def dp_group(plan: Plan, mesh):
     return mesh.get_group(dims[0]) if len(dims) == 1 else mesh[dims]._flatten().get_group()
 
 
+def is_main() -> bool:
+    """True on rank 0, and in a process without a process group: where a run prints and writes once."""
+    return not dist.is_initialized() or dist.get_rank() == 0
+
+
 def barrier() -> None:
     """Waits until every rank gets here (the process group's timeout applies); nothing on one process."""
     if dist.is_initialized():
