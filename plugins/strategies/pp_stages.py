@@ -126,9 +126,9 @@ def measure_units(units: list[nn.Module], example: torch.Tensor, reset, passes: 
 def decide_split(model: nn.Module, plan, hooks, example: torch.Tensor, stages: int) -> Split:
     """The last rank runs a copy of ``model`` (its buffers, gradients and hooks stay untouched),
     balances the measured unit costs over ``stages`` unless ``pipeline.layout`` is given,
-    and broadcasts the split, so every rank uses the same one. The last rank holds the last pipeline stage,
-    whose peak memory is the lowest in every schedule (the first holds the most microbatches in flight), so
-    the copy and the timing do not raise the run's peak. In a fake process group (the dry run), which
+    and broadcasts the split, so every rank uses the same one. Not rank 0: it holds the first stage, which
+    keeps the most microbatches' activations in flight in every schedule, so the copy and the timing would
+    raise the run's peak there. In a fake process group (the dry run), which
     moves nothing, each rank decides the split itself."""
     payload: list[Split | str | None] = [None]
     alone = dist.get_backend() == "fake"
