@@ -51,7 +51,7 @@ def main() -> None:
     config = load_config(args.config, [*args.overrides, f"train.steps={steps}"])
     with snnfw.start(config) as run:
         if run.plan.strategy == "pp":
-            plain = PlainPipeline(run.config, run.plan, run.device, run.model.split.layout)
+            plain = PlainPipeline(run.config, run.plan, run.device, run.model.split)
         else:
             plain = PlainLoop(run.config, run.device, run.env.rank, run.env.world_size)
         world, ms = run.env.world_size, {"snnfw": [], "plain": []}

@@ -84,20 +84,22 @@ class PlainLoop:
 
 
 class PlainPipeline:
-    """The hand-written pipeline on this pp rank: the model cut by ``layout`` (units per stage, the family's
-    units), its stages in torch.distributed.pipelining's schedule class, and the optimizer over them.
+    """The hand-written pipeline on this pp rank: the model's units cut as ``split`` cuts them (the split
+    snnfw's pipeline chose, ``run.model.split``), its stages in torch.distributed.pipelining's schedule
+    class, and the optimizer over them.
 
     Stages reset the neurons before every microbatch; the loss is the time-averaged cross entropy. Every
     rank of the default process group is one pp rank (no data parallel); it must be started first.
     """
 
-    def __init__(self, config, plan, device: torch.device, layout: tuple[int, ...]):
+    def __init__(self, config, plan, device: torch.device, split):
         from spikingjelly.activation_based import functional
         from torch.distributed import pipelining
 
         from snnfw import data as datalib
         from snnfw.optim import build_optimizer, build_scheduler
         from snnfw.plugins import Plugins
+        from snnfw.precision import full_precision
         from snnfw.prepare import build_model
 
         plugins = Plugins()
@@ -109,23 +111,21 @@ class PlainPipeline:
         if config.train.precision != "fp32" or config.train.loss != "cross_entropy":
             raise ValueError("the plain pipeline trains in fp32 with cross entropy; set train.precision and train.loss so")
         self.config, self.device = config, device
-        self.rank, world = dist.get_rank(), dist.get_world_size()
         model, input_spec = build_model(config, plugins)
         model = model.to(device, config.train.torch_dtype)
         self.dataset = plugins.datasets.get(config.data.name).build(config.data, input_spec, "train", config.train.seed)
         example = datalib.load(self.dataset, torch.arange(plan.microbatch_size), device, config.train.torch_dtype)[0]
         units = plugins.split_stages(model, plan, example)
-        starts = [sum(layout[:s]) for s in range(len(layout) + 1)]
-        indices = spec.stage_indices(self.rank, world, config.pipeline.virtual_stages)
-        modules = [torch.nn.Sequential(*units[starts[s] : starts[s + 1]]) for s in indices]
+        indices = spec.stage_indices(dist.get_rank(), dist.get_world_size(), config.pipeline.virtual_stages)
+        modules = [torch.nn.Sequential(*(units[u] for u in split.unit_range(s))) for s in indices]
         for module in modules:
             module.register_forward_pre_hook(lambda module, args: functional.reset_net(module))
-        stages = [pipelining.PipelineStage(module, s, len(layout), device) for module, s in zip(modules, indices)]
-        self.holds_last = len(layout) - 1 in indices
+        stages = [pipelining.PipelineStage(module, s, len(split.layout), device) for module, s in zip(modules, indices)]
+        self.holds_last = len(split.layout) - 1 in indices
         self.stages = torch.nn.ModuleList(modules)
         schedule = getattr(pipelining, spec.torch_schedule)
         self.schedule = schedule(stages[0] if spec.placement == "single" else stages, plan.microbatches,
-                                 loss_fn=lambda logits, labels: F.cross_entropy(logits.float().mean(0), labels))
+                                 loss_fn=lambda logits, labels: F.cross_entropy(full_precision(logits).mean(0), labels))
         self.optimizer = build_optimizer(self.stages, config.train, plugins)
         self.scheduler = build_scheduler(self.optimizer, config.train, plugins)
         self.loss_share = 1.0  # the loss is on the last stage's rank alone
