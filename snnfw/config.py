@@ -131,6 +131,7 @@ class ParallelConfig:
     reshard_after_forward: bool = attrs.field(default=True, validator=v.instance_of(bool))
     mixed_precision: str = attrs.field(default="none", validator=v.in_(("none", "bf16")))
     prefer: str | None = attrs.field(default=None, validator=v.optional(v.in_(("speed", "memory", "capacity"))))
+    cpu_allocator: str = attrs.field(default="auto", validator=v.in_(("auto", "retain", "system")))
 
 
 def _layout(instance, attribute, value) -> None:

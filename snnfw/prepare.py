@@ -21,6 +21,7 @@ from snnfw.config import Config
 from snnfw.errors import ConfigError
 from snnfw.losses import check_loss
 from snnfw.optim import check_train
+from snnfw import cpu_allocator
 from snnfw.precision import check_precision, precision_notes
 from snnfw.plan import AUTO, Plan, PlanRequest, Topology, make_plan
 from snnfw.plugins import Plugins
@@ -133,7 +134,10 @@ def prepare(config: Config, world_size: int, plugins: Plugins, local_ranks: int 
     analysis = _analyze(built, config, source, plugins)
     cost = measure(built, source.spec, plugins) if config.parallel.strategy == AUTO else None
     plan = make_plan(config, topology, analysis, plugins, built, cost)
-    plan = attrs.evolve(plan, rationale=topology.rationale + plan.rationale + precision_notes(config, topology.device_type))
+    allocator = cpu_allocator.resolve(config.parallel.cpu_allocator, topology.device_type)
+    notes = precision_notes(config, topology.device_type) + (
+        ("cpu_allocator retain: each rank's malloc keeps freed blocks for the next step",) if allocator == "retain" else ())
+    plan = attrs.evolve(plan, rationale=topology.rationale + plan.rationale + notes)
     return Prepared(plan, built, source.spec, analysis, given_instance=isinstance(model, torch.nn.Module), datasets=built_data)
 
 

@@ -31,6 +31,7 @@ from typing import Any, Iterator
 import torch
 import torch.distributed as dist
 
+from snnfw import cpu_allocator
 from snnfw.checkpoint import Checkpoints
 from snnfw.config import Config, build_config, load_config
 from snnfw.distributed import RankEnv, all_reduce, device_for, process_group, set_cpu_threads
@@ -180,6 +181,7 @@ def start(
         device = device_for(prepared.plan, env)
         if device.type == "cpu":
             set_cpu_threads(env)
+        cpu_allocator.apply(config.parallel.cpu_allocator, device.type)
         trainer = Trainer(config, prepared, plugins, mesh, device, datasets, weights)
         checkpoints = Checkpoints(Path(run_dir) if run_dir is not None else None, config, env.rank)
         resumed = checkpoints.begin(trainer, resume)
