@@ -7,8 +7,9 @@ gives the heap's free top back to the kernel; so a training step's
 activations and gradients, a few MiB each, are page-faulted and zeroed
 again at every step. ``retain`` sets the threshold to its largest and turns
 trimming off: freed blocks stay in the process and the next step reuses
-them (the CIFAR10DVSVGG step 12% faster in bf16 and 5% in fp32, at the same
-peak; README, Benchmarks). ``system`` leaves malloc as it is; ``auto`` is
+them (the CIFAR10DVSVGG step 12% faster in bf16 and 5% in fp32 on a CPU
+with AMX, at the same peak; README, Config). It is set once per process:
+``system`` later in the same process does not undo an earlier ``retain``. ``system`` leaves malloc as it is; ``auto`` is
 ``retain`` on CPU runs under glibc, ``system`` elsewhere. The same settings
 as glibc's ``MALLOC_MMAP_THRESHOLD_`` and ``MALLOC_TRIM_THRESHOLD_``, made
 in the running process, so a ``torchrun`` launch gets them too.
