@@ -36,11 +36,12 @@ _CORE_SUMMARY = {"steps", "final_loss", "resumed_from", "test_accuracy", "mean_s
 
 
 def config_key(record: dict[str, Any]) -> str:
-    """What makes two records comparable: model, data shape, strategy, mesh, batch and world."""
+    """What makes two records comparable: model, data shape, strategy, mesh, batch, world and precision."""
     cfg, plan = record["config"], record["plan"]
     return json.dumps(
         [cfg["model"], cfg["data"]["batch_size"], plan["strategy"], plan["mesh"], plan["microbatches"], record["nproc"],
-         cfg["parallel"], cfg.get("pipeline"), record.get("label")],
+         cfg["parallel"], cfg.get("pipeline"), record.get("label"),
+         cfg["train"].get("precision", "fp32"), cfg["train"].get("dtype", "float32")],
         sort_keys=True,
     )
 

@@ -43,6 +43,22 @@ def test_bench_records_compares_and_reports(tmp_path):
     assert chart.stat().st_size > 1000
 
 
+def test_records_of_another_precision_are_another_row_and_not_compared():
+    from snnfw.bench import config_key
+    from snnfw.report import grouped, table
+
+    def record(precision, step_ms):
+        config = {"model": {"family": "cifar10dvs_vgg", "flavor": "tiny", "time_steps": 4}, "data": {"batch_size": 8},
+                  "parallel": {}, "train": {"precision": precision, "dtype": "float32"}}
+        return {"config": config, "plan": {"strategy": "none", "mesh": [["dp", 1]], "microbatches": 1}, "nproc": 1,
+                "global_batch": 8, "step_ms": step_ms, "peak_mem_mb_per_rank": [100.0]}
+
+    fp32, bf16 = record("fp32", 200.0), record("bf16", 100.0)
+    assert config_key(fp32) != config_key(bf16)
+    rows = [line for line in table(grouped([fp32, bf16, record("fp32", 210.0)], config_key)).splitlines() if "| none |" in line]
+    assert len(rows) == 2 and "| fp32 | none | 1 | 8 | 2 | 205.0 |" in rows[1] and "| bf16 | none | 1 | 8 | 1 | 100.0 |" in rows[0]
+
+
 def test_overhead_pairs_each_run_with_the_nearest_baseline_run():
     from snnfw.report import overhead
 
