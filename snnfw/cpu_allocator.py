@@ -8,11 +8,12 @@ activations and gradients, a few MiB each, are page-faulted and zeroed
 again at every step. ``retain`` sets the threshold to its largest and turns
 trimming off: freed blocks stay in the process and the next step reuses
 them (the CIFAR10DVSVGG step 12% faster in bf16 and 5% in fp32 on a CPU
-with AMX, at the same peak; README, Config). It is set once per process:
-``system`` later in the same process does not undo an earlier ``retain``. ``system`` leaves malloc as it is; ``auto`` is
-``retain`` on CPU runs under glibc, ``system`` elsewhere. The same settings
-as glibc's ``MALLOC_MMAP_THRESHOLD_`` and ``MALLOC_TRIM_THRESHOLD_``, made
-in the running process, so a ``torchrun`` launch gets them too.
+with AMX, at the same peak; README, Config). ``system`` leaves malloc as it
+is; ``auto`` is ``retain`` on CPU runs under glibc, ``system`` elsewhere.
+The same settings as glibc's ``MALLOC_MMAP_THRESHOLD_`` and
+``MALLOC_TRIM_THRESHOLD_``, made in the running process, so a ``torchrun``
+launch gets them too. They hold for the rest of the process: a later
+``system`` does not undo an earlier ``retain``.
 """
 
 from __future__ import annotations
@@ -22,7 +23,6 @@ import platform
 
 from snnfw.errors import ConfigError
 
-CHOICES = ("auto", "retain", "system")
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # glibc's mallopt parameters (malloc.h)
 _MMAP_THRESHOLD_MAX = 32 * 1024 * 1024  # glibc's largest on 64-bit: larger blocks are still mapped
 _NO_TRIM = 2**31 - 1  # mallopt takes an int: the heap's free top is kept up to 2 GiB

@@ -13,7 +13,7 @@ import attrs
 import torch
 
 from snnfw import data as datalib
-from snnfw import models
+from snnfw import cpu_allocator, models
 from snnfw.analysis import Analysis, analyze
 from snnfw.auto import measure, ranked_candidates
 from snnfw.augment import check_augment
@@ -21,7 +21,6 @@ from snnfw.config import Config
 from snnfw.errors import ConfigError
 from snnfw.losses import check_loss
 from snnfw.optim import check_train
-from snnfw import cpu_allocator
 from snnfw.precision import check_precision, precision_notes
 from snnfw.plan import AUTO, Plan, PlanRequest, Topology, make_plan
 from snnfw.plugins import Plugins
