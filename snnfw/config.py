@@ -187,6 +187,7 @@ class TrainConfig:
     seed: int = attrs.field(default=0, validator=v.instance_of(int))
     microbatches: int | None = attrs.field(default=None, validator=v.optional(_positive))
     optimizer: str = attrs.field(default="adam", validator=v.instance_of(str))
+    optimizer_impl: str = attrs.field(default="auto", validator=v.in_(("auto", "fused", "foreach", "for_loop")))
     loss: str = attrs.field(default="cross_entropy", validator=v.instance_of(str))
     label_smoothing: float | None = attrs.field(
         default=None, converter=_optional_float, validator=v.optional([v.ge(0), v.lt(1)])

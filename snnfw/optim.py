@@ -60,10 +60,59 @@ def _refuse_foreign(train: TrainConfig, keys, options, what: str, name: str) -> 
             raise ConfigError(f"train.{key} does not apply to {what} = {name!r}, which takes {takes}; remove train.{key}")
 
 
-def optimizer_options(train: TrainConfig, plugins) -> tuple[type, dict[str, Any]]:
-    """The class of ``train.optimizer`` and its keyword arguments (``lr`` and the keys it takes)."""
+def _meshes(parameters) -> set:
+    """The device meshes of the parameters, None standing for plain tensors."""
+    return {getattr(p, "device_mesh", None) for p in parameters}
+
+
+def _fused_on_dtensors(optimizer_class: type) -> bool:
+    """Whether DTensor runs the class's fused kernel: it shards torch's Adam and AdamW kernels alone."""
+    import torch
+
+    return issubclass(optimizer_class, (torch.optim.Adam, torch.optim.AdamW))
+
+
+def _implementation(train: TrainConfig, optimizer_class: type, parameters) -> dict[str, bool]:
+    """The keyword arguments that pick ``train.optimizer_impl`` for ``parameters`` (None: not built yet).
+
+    fused and foreach kernels take one list of parameters of one kind: all
+    plain tensors, or all DTensors of one mesh (tensor parallelism leaves some
+    parameters plain). ``auto`` is the fused kernel (one pass over each
+    parameter for all of its arithmetic) where the class has one that runs on
+    these parameters, the loop over parameters where they are of mixed kinds,
+    else the class's own choice.
+    """
+    takes = inspect.signature(optimizer_class).parameters
+    meshes = _meshes(parameters) if parameters is not None else {None}
+    fusable = "fused" in takes and (meshes == {None} or (len(meshes) == 1 and _fused_on_dtensors(optimizer_class)))
+    impl = train.optimizer_impl
+    if impl == "auto":
+        return {"foreach": False} if len(meshes) > 1 else {"fused": True} if fusable else {}
+    flag = "fused" if impl == "fused" else "foreach"
+    if flag not in takes:
+        raise ConfigError(
+            f"train.optimizer_impl = {impl!r} needs an optimizer that takes {flag!r}, and {train.optimizer} "
+            f"({optimizer_class.__name__}) does not; set train.optimizer_impl = \"auto\""
+        )
+    if impl == "for_loop":
+        return {"foreach": False}
+    if len(meshes) > 1 or (impl == "fused" and not fusable):
+        raise ConfigError(
+            f"train.optimizer_impl = {impl!r} cannot run over this strategy's parameters: "
+            + ("plain tensors beside DTensors, or DTensors of two meshes" if len(meshes) > 1
+               else f"DTensors, and DTensor has no fused {optimizer_class.__name__} kernel")
+            + "; set train.optimizer_impl = \"auto\" or \"for_loop\""
+        )
+    return {flag: True}
+
+
+def optimizer_options(train: TrainConfig, plugins, parameters=None) -> tuple[type, dict[str, Any]]:
+    """The class of ``train.optimizer`` and its keyword arguments: ``lr``, the keys it takes, and the
+    implementation for ``parameters`` (None: checked before they exist)."""
     spec = plugins.optimizers.get(train.optimizer)
-    return spec.torch_class(), {"lr": train.lr, **spec.defaults, **_set(train, spec.options)}
+    optimizer_class = spec.torch_class()
+    options = {"lr": train.lr, **spec.defaults, **_set(train, spec.options)}
+    return optimizer_class, {**options, **_implementation(train, optimizer_class, parameters)}
 
 
 def _default_weight_decay(optimizer_class: type) -> float:
@@ -124,6 +173,11 @@ def _groups(model, kinds: tuple[str, ...]) -> tuple[list, list]:
     return decayed, exempt
 
 
+def trainable(model) -> list:
+    """The parameters of ``model`` that require grad."""
+    return [p for p in model.parameters() if p.requires_grad]
+
+
 def parameter_groups(model, train: TrainConfig) -> list:
     """The parameters to optimise: all of them, or with ``train.no_decay`` a decayed group and an exempt one.
 
@@ -139,8 +193,9 @@ def parameter_groups(model, train: TrainConfig) -> list:
 
 def build_optimizer(model, train: TrainConfig, plugins):
     """``train.optimizer`` over ``parameter_groups(model, train)``."""
-    optimizer_class, kwargs = optimizer_options(train, plugins)
-    return optimizer_class(parameter_groups(model, train), **kwargs)
+    groups = parameter_groups(model, train)
+    optimizer_class, kwargs = optimizer_options(train, plugins, trainable(model))
+    return optimizer_class(groups, **kwargs)
 
 
 def lr_factor(train: TrainConfig, plugins) -> Callable[[int], float]:

@@ -4,6 +4,7 @@ import copy
 import functools
 import json
 import math
+import types
 
 import pytest
 import torch
@@ -14,7 +15,7 @@ import snnfw.runtime
 from snnfw.config import build_config
 from snnfw.equivalence import CASES, case_config, reference_config
 from snnfw.errors import ConfigError, UnknownNameError
-from snnfw.optim import build_optimizer, build_scheduler, check_train, parameter_groups
+from snnfw.optim import OptimizerSpec, build_optimizer, build_scheduler, check_train, optimizer_options, parameter_groups
 from snnfw.plugins import Plugins
 from snnfw.runtime import run_training
 from snnfw.testing import RankFailure, run_on_ranks
@@ -136,6 +137,66 @@ def test_unknown_names_list_the_registered_ones(plugins):
         check_train(train(optimizer="lamb"), plugins)
     with pytest.raises(UnknownNameError, match="registered lr schedule names: constant, cosine, multistep, step"):
         check_train(train(lr_schedule="onecycle"), plugins)
+
+
+def placed(*meshes):
+    """Stand-ins for parameters: plain tensors (None) or DTensors of the named meshes."""
+    return [types.SimpleNamespace(device_mesh=mesh) if mesh else torch.zeros(1) for mesh in meshes]
+
+
+@pytest.mark.parametrize(
+    "optimizer, parameters, expected",
+    [
+        ("adam", placed(None, None), {"fused": True}),
+        ("sgd", placed(None), {"fused": True}),
+        ("adamw", placed("dp", "dp"), {"fused": True}),  # fsdp2: DTensor shards Adam's and AdamW's fused kernels
+        ("sgd", placed("dp", "dp"), {}),  # ... and not SGD's: torch's own choice
+        ("adam", placed("tp", None), {"foreach": False}),  # tp: plain tensors beside DTensors, one at a time
+        ("adam", placed(("dp", "tp"), "dp"), {"foreach": False}),  # fsdp2_tp: two meshes
+    ],
+    ids=["plain", "plain-sgd", "dtensors", "dtensors-sgd", "mixed", "two-meshes"],
+)
+def test_auto_optimizer_impl_is_the_fused_kernel_where_it_runs(plugins, optimizer, parameters, expected):
+    _, kwargs = optimizer_options(train(optimizer=optimizer), plugins, parameters)
+    assert {k: kwargs[k] for k in ("fused", "foreach") if k in kwargs} == expected
+
+
+@pytest.mark.parametrize(
+    "optimizer, impl, parameters, message",
+    [
+        ("adam", "fused", placed("tp", None), "cannot run over this strategy's parameters: plain tensors beside DTensors"),
+        ("adam", "foreach", placed("tp", None), "plain tensors beside DTensors"),
+        ("sgd", "fused", placed("dp"), "DTensor has no fused SGD kernel"),
+    ],
+)
+def test_an_optimizer_impl_that_cannot_run_is_refused(plugins, optimizer, impl, parameters, message):
+    _, kwargs = optimizer_options(train(optimizer=optimizer, optimizer_impl="for_loop"), plugins, parameters)
+    assert kwargs["foreach"] is False
+    with pytest.raises(ConfigError, match=message):
+        optimizer_options(train(optimizer=optimizer, optimizer_impl=impl), plugins, parameters)
+
+
+def test_an_optimizer_without_the_kernel_is_refused_before_the_run():
+    class Plain(torch.optim.Optimizer):
+        def __init__(self, params, lr):
+            super().__init__(params, {"lr": lr})
+
+    own = types.SimpleNamespace(optimizers={"plain": OptimizerSpec(lambda: Plain, ())})
+    own.lr_schedules = Plugins().lr_schedules
+    assert optimizer_options(train(optimizer="plain"), own, placed(None))[1] == {"lr": 1.0}  # auto: the class's way
+    with pytest.raises(ConfigError, match="optimizer_impl = 'fused' needs an optimizer that takes 'fused'.*Plain"):
+        check_train(train(optimizer="plain", optimizer_impl="fused"), own)
+
+
+def test_the_fused_kernel_trains_as_the_loop_over_parameters(one_thread):
+    """auto's fused Adam against the loop over parameters, 10 float64 steps of none: the same arithmetic."""
+    runs = [run_training(tiny_config(train={"steps": 10, "dtype": "float64", "optimizer_impl": impl}), on_finish=final_state)
+            for impl in ("auto", "for_loop")]
+    fused, loop = runs
+    for step, (got, want) in enumerate(zip(fused["losses"], loop["losses"]), start=1):
+        assert_close(f"step {step} loss", got, want)
+    for name, tensor in fused["inspect"].items():
+        assert_close(name, tensor, loop["inspect"][name])
 
 
 # The guarantee with decoupled weight decay, exempt groups, a warmed-up cosine, gradient clipping, label smoothing

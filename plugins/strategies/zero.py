@@ -9,7 +9,7 @@ gather the optimizer shards into one whole state, so they resume under any strat
 
 from snnfw import hookimpl
 from snnfw.plan import Proposal, refuse_others
-from snnfw.optim import optimizer_options, parameter_groups
+from snnfw.optim import optimizer_options, parameter_groups, trainable
 from snnfw_plugins.defaults import load_full_state, merge_optimizer_states
 from snnfw_plugins.strategies.dp import propose_replicas, wrap_ddp
 
@@ -62,7 +62,7 @@ def snnfw_build_optimizer(model, plan, mesh, hooks):
         return None
     from torch.distributed.optim import ZeroRedundancyOptimizer
 
-    optimizer_class, kwargs = optimizer_options(plan.config.train, hooks)
+    optimizer_class, kwargs = optimizer_options(plan.config.train, hooks, trainable(model))
     return ZeroRedundancyOptimizer(
         parameter_groups(model, plan.config.train),
         optimizer_class=optimizer_class,
