@@ -132,10 +132,6 @@ def test_hsdp_mesh_is_replicate_then_shard():
 @pytest.mark.parametrize(
     "parallel, world, message",
     [
-        pytest.param(
-            {"mixed_precision": "bf16"}, 2, "needs CUDA",
-            marks=pytest.mark.skipif(torch.cuda.is_available(), reason="bf16 runs on CUDA"),
-        ),
         ({"zero": True}, 2, "fsdp2 shards optimizer state already"),
         ({"mesh": {"dp": 1, "tp": 2}}, 2, r"set parallel.mesh = \{dp = 2\}, or dp_replicate and dp_shard"),
         ({"mesh": {"dp_shard": 2}}, 2, r"\{dp_replicate = R, dp_shard = S\} \(HSDP\)"),
@@ -148,17 +144,22 @@ def test_fsdp2_refusals(parallel, world, message):
         prepare(tiny_config("fsdp2", parallel=parallel), world, Plugins())
 
 
-@pytest.mark.parametrize("strategy, world", [("none", 1), ("dp", 2), ("zero", 2), ("tp", 2), ("pp", 2), ("fsdp2_tp", 4)])
+@pytest.mark.parametrize("strategy, world", [("none", 1), ("dp", 2), ("zero", 2), ("tp", 2), ("pp", 2)])
 def test_mixed_precision_is_refused_where_it_is_not_applied(strategy, world):
     with pytest.raises(PlanError) as err:
         prepare(tiny_config(strategy, microbatches=2, parallel={"mixed_precision": "bf16"}), world, Plugins())
-    assert f"strategy {strategy!r} cannot run: parallel.mixed_precision = 'bf16' is applied only by strategy fsdp2, on CUDA" in str(err.value)
+    assert (
+        f"strategy {strategy!r} cannot run: parallel.mixed_precision = 'bf16' is applied only by strategies fsdp2 "
+        "and fsdp2_tp (fully_shard's MixedPrecisionPolicy)" in str(err.value)
+    )
 
 
-@pytest.mark.skipif(torch.cuda.is_available(), reason="fsdp2 applies bf16 on CUDA")
-def test_auto_with_mixed_precision_on_cpu_finds_no_strategy():
-    with pytest.raises(PlanError, match="auto found no strategy.*dp: cannot run: parallel.mixed_precision = 'bf16' is applied only"):
-        prepare(tiny_config("auto", parallel={"mixed_precision": "bf16"}), 2, Plugins())
+def test_auto_with_mixed_precision_chooses_among_fsdp2_and_fsdp2_tp_only():
+    plan = prepare(tiny_config("auto", parallel={"mixed_precision": "bf16"}), 4, Plugins()).plan
+    assert plan.strategy in ("fsdp2", "fsdp2_tp")
+    assert "bf16 compute (BatchNorm in fp32), fp32 gradient reduction and output" in " ".join(plan.rationale)
+    refused = [line for line in plan.rationale if "cannot run: parallel.mixed_precision" in line]
+    assert {line.split()[1].rstrip(":") for line in refused} == {"none", "dp", "zero", "tp", "pp"}, plan.rationale
 
 
 @pytest.mark.parametrize("strategy, world", [("none", 1), ("dp", 2), ("zero", 2), ("tp", 2), ("pp", 2)])

@@ -7,6 +7,12 @@ the same microbatches), bf16: dp, zero, fsdp2 and HSDP 0 (bit for bit), pp
 9e-8, tp 1.1e-3 and fsdp2_tp 1.5e-3 (a conv's channel slices are summed in
 another order in bf16); fp16: dp, zero, fsdp2 and HSDP 0, pp 7.9e-8, tp
 9.5e-4 and fsdp2_tp 1.1e-3. The bound is 5e-3.
+
+``parallel.mixed_precision = "bf16"`` (FSDP2's bf16 parameter copies for
+compute, with or without autocast) computes what none's bf16 autocast does:
+the same bf16 convolutions and fp32 BatchNorm parameters, each microbatch's
+bf16 gradients summed in fp32. Measured the same way: fsdp2 0 (bit for bit),
+fsdp2_tp 1.2e-3.
 """
 
 import functools
@@ -66,6 +72,36 @@ def test_autocast_trains_like_none_in_the_same_precision_with_fp32_parameters(pr
         assert got["inspect"]["parameters"] == ["torch.float32"]
     seen = {s["inspect"]["activation"] for s in summaries} - {None}  # a pipeline rank without convolutions sees none
     assert seen == {ACTIVATION[precision]}
+
+
+def compute_seen(trainer):
+    """The dtype of a convolution's weight inside forward, and of the parameters and optimizer state held."""
+    seen = []
+    conv = next(m for m in trainer.model.modules() if isinstance(m, torch.nn.Conv2d))
+    handle = conv.register_forward_pre_hook(lambda m, args: seen.append(str(m.weight.dtype)))
+    trainer.step(0)  # a collective: every rank runs it
+    handle.remove()
+    state = [t for s in trainer.optimizer.state.values() for t in s.values() if torch.is_tensor(t) and t.dim()]
+    return {"weight in forward": seen[0], "held": sorted({str(t.dtype) for t in [*trainer.model.parameters(), *state]})}
+
+
+def mixed_precision_cases():
+    for case in CASES:
+        if case.name in ("fsdp2", "hsdp", "fsdp2_tp"):
+            yield pytest.param(case, id=case.name, marks=[] if case.name == "fsdp2" else [pytest.mark.full_matrix])
+
+
+@pytest.mark.parametrize("case", mixed_precision_cases())
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_fsdp2_mixed_precision_computes_in_bf16_and_trains_like_none_in_bf16(precision, case):
+    want = reference(case.reference_microbatches, "bf16")
+    config = case_config(FAMILY, case, "float32", STEPS, {"precision": precision})
+    config = attrs.evolve(config, parallel=attrs.evolve(config.parallel, mixed_precision="bf16"))
+    summaries = run_on_ranks(config, case.ranks, inspect=compute_seen, timeout_s=300)
+    for rank, got in enumerate(summaries):
+        worst = max(abs(a - b) / abs(b) for a, b in zip(got["losses"], want["losses"]))
+        assert len(got["losses"]) == STEPS and worst <= REL_TOL, f"rank {rank}: {worst:.3g} from none's bf16 losses"
+        assert got["inspect"] == {"weight in forward": "torch.bfloat16", "held": ["torch.float32"]}
 
 
 def test_fp32_runs_without_autocast_and_bf16_changes_the_losses():

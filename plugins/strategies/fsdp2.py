@@ -4,11 +4,11 @@ Each block the model family declares (``analysis.blocks``) becomes one
 sharding unit, then the root takes the remaining parameters. Parameters,
 gradients and optimizer state are sharded on dim 0 over ``dp`` (FSDP), or
 over ``dp_shard`` and replicated over ``dp_replicate`` (HSDP). With bf16
-mixed precision (CUDA only), BatchNorm layers are units of their own that keep
-fp32 parameters, matching their fp32 running statistics. No other strategy
-applies ``parallel.mixed_precision``, and none but this and ``fsdp2_tp``
-``parallel.reshard_after_forward``, so this plugin refuses the others when
-these are set.
+mixed precision (``MixedPrecisionPolicy``, CUDA and CPU), BatchNorm layers are
+units of their own that keep fp32 parameters, matching their fp32 running
+statistics. No strategy but this and ``fsdp2_tp`` applies
+``parallel.mixed_precision`` or ``parallel.reshard_after_forward``, so this
+plugin refuses the others when these are set.
 A unit whose output is a view returns a copy, so FSDP2's pre-backward hook on
 it cannot be dropped by an in-place op.
 """
@@ -44,10 +44,11 @@ def _scope_refusals(request) -> list[Proposal]:
     parallel, refusals = request.config.parallel, []
     if parallel.mixed_precision != "none":
         reason = (
-            f"parallel.mixed_precision = {parallel.mixed_precision!r} is applied only by strategy fsdp2, on CUDA; "
-            "set parallel.mixed_precision = \"none\", or use strategy fsdp2 on CUDA"
+            f"parallel.mixed_precision = {parallel.mixed_precision!r} is applied only by strategies fsdp2 and "
+            "fsdp2_tp (fully_shard's MixedPrecisionPolicy); set parallel.mixed_precision = \"none\" (train.precision "
+            "= \"bf16\" is autocast in every strategy), or use one of them"
         )
-        refusals += refuse_others(request, (NAME,), reason)
+        refusals += refuse_others(request, (NAME, "fsdp2_tp"), reason)
     if "parallel.reshard_after_forward" in request.config.explicit:
         reason = (
             f"parallel.reshard_after_forward = {str(parallel.reshard_after_forward).lower()} is applied only by "
@@ -67,10 +68,6 @@ def _propose(request) -> Proposal:
     world, parallel = request.topology.world_size, request.config.parallel
     if world < 2:
         return Proposal.refuse(NAME, "it needs at least 2 ranks; launch with --nproc 2 or more, or use strategy none")
-    if parallel.mixed_precision == "bf16" and request.topology.device_type != "cuda":
-        return Proposal.refuse(
-            NAME, "parallel.mixed_precision = \"bf16\" (MixedPrecisionPolicy) needs CUDA; set it to \"none\" on CPU"
-        )
     resolved = _mesh(parallel.mesh, world)
     if resolved is None:
         return Proposal.refuse(
@@ -86,20 +83,24 @@ def _propose(request) -> Proposal:
         layout = f"HSDP: sharded over dp_shard={sizes['dp_shard']}, replicated over dp_replicate={sizes['dp_replicate']}"
     else:
         layout = f"FSDP: sharded over dp={sizes['dp']}"
-    precision = "fp32"
-    if parallel.mixed_precision == "bf16":
-        precision = "bf16 compute (BatchNorm in fp32), fp32 gradient reduction and output"
     return Proposal(
         NAME,
         mesh=mesh,
         dp_dims=dp_dims,
         rationale=(
             f"fully_shard on {units}; {layout}; parameters, gradients and optimizer state on dim 0",
-            f"reshard_after_forward={parallel.reshard_after_forward}, {precision}; "
-            "gradients reduced after each step's last microbatch",
+            f"{fully_shard_options(parallel)}; gradients reduced after each step's last microbatch",
         ),
         estimate=_estimate(request, sizes.get("dp_shard", sizes.get("dp")), world),
     )
+
+
+def fully_shard_options(parallel) -> str:
+    """The plan's words for the FSDP2 options: resharding after forward, and the compute precision."""
+    precision = "fp32"
+    if parallel.mixed_precision == "bf16":
+        precision = "bf16 compute (BatchNorm in fp32), fp32 gradient reduction and output"
+    return f"reshard_after_forward={parallel.reshard_after_forward}, {precision}"
 
 
 def _estimate(request, shards: int, world: int):

@@ -3,12 +3,13 @@
 Every rank of a tp group sees the same batch; the family's tp_plan shards over
 ``tp``, then ``fully_shard`` over ``dp`` wraps the blocks and the root, so
 every parameter, including those outside the blocks (a classifier head), has
-its gradients reduced across the dp replicas.
+its gradients reduced across the dp replicas, with ``parallel.mixed_precision``
+and ``parallel.reshard_after_forward`` as under ``fsdp2``.
 """
 
 from snnfw import hookimpl
 from snnfw.plan import Proposal
-from snnfw_plugins.strategies.fsdp2 import apply_fully_shard
+from snnfw_plugins.strategies.fsdp2 import apply_fully_shard, fully_shard_options
 from snnfw_plugins.strategies.tp import apply_tensor_parallel, check_tp_plan, tp_estimate
 
 NAME = "fsdp2_tp"
@@ -43,7 +44,8 @@ def snnfw_plan(request):
         dp_dims=("dp",),
         rationale=(
             f"{sizes['tp']}-way tensor parallel inside each of {sizes['dp']} FSDP2 replicas; tp peers share a batch",
-            "fully_shard over dp on the family blocks and the root: every parameter's gradients are reduced across dp",
+            "fully_shard over dp on the family blocks and the root: every parameter's gradients are reduced across dp; "
+            + fully_shard_options(request.config.parallel),
         ),
         estimate=tp_estimate(request, sizes["tp"], sizes["dp"]),
     )
