@@ -92,7 +92,7 @@ def mixed_precision_cases():
 
 
 @pytest.mark.parametrize("case", mixed_precision_cases())
-@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+@pytest.mark.parametrize("precision", ["fp32", pytest.param("bf16", marks=pytest.mark.full_matrix)])
 def test_fsdp2_mixed_precision_computes_in_bf16_and_trains_like_none_in_bf16(precision, case):
     want = reference(case.reference_microbatches, "bf16")
     config = case_config(FAMILY, case, "float32", STEPS, {"precision": precision})
