@@ -190,13 +190,16 @@ def test_an_optimizer_without_the_kernel_is_refused_before_the_run():
 
 def test_the_fused_kernel_trains_as_the_loop_over_parameters(one_thread):
     """auto's fused Adam against the loop over parameters, 10 float64 steps of none: the same arithmetic."""
-    runs = [run_training(tiny_config(train={"steps": 10, "dtype": "float64", "optimizer_impl": impl}), on_finish=final_state)
-            for impl in ("auto", "for_loop")]
-    fused, loop = runs
+    def state_and_kernel(trainer):
+        return {"state": final_state(trainer), "fused": trainer.optimizer.defaults["fused"]}
+
+    fused, loop = [run_training(tiny_config(train={"steps": 10, "dtype": "float64", "optimizer_impl": impl}),
+                                on_finish=state_and_kernel) for impl in ("auto", "for_loop")]
+    assert fused["inspect"]["fused"] and not loop["inspect"]["fused"]
     for step, (got, want) in enumerate(zip(fused["losses"], loop["losses"]), start=1):
         assert_close(f"step {step} loss", got, want)
-    for name, tensor in fused["inspect"].items():
-        assert_close(name, tensor, loop["inspect"][name])
+    for name, tensor in fused["inspect"]["state"].items():
+        assert_close(name, tensor, loop["inspect"]["state"][name])
 
 
 # The guarantee with decoupled weight decay, exempt groups, a warmed-up cosine, gradient clipping, label smoothing
