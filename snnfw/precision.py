@@ -37,11 +37,12 @@ def check_precision(train: TrainConfig) -> None:
 
 
 def precision_notes(config, device_type: str) -> tuple[str, ...]:
-    """A rationale line where autocast will be slow: a CPU without AVX-512 has no bf16 convolution kernels, and
-    fp16 pays only on GPUs."""
-    if config.train.precision == "fp32" or device_type != "cpu":
+    """A rationale line where bf16 or fp16 will be slow: a CPU without AVX-512 has no bf16 convolution kernels
+    (for ``train.precision`` and ``parallel.mixed_precision`` alike), and fp16 pays only on GPUs."""
+    precision, mixed = config.train.precision, config.parallel.mixed_precision
+    if device_type != "cpu" or (precision == "fp32" and mixed == "none"):
         return ()
-    if config.train.precision == "fp16":
+    if precision == "fp16":
         return ("train.precision fp16 on a CPU: torch runs it (with the loss scale, as on CUDA), but CPUs have no fast "
                 "fp16 kernels; use it on GPUs, and bf16 or fp32 on CPUs",)
     import torch
@@ -49,7 +50,9 @@ def precision_notes(config, device_type: str) -> tuple[str, ...]:
     capability = torch.backends.cpu.get_cpu_capability()
     if "AVX512" in capability or "AMX" in capability:
         return ()
-    return (f"train.precision bf16 on a {capability} CPU: torch has no bf16 convolution kernels for it, so bf16 "
+    keys = " and ".join(f"{key} bf16" for key, value in (("train.precision", precision),
+                                                         ("parallel.mixed_precision", mixed)) if value == "bf16")
+    return (f"{keys} on a {capability} CPU: torch has no bf16 convolution kernels for it, so bf16 "
             "convolutions run several times slower than fp32 here (measured 5.8x on the quickstart); bf16 pays on "
             "CPUs with AVX-512 BF16 or AMX, and on GPUs",)
 
