@@ -76,8 +76,9 @@ def _implementation(train: TrainConfig, optimizer_class: type, parameters) -> di
     """The keyword arguments that pick ``train.optimizer_impl`` for ``parameters`` (None: not built yet).
 
     fused and foreach kernels take one list of parameters of one kind: all
-    plain tensors, or all DTensors of one mesh (tensor parallelism leaves some
-    parameters plain). ``auto`` is the fused kernel (one pass over each
+    plain tensors, or all DTensors of one mesh (every built-in strategy's
+    ranks hold one kind; a strategy of one's own, such as torch's tensor
+    parallelism of some layers, may mix them). ``auto`` is the fused kernel (one pass over each
     parameter for all of its arithmetic) where the class has one that runs on
     these parameters, the loop over parameters where they are of mixed kinds,
     else the class's own choice.

@@ -151,8 +151,8 @@ def placed(*meshes):
         ("sgd", placed(None), {"fused": True}),
         ("adamw", placed("dp", "dp"), {"fused": True}),  # fsdp2: DTensor shards Adam's and AdamW's fused kernels
         ("sgd", placed("dp", "dp"), {}),  # ... and not SGD's: torch's own choice
-        ("adam", placed("tp", None), {"foreach": False}),  # tp: plain tensors beside DTensors, one at a time
-        ("adam", placed(("dp", "tp"), "dp"), {"foreach": False}),  # fsdp2_tp: two meshes
+        ("adam", placed("tp", None), {"foreach": False}),  # plain tensors beside DTensors: one at a time
+        ("adam", placed(("dp", "tp"), "dp"), {"foreach": False}),  # DTensors of two meshes
     ],
     ids=["plain", "plain-sgd", "dtensors", "dtensors-sgd", "mixed", "two-meshes"],
 )
