@@ -116,3 +116,19 @@ def test_paired_overhead_alternates_snnfw_and_the_plain_loop_on_the_same_losses(
     assert result["ratio_min"] <= result["ratio_median"] <= result["ratio_max"]
     for mine, plain in zip(result["snnfw_losses"], result["plain_losses"], strict=True):
         assert abs(mine - plain) <= 1e-5 * abs(plain)  # the same model, data and optimizer: the same training
+
+
+@pytest.mark.parametrize("name, precision", [("best_cpu", "bf16"), ("best_cpu_avx2", "fp32")])
+def test_the_best_settings_configs_plan_as_they_say(name, precision):
+    """The configs the side-by-side run takes as QUICK (on the tiny model here), with a strategy it sets."""
+    from pathlib import Path
+
+    from snnfw.config import load_config
+    from snnfw.plugins import Plugins
+    from snnfw.prepare import prepare
+
+    path = Path(__file__).resolve().parents[1] / "benchmark" / f"{name}.toml"
+    config = load_config(path, ["parallel.strategy=dp", "model.flavor=tiny", "data.batch_size=8"])
+    plan = prepare(config, 2, Plugins()).plan
+    assert (plan.strategy, plan.config.train.precision) == ("dp", precision)
+    assert (plan.config.model.neuron_backend, plan.config.model.memory_format) == ("inductor", "auto")
