@@ -55,15 +55,27 @@ def snnfw_plan(request):
     return None
 
 
-def _channels_last_input(module, args):
+def is_channels_last(x: torch.Tensor) -> bool:
+    """Whether ``x`` is channels-last images (not merely contiguous either way); a multi-step
+    ``[T, N, C, H, W]`` sequence as ``T x N`` of them."""
     import torch
 
+    images = x.flatten(0, 1) if x.dim() == 5 else x
+    return images.dim() == 4 and images.is_contiguous(memory_format=torch.channels_last) and not images.is_contiguous()
+
+
+def to_channels_last(x: torch.Tensor) -> torch.Tensor:
+    """``x`` as channels-last images; a multi-step ``[T, N, C, H, W]`` sequence as ``T x N`` of them."""
+    import torch
+
+    if x.dim() == 5:
+        return x.flatten(0, 1).contiguous(memory_format=torch.channels_last).unflatten(0, x.shape[:2])
+    return x.contiguous(memory_format=torch.channels_last) if x.dim() == 4 else x
+
+
+def _channels_last_input(module, args):
     x, *rest = args
-    if x.dim() == 5:  # a multi-step [T, N, C, H, W] sequence: T x N channels-last images
-        x = x.flatten(0, 1).contiguous(memory_format=torch.channels_last).unflatten(0, x.shape[:2])
-    elif x.dim() == 4:
-        x = x.contiguous(memory_format=torch.channels_last)
-    return (x, *rest)
+    return (to_channels_last(x), *rest)
 
 
 def channels_last(model: nn.Module) -> list:

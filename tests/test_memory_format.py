@@ -37,11 +37,21 @@ def is_channels_last(tensor: torch.Tensor) -> bool:
     return images.is_contiguous(memory_format=torch.channels_last) and not images.is_contiguous()
 
 
-def conv_outputs_channels_last(trainer) -> list[bool]:
-    """Whether each 2-D convolution's output is channels-last in one more training step (step 1's batches)."""
+def channels_last_layouts(trainer) -> list[bool]:
+    """Whether, in one more training step (step 1's batches), every 2-D convolution's output, every pooling's
+    input and the gradient reaching every neuron's output are channels-last: a collective that lost the layout
+    (tp's channel gather, say) would leave the pooling and BatchNorm around it on their slow contiguous kernels."""
+    from spikingjelly.activation_based.neuron import BaseNode
+
     seen = []
-    handles = [m.register_forward_hook(lambda m, args, out: seen.append(is_channels_last(out)))
-               for m in trainer.model.modules() if isinstance(m, nn.Conv2d)]
+
+    def gradient_layout(m, args, out):
+        out.register_hook(lambda grad: seen.append(is_channels_last(grad)))
+
+    hooks = [(nn.Conv2d, "register_forward_hook", lambda m, args, out: seen.append(is_channels_last(out))),
+             (nn.AvgPool2d, "register_forward_pre_hook", lambda m, args: seen.append(is_channels_last(args[0]))),
+             (BaseNode, "register_forward_hook", gradient_layout)]
+    handles = [getattr(m, register)(hook) for m in trainer.model.modules() for kind, register, hook in hooks if isinstance(m, kind)]
     trainer.step(0)
     for handle in handles:
         handle.remove()
@@ -50,7 +60,7 @@ def conv_outputs_channels_last(trainer) -> list[bool]:
 
 @pytest.fixture(scope="module")
 def contiguous():
-    return run_training(config(), on_finish=conv_outputs_channels_last)
+    return run_training(config(), on_finish=channels_last_layouts)
 
 
 def assert_same_losses(got, want):
@@ -66,13 +76,13 @@ def test_contiguous_is_the_default_and_keeps_torch_layout(contiguous):
 def test_channels_last_trains_to_the_contiguous_losses(strategy, contiguous, tmp_path):
     chosen = config(strategy, memory_format="channels_last")
     if strategy == "none":
-        summaries = [run_training(chosen, on_finish=conv_outputs_channels_last)]
+        summaries = [run_training(chosen, on_finish=channels_last_layouts)]
     else:
-        summaries = run_on_ranks(chosen, STRATEGIES[strategy], tmp_path, inspect=conv_outputs_channels_last, timeout_s=240)
+        summaries = run_on_ranks(chosen, STRATEGIES[strategy], tmp_path, inspect=channels_last_layouts, timeout_s=240)
     for summary in summaries:
         assert_same_losses(summary["losses"], contiguous["losses"])
     layouts = [layout for summary in summaries for layout in summary["inspect"]]
-    assert layouts and all(layouts), f"{strategy}: convolution outputs channels-last: {layouts}"
+    assert layouts and all(layouts), f"{strategy}: convolution outputs, pooling inputs, neuron gradients channels-last: {layouts}"
 
 
 def test_auto_measures_both_layouts_and_trains_as_its_choice():

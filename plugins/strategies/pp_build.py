@@ -27,11 +27,13 @@ def example_frames(plan, hooks, device) -> torch.Tensor:
     return frames.to(device, config.train.torch_dtype)
 
 
-def stage_inputs(stages: list[nn.Module], example: torch.Tensor, hooks) -> list[torch.Tensor]:
-    """One microbatch of input for every stage: ``example`` through the stages before it."""
+def stage_inputs(stages: list[Stage], example: torch.Tensor, hooks) -> list[torch.Tensor]:
+    """One microbatch of input for every stage: ``example`` through the stages before it. Every stage
+    receives its input in the layout the stage before produced it (channels-last or not)."""
     inputs, x = [], example
     with torch.no_grad():
-        for stage in stages:
+        for before, stage in zip([None, *stages], stages):
+            stage.receives_channels_last = before is not None and before.sent_channels_last
             inputs.append(x)
             hooks.reset_state(stage)
             x = stage(x)

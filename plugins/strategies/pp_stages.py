@@ -19,6 +19,7 @@ from torch.utils.flop_counter import FlopCounterMode
 from snnfw.errors import ConfigError, PluginError
 from snnfw.pipeline import balanced_layout, parse_layout
 from snnfw.precision import autocast
+from snnfw_plugins.memory_format import is_channels_last, to_channels_last
 
 TIMED_PASSES = 3
 Meta = tuple[tuple[int, ...], torch.dtype]
@@ -27,18 +28,41 @@ Meta = tuple[tuple[int, ...], torch.dtype]
 class Stage(nn.Sequential):
     """Consecutive pipeline units run as one stage, under ``precision()`` (``train.precision``'s autocast).
 
-    The output is contiguous, as point-to-point sends need (channels-last activations are not), and never a
-    view: zero-bubble schedules detach stage outputs in place.
+    Point-to-point sends need contiguous tensors: a channels-last output leaves contiguous, and the stage that
+    receives it (``receives_channels_last``, set from what the stage before sent at build time) restores
+    channels-last. Gradients cross back in each side's layout, so the pooling, BatchNorm and neurons on both
+    sides keep their channels-last kernels. The output is never a view: zero-bubble schedules detach stage
+    outputs in place.
     """
 
     def __init__(self, *units: nn.Module, precision=contextlib.nullcontext):
         super().__init__(*units)
         self.precision = precision
+        self.receives_channels_last = self.sent_channels_last = False
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.receives_channels_last:
+            x = _Relayout.apply(x, True)
         with self.precision():
-            out = super().forward(x).contiguous()
+            out = super().forward(x)
+        self.sent_channels_last = is_channels_last(out)
+        if self.sent_channels_last:
+            return _Relayout.apply(out, False)
+        out = out.contiguous()
         return out.clone() if out._base is not None else out
+
+
+class _Relayout(torch.autograd.Function):
+    """A copy of ``x`` channels-last or contiguous; its gradient goes back in the other layout, ``x``'s."""
+
+    @staticmethod
+    def forward(ctx, x, channels_last: bool):
+        ctx.channels_last = channels_last
+        return to_channels_last(x) if channels_last else x.contiguous()
+
+    @staticmethod
+    def backward(ctx, grad):
+        return (grad.contiguous() if ctx.channels_last else to_channels_last(grad)), None
 
 
 class Stopwatch:

@@ -55,13 +55,13 @@ class _CopyIn(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad):
-        return all_reduce(grad.contiguous().clone(), ctx.group), None
+        return all_reduce(grad.clone(), ctx.group), None
 
 
 class _ReduceOut(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, group):
-        return all_reduce(x.contiguous().clone(), group)
+        return all_reduce(x.clone(), group)
 
     @staticmethod
     def backward(ctx, grad):
@@ -72,11 +72,18 @@ class _GatherOut(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, group, dim):
         ctx.dim, ctx.local, ctx.rank = dim, x.shape[dim], dist.get_rank(group)
-        return torch.cat(_all_gather_exact(x, group), dim=dim).to(x.dtype)
+        inner = x.movedim(dim, -1)
+        ctx.channels_last = inner.is_contiguous()
+        if ctx.channels_last:  # gathered in x's layout, so the pooling and convolutions after it keep their fast kernels
+            return torch.cat(_all_gather_exact(inner, group), dim=-1).to(x.dtype).movedim(-1, dim)
+        return torch.cat(_all_gather_exact(x.contiguous(), group), dim=dim).to(x.dtype)
 
     @staticmethod
     def backward(ctx, grad):
-        return grad.narrow(ctx.dim, ctx.rank * ctx.local, ctx.local).contiguous(), None, None
+        part = grad.narrow(ctx.dim, ctx.rank * ctx.local, ctx.local)
+        if ctx.channels_last:
+            return part.movedim(ctx.dim, -1).contiguous().movedim(-1, ctx.dim), None, None
+        return part.contiguous(), None, None
 
 
 def _all_gather_exact(x: torch.Tensor, group) -> list[torch.Tensor]:
