@@ -156,3 +156,31 @@ def test_stage_units_that_do_not_compute_the_model_are_refused():
     config = own_config(model={"stage_units": units}, parallel={"strategy": "pp"}, train={"microbatches": 2})
     with pytest.raises(RankFailure, match="do not compute the model's output"):
         run_on_ranks(config, 2, timeout_s=TIMEOUT_S)
+
+
+class Cycle:
+    """Garbage that only the collector frees: it refers to itself."""
+
+    def __init__(self):
+        self.me = self
+
+
+def test_a_session_keeps_what_its_first_step_left_out_of_collections_and_gives_it_back():
+    import gc
+    import weakref
+
+    import snnfw
+
+    with snnfw.start(own_config()) as run:
+        assert gc.get_freeze_count() == 0
+        run.step(0)
+        frozen = gc.get_freeze_count()
+        assert frozen > 10_000, f"{frozen} objects frozen after the first step"
+        garbage = Cycle()
+        gone = weakref.ref(garbage)
+        del garbage
+        gc.collect()
+        assert gone() is None, "garbage made after the first step is still collected"
+        run.step(1)
+        assert gc.get_freeze_count() <= frozen, "only the first step freezes (frozen objects that die leave)"
+    assert gc.get_freeze_count() == 0, "closing the session gives the frozen objects back to the collector"
