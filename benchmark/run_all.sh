@@ -1,18 +1,18 @@
 #!/usr/bin/env bash
 # Benchmarks every strategy on both families on this machine, in each precision, beside the plain
 # PyTorch loop on the same device, precision, optimizer and microbatches, into a new results file;
-# then prints the report and writes its table into the README (between its bench-table markers).
+# then prints the report and writes its table into docs/benchmarks.md (between its bench-table markers).
 # `none` and `dp` alternate with their baselines REPEATS times, since a shared machine's speed
 # drifts between runs; the report takes the median of the paired ratios. Each pair also runs
 # `none` and `dp` with the fused LIF kernels (model.neuron_backend = "inductor").
-# Usage: [REPEATS=5] [PRECISIONS="fp32 bf16"] [INTO=README.md] bash benchmark/run_all.sh [--set overrides...]
+# Usage: [REPEATS=5] [PRECISIONS="fp32 bf16"] [INTO=docs/benchmarks.md] bash benchmark/run_all.sh [--set overrides...]
 # bf16 is left out, saying so, on a CPU without bf16 kernels (torch runs its convolutions on a slow path there).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 results=${RESULTS:-benchmark/results/run_all-$(date +%Y%m%d-%H%M%S).jsonl}
 repeats=${REPEATS:-5}
 precisions=${PRECISIONS:-fp32 bf16}
-into=${INTO:-README.md}
+into=${INTO:-docs/benchmarks.md}
 extra=("$@")
 if ! python -c "import sys, torch; sys.exit(not (torch.cuda.is_available() or torch.ops.mkldnn._is_mkldnn_bf16_supported()))"; then
   if [[ " $precisions " == *" bf16 "* ]]; then

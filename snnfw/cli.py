@@ -272,7 +272,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--report", action="store_true", help="print a table and write a chart of the latest records")
     p.add_argument("--chart", help="where --report writes its PNG (default: beside the results file)")
     p.add_argument("--into", metavar="FILE", help="with --report: also write the table between FILE's "
-                   "<!-- bench-table --> and <!-- /bench-table --> lines (the README's results)")
+                   "<!-- bench-table --> and <!-- /bench-table --> lines (docs/benchmarks.md's results)")
     p.add_argument("--set", **overrides)
     p.set_defaults(run=_cmd_bench)
 
