@@ -173,3 +173,60 @@ def test_channel_gather_sends_spikes_as_int8_and_anything_else_exactly():
         got = summary["inspect"]
         assert got["spikes"]["dtype"] == "torch.int8" and got["spikes"]["values"] == got["want"]["spikes"]
         assert got["graded"]["dtype"] == "torch.float64" and got["graded"]["values"] == got["want"]["graded"]
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_a_column_convolution_reduces_its_input_gradient_while_it_computes_its_weight_gradient(precision):
+    """Its backward computes the input gradient, starts that gradient's all-reduce, computes the weight and bias
+    gradients, then waits; the gradients are a plain convolution's, in its dtypes, under autocast too."""
+    import torch.distributed as dist
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from snnfw_plugins.strategies import tp_comm
+
+    events = []
+
+    class Log(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if func is torch.ops.aten.convolution_backward.default:
+                events.append(("input" if args[-1][0] else "", "weight" if args[-1][1] else "", "bias" if args[-1][2] else ""))
+            return func(*args, **(kwargs or {}))
+
+    started = tp_comm.start_all_reduce
+
+    class Work:
+        def __init__(self, work):
+            self.work = work
+
+        def wait(self):
+            events.append("wait")
+            return self.work.wait()
+
+    def start(tensor, group):
+        events.append("all_reduce " + str(tensor.dtype))
+        return Work(started(tensor, group))
+
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        torch.manual_seed(0)
+        conv = torch.nn.Conv2d(3, 4, 3, padding=1)
+        plain = torch.nn.Conv2d(3, 4, 3, padding=1)
+        plain.load_state_dict(conv.state_dict())
+        conv._conv_forward = tp_comm.column_convolution(conv, dist.group.WORLD)
+        x = torch.randn(2, 3, 6, 6)
+        grads = []
+        for module in (plain, conv):
+            inputs = x.clone().requires_grad_()
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bf16"):
+                out = module(inputs)
+            with pytest.MonkeyPatch.context() as patch, Log():
+                patch.setattr(tp_comm, "start_all_reduce", start)
+                out.float().square().sum().backward()
+            grads.append((out.dtype, inputs.grad, module.weight.grad, module.bias.grad))
+    finally:
+        dist.destroy_process_group()
+    assert events[-4:] == [("input", "", ""), "all_reduce torch.float32", ("", "weight", "bias"), "wait"]
+    (want_dtype, *want), (got_dtype, *got) = grads
+    assert got_dtype == want_dtype == (torch.bfloat16 if precision == "bf16" else torch.float32)
+    for a, b in zip(want, got):
+        assert a.dtype == b.dtype == torch.float32 and torch.equal(a, b)

@@ -2,10 +2,15 @@
 
 Tensors that flow between tensor-parallel units are replicated on every rank
 of the ``tp`` group, and so are their gradients. Inside a unit they are
-sharded. Three functions cross the boundary:
+sharded. Four functions cross the boundary:
 
 - ``copy_in``: a replicated input entering a sharded unit (backward sums the
   partial input gradients with an all-reduce);
+- ``column_convolution``: ``copy_in`` fused with the column-parallel
+  convolution after it, whose backward computes the input gradient first and
+  its weight gradient while that gradient's all-reduce runs (Megatron's
+  overlap; a rank that waited for its peers at the all-reduce computes
+  instead);
 - ``reduce_out``: partial sums leaving a row-parallel layer (forward all-reduce);
 - ``gather_out``: a channel shard leaving a unit (forward all-gather, in int8
   when the shard holds spikes; backward keeps this rank's slice of the
@@ -47,6 +52,13 @@ def all_reduce(tensor: torch.Tensor, group) -> torch.Tensor:
     return tensor
 
 
+def start_all_reduce(tensor: torch.Tensor, group):
+    """:func:`all_reduce` without waiting: returns the collective's work handle."""
+    COUNTER.all_reduce += 1
+    COUNTER.bytes += tensor.numel() * tensor.element_size()
+    return dist.all_reduce(tensor, group=group, async_op=True)
+
+
 class _CopyIn(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, group):
@@ -56,6 +68,39 @@ class _CopyIn(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):
         return all_reduce(grad.clone(), ctx.group), None
+
+
+class _ColumnConvolution(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, weight, bias, conv, group):
+        ctx.conv, ctx.group, ctx.bias_sizes, ctx.x_dtype = conv, group, None if bias is None else list(bias.shape), x.dtype
+        device = x.device.type
+        if torch.is_autocast_enabled(device):  # what autocast does to a convolution, done here: it sees none inside
+            dtype = torch.get_autocast_dtype(device)
+            x, weight, bias = (None if t is None else t.to(dtype) for t in (x, weight, bias))
+        ctx.save_for_backward(x, weight)
+        with torch.autocast(device, enabled=False):
+            return torch.convolution(x, weight, bias, conv.stride, conv.padding, conv.dilation, False,
+                                     [0] * len(conv.stride), conv.groups)
+
+    @staticmethod
+    def backward(ctx, grad):
+        x, weight = ctx.saved_tensors
+        conv, (wants_x, wants_weight, wants_bias) = ctx.conv, ctx.needs_input_grad[:3]
+
+        def backward_of(*mask):
+            return torch.ops.aten.convolution_backward(grad, x, weight, ctx.bias_sizes, conv.stride, conv.padding,
+                                                       conv.dilation, False, [0] * len(conv.stride), conv.groups, list(mask))
+
+        grad_x = work = grad_weight = grad_bias = None
+        if wants_x:
+            grad_x = backward_of(True, False, False)[0].to(ctx.x_dtype)  # summed in the input's dtype, as copy_in sums
+            work = start_all_reduce(grad_x, ctx.group)
+        if wants_weight or wants_bias:
+            _, grad_weight, grad_bias = backward_of(False, wants_weight, wants_bias and ctx.bias_sizes is not None)
+        if work is not None:
+            work.wait()
+        return grad_x, grad_weight, grad_bias, None, None
 
 
 class _ReduceOut(torch.autograd.Function):
@@ -111,6 +156,15 @@ def _all_gather_exact(x: torch.Tensor, group) -> list[torch.Tensor]:
 
 def copy_in(x: torch.Tensor, group) -> torch.Tensor:
     return _CopyIn.apply(x, group)
+
+
+def column_convolution(conv: torch.nn.Module, group):
+    """What ``conv._conv_forward`` becomes in a column-parallel convolution: :class:`_ColumnConvolution`."""
+
+    def forward(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        return _ColumnConvolution.apply(x, weight, bias, conv, group)
+
+    return forward
 
 
 def reduce_out(x: torch.Tensor, group) -> torch.Tensor:

@@ -27,7 +27,7 @@ import attrs
 import torch
 from torch import nn
 
-from snnfw_plugins.strategies.tp_comm import copy_in, count_dtensor_mlp, gather_out, reduce_out
+from snnfw_plugins.strategies.tp_comm import column_convolution, copy_in, count_dtensor_mlp, gather_out, reduce_out
 
 CHANNEL_DIM = 2  # multi-step activations are [T, N, C, ...]
 SLICES = "snnfw_slices"
@@ -98,7 +98,10 @@ def column_conv(conv: nn.Module, index: torch.Tensor, shard: Shard) -> None:
         conv.bias = _param(conv.bias[index])
     conv.out_channels = len(index)
     _note(conv, ("weight", "bias") if conv.bias is not None else ("weight",), 0, index, shard)
-    conv.register_forward_pre_hook(lambda m, args: (copy_in(args[0], shard.group), *args[1:]))
+    if conv.padding_mode == "zeros" and not isinstance(conv.padding, str):
+        conv._conv_forward = column_convolution(conv, shard.group)  # overlaps the input gradient's all-reduce
+    else:
+        conv.register_forward_pre_hook(lambda m, args: (copy_in(args[0], shard.group), *args[1:]))
 
 
 def row_conv(conv: nn.Module, index: torch.Tensor, shard: Shard) -> None:
