@@ -97,7 +97,7 @@ class _ColumnConvolution(torch.autograd.Function):
             grad_x = backward_of(True, False, False)[0].to(ctx.x_dtype)  # summed in the input's dtype, as copy_in sums
             work = start_all_reduce(grad_x, ctx.group)
         if wants_weight or wants_bias:
-            _, grad_weight, grad_bias = backward_of(False, wants_weight, wants_bias and ctx.bias_sizes is not None)
+            _, grad_weight, grad_bias = backward_of(False, wants_weight, wants_bias)
         if work is not None:
             work.wait()
         return grad_x, grad_weight, grad_bias, None, None
