@@ -175,10 +175,11 @@ def test_channel_gather_sends_spikes_as_int8_and_anything_else_exactly():
         assert got["graded"]["dtype"] == "torch.float64" and got["graded"]["values"] == got["want"]["graded"]
 
 
-@pytest.mark.parametrize("precision", ["fp32", "bf16"])
-def test_a_column_convolution_reduces_its_input_gradient_while_it_computes_its_weight_gradient(precision):
+@pytest.mark.parametrize("precision, dtype", [("fp32", torch.float32), ("bf16", torch.float32), ("bf16", torch.float64)])
+def test_a_column_convolution_reduces_its_input_gradient_while_it_computes_its_weight_gradient(precision, dtype):
     """Its backward computes the input gradient, starts that gradient's all-reduce, computes the weight and bias
-    gradients, then waits; the gradients are a plain convolution's, in its dtypes, under autocast too."""
+    gradients, then waits; the gradients are a plain convolution's, in its dtypes, under autocast too (which leaves
+    float64 as it is)."""
     import torch.distributed as dist
     from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -209,11 +210,11 @@ def test_a_column_convolution_reduces_its_input_gradient_while_it_computes_its_w
     dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     try:
         torch.manual_seed(0)
-        conv = torch.nn.Conv2d(3, 4, 3, padding=1)
-        plain = torch.nn.Conv2d(3, 4, 3, padding=1)
+        conv = torch.nn.Conv2d(3, 4, 3, padding=1, dtype=dtype)
+        plain = torch.nn.Conv2d(3, 4, 3, padding=1, dtype=dtype)
         plain.load_state_dict(conv.state_dict())
         conv._conv_forward = tp_comm.column_convolution(conv, dist.group.WORLD)
-        x = torch.randn(2, 3, 6, 6)
+        x = torch.randn(2, 3, 6, 6, dtype=dtype)
         grads = []
         for module in (plain, conv):
             inputs = x.clone().requires_grad_()
@@ -225,8 +226,8 @@ def test_a_column_convolution_reduces_its_input_gradient_while_it_computes_its_w
             grads.append((out.dtype, inputs.grad, module.weight.grad, module.bias.grad))
     finally:
         dist.destroy_process_group()
-    assert events[-4:] == [("input", "", ""), "all_reduce torch.float32", ("", "weight", "bias"), "wait"]
+    assert events[-4:] == [("input", "", ""), f"all_reduce {dtype}", ("", "weight", "bias"), "wait"]
     (want_dtype, *want), (got_dtype, *got) = grads
-    assert got_dtype == want_dtype == (torch.bfloat16 if precision == "bf16" else torch.float32)
+    assert got_dtype == want_dtype == (torch.bfloat16 if precision == "bf16" and dtype == torch.float32 else dtype)
     for a, b in zip(want, got):
-        assert a.dtype == b.dtype == torch.float32 and torch.equal(a, b)
+        assert a.dtype == b.dtype == dtype and torch.equal(a, b)

@@ -43,19 +43,22 @@ class CommCounter:
 COUNTER = CommCounter()
 
 
+def _count_all_reduce(tensor: torch.Tensor) -> None:
+    COUNTER.all_reduce += 1
+    COUNTER.bytes += tensor.numel() * tensor.element_size()
+
+
 def all_reduce(tensor: torch.Tensor, group) -> torch.Tensor:
     """An in-place sum over ``group``, counted; plugins that add tensor-parallel collectives (a neuron's
     shard rule, say) call it so the step's counters see them."""
-    COUNTER.all_reduce += 1
-    COUNTER.bytes += tensor.numel() * tensor.element_size()
+    _count_all_reduce(tensor)
     dist.all_reduce(tensor, group=group)
     return tensor
 
 
 def start_all_reduce(tensor: torch.Tensor, group):
     """:func:`all_reduce` without waiting: returns the collective's work handle."""
-    COUNTER.all_reduce += 1
-    COUNTER.bytes += tensor.numel() * tensor.element_size()
+    _count_all_reduce(tensor)
     return dist.all_reduce(tensor, group=group, async_op=True)
 
 
@@ -77,7 +80,7 @@ class _ColumnConvolution(torch.autograd.Function):
         device = x.device.type
         if torch.is_autocast_enabled(device):  # what autocast does to a convolution, done here: it sees none inside
             dtype = torch.get_autocast_dtype(device)
-            x, weight, bias = (None if t is None else t.to(dtype) for t in (x, weight, bias))
+            x, weight, bias = (t.to(dtype) if t is not None and t.dtype != torch.float64 else t for t in (x, weight, bias))
         ctx.save_for_backward(x, weight)
         with torch.autocast(device, enabled=False):
             return torch.convolution(x, weight, bias, conv.stride, conv.padding, conv.dilation, False,
@@ -179,13 +182,9 @@ def count_dtensor_mlp(module: torch.nn.Module) -> None:
     """Counts the collectives of a Colwise-then-Rowwise DTensor unit: the forward all-reduce of the
     row-parallel output and, where its input needs a gradient, the backward all-reduce of that gradient."""
 
-    def count_all_reduce(tensor: torch.Tensor) -> None:
-        COUNTER.all_reduce += 1
-        COUNTER.bytes += tensor.numel() * tensor.element_size()
-
     def before(m, args):
         if args[0].requires_grad:
-            args[0].register_hook(count_all_reduce)
+            args[0].register_hook(_count_all_reduce)
 
     module.register_forward_pre_hook(before)
-    module.register_forward_hook(lambda m, args, out: count_all_reduce(out))
+    module.register_forward_hook(lambda m, args, out: _count_all_reduce(out))
