@@ -71,8 +71,32 @@ def view_warnings(trainer):
     return [str(w.message) for w in caught if "returned a view tensor" in str(w.message)]
 
 
+def gathers_before_first_convolution(trainer) -> int:
+    """How many all-gathers one more forward of step 0 starts before it runs its first convolution."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    events = []
+
+    class Log(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if "allgather" in func.name():
+                events.append("gather")
+            elif func is torch.ops.aten.convolution.default:
+                events.append("convolution")
+            return func(*args, **(kwargs or {}))
+
+    plan = trainer.plan
+    chunks = datalib.microbatch_indices(0, plan, len(trainer.train_set), trainer.config.train.seed, trainer.replica)
+    batches = [datalib.load(trainer.train_set, chunk, trainer.device, trainer.dtype) for chunk in chunks]
+    with Log():
+        trainer.plugins.forward_backward(trainer.model, batches, plan)
+    trainer.optimizer.zero_grad(set_to_none=True)
+    return events.index("convolution")
+
+
 def shards_and_view_warnings(trainer):
-    return {**shards(trainer), "view_warnings": view_warnings(trainer)}
+    return {**shards(trainer), "view_warnings": view_warnings(trainer),
+            "gathers_before_first_convolution": gathers_before_first_convolution(trainer)}
 
 
 @pytest.fixture(scope="module")
@@ -87,6 +111,14 @@ def test_fsdp2_units_return_no_views(fsdp2_two_ranks):
         assert summary["inspect"]["view_warnings"] == []
     for summary in spikformer:
         assert summary["inspect"] == []
+
+
+def test_fsdp2_on_a_cpu_gathers_the_next_block_while_a_block_computes(fsdp2_two_ranks):
+    """FSDP2 prefetches through CUDA streams only; on a CPU snnfw issues the all-gathers asynchronously, and
+    before the first block's first convolution the ranks have started the gathers of the root, the first
+    block and the second (without the prefetch: the root's and the first block's)."""
+    for summary in fsdp2_two_ranks:
+        assert summary["inspect"]["gathers_before_first_convolution"] == 3
 
 
 def test_fsdp2_two_ranks_matches_none_with_two_microbatches(fsdp2_two_ranks):

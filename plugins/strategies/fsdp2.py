@@ -10,7 +10,9 @@ statistics. No strategy but this and ``fsdp2_tp`` applies
 ``parallel.mixed_precision`` or ``parallel.reshard_after_forward``, so this
 plugin refuses the others when these are set.
 A unit whose output is a view returns a copy, so FSDP2's pre-backward hook on
-it cannot be dropped by an in-place op.
+it cannot be dropped by an in-place op. On a CPU, all-gathers are issued
+asynchronously and the next block's is prefetched, which FSDP2 does through
+CUDA streams on a GPU.
 """
 
 from snnfw import hookimpl
@@ -158,9 +160,26 @@ def apply_fully_shard(model, plan, mesh):
         bf16 = {"param_dtype": torch.bfloat16, "reduce_dtype": torch.float32}
         options = {**options, "mp_policy": MixedPrecisionPolicy(**bf16)}
         root_options = {**options, "mp_policy": MixedPrecisionPolicy(**bf16, output_dtype=torch.float32)}
-    for name in plan.analysis.blocks:
-        _fully_shard(submodule(model, name), **options)
-    return _fully_shard(model, **root_options)
+    units = [_fully_shard(submodule(model, name), **options) for name in plan.analysis.blocks]
+    root = _fully_shard(model, **root_options)
+    if plan.device_type == "cpu":
+        _prefetch_asynchronously(root, units)
+    return root
+
+
+def _prefetch_asynchronously(root, units) -> None:
+    """Each unit's all-gather issued asynchronously, the next block's while this one computes (a CPU's overlap).
+
+    FSDP2 overlaps its all-gathers with compute through CUDA streams; on a CPU it
+    issues each synchronously before the unit runs, and a rank waits for its
+    peers there. Asynchronous all-gathers run on gloo's thread instead: in
+    forward each unit starts the next block's (in the blocks' order), in backward
+    FSDP2 starts the previous unit's as it does on a GPU. A prefetch that no unit
+    uses in that pass is waited for and dropped by FSDP2 at the end of backward.
+    """
+    root._set_unshard_async_op(True)
+    for unit, after in zip([root, *units], units):
+        unit.set_modules_to_forward_prefetch([after])
 
 
 @hookimpl
