@@ -6,6 +6,7 @@ of stalling it.
 
 from __future__ import annotations
 
+import contextlib
 import io
 import multiprocessing.connection
 import os
@@ -73,9 +74,8 @@ def tracked_peak_bytes(trainer: Trainer) -> int:
     """Peak bytes on this rank's device during the forward and backward passes of one training step.
 
     Counted by torch's MemTracker (parameters, gradients, optimizer state and
-    activations), so deterministic, unlike resident memory. The step is step
-    0 of this rank's replica, its microbatches as in training; its gradients
-    are dropped and the optimizer does not step.
+    activations), so deterministic, unlike resident memory. The step is
+    :func:`replay_first_step`.
     """
     from torch.distributed._tools.mem_tracker import MemTracker
 
@@ -87,15 +87,21 @@ def tracked_peak_bytes(trainer: Trainer) -> int:
                 self.memory_tracking.pop(module, None)
             super()._pre_fw_hook(module, inputs)
 
+    tracker = Tracker()
+    tracker.track_external(trainer.model, trainer.optimizer)
+    replay_first_step(trainer, tracker)
+    return tracker.get_tracker_snapshot("peak")[trainer.device]["Total"]
+
+
+def replay_first_step(trainer: Trainer, context: contextlib.AbstractContextManager | None = None) -> None:
+    """One more forward and backward of step 0's microbatches on this rank's replica, inside ``context`` when
+    given (a tracker, a dispatch mode); its gradients are dropped and the optimizer does not step."""
     plan = trainer.plan
     chunks = datalib.microbatch_indices(0, plan, len(trainer.train_set), trainer.config.train.seed, trainer.replica)
     batches = [datalib.load(trainer.train_set, chunk, trainer.device, trainer.dtype) for chunk in chunks]
-    tracker = Tracker()
-    tracker.track_external(trainer.model, trainer.optimizer)
-    with tracker:
+    with context or contextlib.nullcontext():
         trainer.plugins.forward_backward(trainer.model, batches, plan)
     trainer.optimizer.zero_grad(set_to_none=True)
-    return tracker.get_tracker_snapshot("peak")[trainer.device]["Total"]
 
 
 def _free_port() -> int:

@@ -13,12 +13,11 @@ import warnings
 import pytest
 import torch
 
-from snnfw import data as datalib
 from snnfw.errors import PlanError
 from snnfw.plugins import Plugins
 from snnfw.prepare import prepare
 from snnfw.runtime import run_training
-from snnfw.testing import full_parameters, local_parameters, run_on_ranks, state_bytes
+from snnfw.testing import full_parameters, local_parameters, replay_first_step, run_on_ranks, state_bytes
 
 from conftest import tiny_config
 from test_equivalence import assert_same_losses
@@ -61,13 +60,9 @@ def assert_sharded_replicas(summaries, shard_index, shards_count=2):
 
 def view_warnings(trainer):
     """FSDP2's warnings that a unit returned a view, caught over one more forward and backward of step 0."""
-    plan = trainer.plan
-    chunks = datalib.microbatch_indices(0, plan, len(trainer.train_set), trainer.config.train.seed, trainer.replica)
-    batches = [datalib.load(trainer.train_set, chunk, trainer.device, trainer.dtype) for chunk in chunks]
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        trainer.plugins.forward_backward(trainer.model, batches, plan)
-    trainer.optimizer.zero_grad(set_to_none=True)
+        replay_first_step(trainer)
     return [str(w.message) for w in caught if "returned a view tensor" in str(w.message)]
 
 
@@ -85,12 +80,7 @@ def gathers_before_first_convolution(trainer) -> int:
                 events.append("convolution")
             return func(*args, **(kwargs or {}))
 
-    plan = trainer.plan
-    chunks = datalib.microbatch_indices(0, plan, len(trainer.train_set), trainer.config.train.seed, trainer.replica)
-    batches = [datalib.load(trainer.train_set, chunk, trainer.device, trainer.dtype) for chunk in chunks]
-    with Log():
-        trainer.plugins.forward_backward(trainer.model, batches, plan)
-    trainer.optimizer.zero_grad(set_to_none=True)
+    replay_first_step(trainer, Log())
     return events.index("convolution")
 
 

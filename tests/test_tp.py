@@ -11,7 +11,7 @@ from snnfw.errors import PlanError
 from snnfw.plugins import Plugins
 from snnfw.prepare import prepare
 from snnfw.runtime import run_training
-from snnfw.testing import run_on_ranks
+from snnfw.testing import replay_first_step, run_on_ranks
 
 from conftest import tiny_config
 from test_equivalence import assert_same_losses
@@ -115,7 +115,6 @@ def comm_counts(trainer):
     torch dispatched (c10d's and DTensor's functional ones alike)."""
     from torch.utils._python_dispatch import TorchDispatchMode
 
-    from snnfw import data as datalib
     from snnfw_plugins.strategies.tp_comm import COUNTER
 
     seen = {"all_reduce": 0, "all_gather": 0}
@@ -127,12 +126,8 @@ def comm_counts(trainer):
                 seen[kind] += ("c10d" in name and kind in name)
             return func(*args, **(kwargs or {}))
 
-    chunks = datalib.microbatch_indices(0, trainer.plan, len(trainer.train_set), trainer.config.train.seed, trainer.replica)
-    batches = [datalib.load(trainer.train_set, chunk, trainer.device, trainer.dtype) for chunk in chunks]
     COUNTER.take()
-    with Collectives():
-        trainer.plugins.forward_backward(trainer.model, batches, trainer.plan)
-    trainer.optimizer.zero_grad(set_to_none=True)
+    replay_first_step(trainer, Collectives())
     counted = COUNTER.take()
     return {"seen": seen, "counted": {"all_reduce": counted["tp_allreduce_calls"], "all_gather": counted["tp_allgather_calls"]}}
 
