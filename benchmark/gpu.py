@@ -3,13 +3,16 @@
 ``bash benchmark/gpu.sh`` on a CUDA host: for each family, the plain PyTorch
 loop and ``none`` on one GPU, then each setting changed alone from ``none``:
 the neuron backends (torch, cuda, triton, inductor), ``compile.enable``,
-bf16 and fp16, channels-last convolutions (fp32 and bf16), memopt levels 1
-to 4; then every strategy the GPU count fits
+bf16 and fp16 (whose neurons SpikingJelly runs on its Torch reference: its
+kernels take only a float32 voltage), channels-last convolutions (fp32 and
+bf16), memopt levels 1 to 4; then every strategy the GPU count fits
 (dp, zero, fsdp2, tp and the pipelines from 2 GPUs, fsdp2_tp and HSDP from
 4). Peaks are the CUDA allocator's. A setting the plan refuses here (a
 backend that is not installed, ...) is recorded as skipped with the plan's
-reason; cases that would start after ``--budget-s`` are skipped as such.
-Prints the table and leaves the JSONL.
+reason. The run ends within ``--budget-s``: a case runs for what is left of
+it (at most ``--case-timeout-s``) and is then stopped with its ranks, and
+cases that would start with less than ``MIN_CASE_S`` left are skipped as
+such. Prints the table and leaves the JSONL.
 
 ``--dry`` (or a host without CUDA) runs the same case list on the CPU with
 tiny shapes and one timed step, as if the host had ``--gpus`` GPUs, so the
@@ -23,10 +26,13 @@ import argparse
 import json
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 CONFIG = "examples/quickstart.toml"
+MIN_CASE_S = 30.0  # a case needs at least this long: CUDA context, model, warm-up
+STOP_GRACE_S = 30.0  # after SIGTERM, before SIGKILL
 FAMILIES = {  # family: the --set list of its shape on a GPU, and in the dry mode
     "cifar10dvs_vgg": (["model.flavor=full", "model.time_steps=8", "data.batch_size=32"],
                        ["model.flavor=tiny", "model.time_steps=2", "data.batch_size=8"]),
@@ -70,13 +76,39 @@ def cases(gpus: int):
                 yield family, label, replicas if label == "dp" else need, sets, False
 
 
-def plan_refusal(sets: list[str], ranks: int) -> str | None:
-    """The plan's reason when it refuses the case here, else None."""
-    done = subprocess.run([sys.executable, "-m", "snnfw", "plan", CONFIG, "--world-size", str(ranks),
-                           *[a for s in sets for a in ("--set", s)]], capture_output=True, text=True)
-    if done.returncode == 0:
+def run_within(command: list[str], timeout_s: float) -> tuple[int | None, str]:
+    """Runs ``command``: its exit status (None past ``timeout_s``) and stderr.
+
+    Past the timeout it gets SIGTERM, on which torch's elastic launcher stops the
+    ranks it started (each in a session of its own, so out of reach of a kill of
+    the launcher), and SIGKILL ``STOP_GRACE_S`` later; no rank outlives its case
+    to hold GPU memory in the next one. Stderr goes to a file, not a pipe that a
+    surviving rank could hold open."""
+    with tempfile.TemporaryFile("w+") as stderr:
+        process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=stderr, text=True)
+        try:
+            status = process.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            process.terminate()
+            try:
+                process.wait(timeout=STOP_GRACE_S)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+            return None, ""
+        stderr.seek(0)
+        return status, stderr.read()
+
+
+def plan_refusal(sets: list[str], ranks: int, timeout_s: float) -> str | None:
+    """The plan's reason when it refuses the case here, else None; TimeoutError past ``timeout_s``."""
+    status, stderr = run_within([sys.executable, "-m", "snnfw", "plan", CONFIG, "--world-size", str(ranks),
+                                 *[a for s in sets for a in ("--set", s)]], timeout_s)
+    if status == 0:
         return None
-    return (done.stderr.strip().splitlines() or ["plan failed"])[-1].removeprefix("snnfw: error: ")
+    if status is None:
+        raise TimeoutError(f"planning did not finish within {timeout_s:.0f} s")
+    return (stderr.strip().splitlines() or ["plan failed"])[-1].removeprefix("snnfw: error: ")
 
 
 def case_overrides(family: str, sets: list[str], dry: bool) -> list[str]:
@@ -86,23 +118,27 @@ def case_overrides(family: str, sets: list[str], dry: bool) -> list[str]:
             "data.test_samples=8", *sets]
 
 
-def run_case(family, label, ranks, sets, baseline, args) -> dict:
+def run_case(family, label, ranks, sets, baseline, args, deadline: float) -> dict:
+    """Plans and runs one case, stopped at ``deadline`` (``time.monotonic()``) at the latest."""
     sets = case_overrides(family, sets, args.dry)
     row = {"family": family, "case": label, "ranks": ranks, "dry": args.dry}
-    if not baseline and (reason := plan_refusal(sets, ranks)):
-        return {**row, "skipped": reason}
+    try:
+        if not baseline and (reason := plan_refusal(sets, ranks, deadline - time.monotonic())):
+            return {**row, "skipped": reason}
+    except TimeoutError as error:
+        return {**row, "failed": str(error)}
     warmup, steps = (1, 1) if args.dry else (2, 5)
     command = [sys.executable, "-m", "snnfw", "bench", CONFIG, "--nproc", str(ranks), "--warmup", str(warmup),
                "--steps", str(steps), "--results", str(args.records), "--label", label,
                *[a for s in sets for a in ("--set", s)], *(["--baseline"] if baseline else [])]
     before = args.records.read_text().count("\n") if args.records.exists() else 0
-    try:
-        done = subprocess.run(command, capture_output=True, text=True, timeout=args.case_timeout_s)
-    except subprocess.TimeoutExpired:
-        return {**row, "failed": f"did not finish within --case-timeout-s {args.case_timeout_s:.0f}"}
+    timeout_s = min(args.case_timeout_s, deadline - time.monotonic())
+    status, stderr = run_within(command, timeout_s)
+    if status is None:
+        return {**row, "failed": f"stopped after {timeout_s:.0f} s (--case-timeout-s, or the end of --budget-s)"}
     lines = args.records.read_text().splitlines() if args.records.exists() else []
-    if done.returncode or len(lines) <= before:
-        return {**row, "failed": (done.stderr.strip().splitlines() or ["no output"])[-1]}
+    if status or len(lines) <= before:
+        return {**row, "failed": (stderr.strip().splitlines() or ["no output"])[-1]}
     record = json.loads(lines[-1])
     return {**row, "step_ms": record["step_ms"], "samples_per_s": record["global_samples_per_s"],
             "peak_mb_per_rank": record["peak_mem_mb_per_rank"], "final_loss": record["final_loss"]}
@@ -124,7 +160,9 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="benchmark/gpu.sh", description=__doc__.split("\n\n")[0])
     parser.add_argument("--dry", action="store_true", help="run the case list on the CPU with tiny shapes")
     parser.add_argument("--gpus", type=int, help="GPUs to plan for (default: all this host has; 1 in the dry mode)")
-    parser.add_argument("--budget-s", type=float, default=540.0, help="start no case after this many seconds")
+    parser.add_argument("--budget-s", type=float, default=570.0,
+                        help="seconds for the whole run: a running case is stopped at its end, and no case starts "
+                             f"with less than {MIN_CASE_S:.0f} s of it left")
     parser.add_argument("--case-timeout-s", type=float, default=300.0)
     parser.add_argument("--only", help="comma-separated cases to run (e.g. \"none,bf16\"); default: all")
     parser.add_argument("--family", action="append", choices=sorted(FAMILIES), help="default: both")
@@ -143,11 +181,12 @@ def main(argv=None) -> int:
         for family, label, ranks, sets, baseline in cases(gpus):
             if (args.only and label not in args.only.split(",")) or (args.family and family not in args.family):
                 continue
-            if time.monotonic() - started > args.budget_s:
+            deadline = started + args.budget_s
+            if deadline - time.monotonic() < MIN_CASE_S:
                 row = {"family": family, "case": label, "ranks": ranks, "dry": args.dry,
-                       "skipped": f"past the {args.budget_s:.0f} s budget"}
+                       "skipped": f"less than {MIN_CASE_S:.0f} s of the {args.budget_s:.0f} s budget left"}
             else:
-                row = run_case(family, label, ranks, sets, baseline, args)
+                row = run_case(family, label, ranks, sets, baseline, args, deadline)
             rows.append(row)
             out.write(json.dumps(row) + "\n")
             out.flush()

@@ -6,7 +6,10 @@ them eagerly as SpikingJelly dispatches them: its Torch reference on CPU; on
 CUDA its own pick (native CUDA, else Triton, else the reference; its
 ``SJ_<NEURON>_CUDA_IMPLEMENTATION`` variables pin one). ``cuda`` (its native
 CUDA kernels) and ``triton`` (its Triton kernels) need CUDA and pin that
-implementation for every neuron operator before the first forward.
+implementation for every neuron operator before the first forward. Under
+bf16 or fp16 autocast a neuron's voltage takes its input's dtype, and
+SpikingJelly's kernels take only a float32 one: on CUDA ``torch`` then runs its
+Torch reference, and ``cuda`` and ``triton`` are refused.
 ``inductor`` runs each multi-step LIF neuron as two Inductor kernels, its
 whole sequence forward and its backward (:mod:`snnfw_plugins.lif_kernel`:
 SpikingJelly's arithmetic, fused; 5x faster than its CPU operator for the
@@ -29,15 +32,19 @@ NEURON_OPERATORS = ("if_", "lif", "plif", "qif", "eif", "izhikevich", "ilif", "a
 KERNELS = {"cuda": "native CUDA", "triton": "Triton"}
 
 
-def refusal(backend: str, device_type: str) -> str | None:
-    """Why ``backend`` cannot run the neurons on ``device_type`` here, or None."""
+def refusal(backend: str, device_type: str, precision: str = "fp32") -> str | None:
+    """Why ``backend`` cannot run the neurons on ``device_type`` under ``train.precision`` here, or None."""
     if backend == "torch":
         return None
     if backend == "inductor":
         return inductor_refusal(device_type)
+    kernels = KERNELS[backend]
     if device_type != "cuda":
-        kernels = KERNELS[backend]
         return f"it runs SpikingJelly's {kernels} neuron kernels, which need CUDA; use \"torch\" or \"inductor\" on CPU"
+    if precision in ("bf16", "fp16"):  # SpikingJelly keeps a neuron's voltage in its input's dtype
+        return (f"SpikingJelly's {kernels} neuron kernels take a float32 voltage, and under train.precision = "
+                f"\"{precision}\" a neuron's voltage takes its input's {precision}, which only SpikingJelly's Torch "
+                "reference runs; use \"torch\" (that reference) or \"inductor\" (which computes the voltage in float32)")
     if backend == "triton" and find_spec("triton") is None:
         return "triton is not installed"
     if backend == "cuda" and find_spec("spikingjelly._ops.lif._C") is None:
@@ -48,7 +55,7 @@ def refusal(backend: str, device_type: str) -> str | None:
 @hookimpl
 def snnfw_plan(request):
     backend = request.config.model.neuron_backend
-    if reason := refusal(backend, request.topology.device_type):
+    if reason := refusal(backend, request.topology.device_type, request.config.train.precision):
         return Proposal.refuse(request.strategy, f"model.neuron_backend = {backend!r}: {reason}")
     return None
 

@@ -89,7 +89,7 @@ def _read(values: list[torch.Tensor]) -> list:
 
 
 def peak_memory_mb(device: torch.device) -> float:
-    """The CUDA allocator's peak on GPU; on CPU the process's peak resident set size."""
+    """The CUDA allocator's peak on GPU since the trainer was set up; on CPU the process's peak resident set size."""
     if device.type == "cuda":
         return torch.cuda.max_memory_allocated(device) / 2**20
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024

@@ -184,10 +184,10 @@ def start(
     datasets = (train_set, test_set) if train_set is not None else None
     prepared = prepare(config, env.world_size, plugins, model=model, datasets=datasets)
     config = prepared.plan.config  # as resolved: auto's choice, the preference's defaults
+    device = device_for(prepared.plan, env)  # a GPU rank's device is set before its process group starts
     with process_group(prepared.plan, env, config.parallel.timeout_s) as mesh:
         if mesh is not None:
             check_same_plugins_on_all_ranks(plugins)
-        device = device_for(prepared.plan, env)
         if device.type == "cpu":
             set_cpu_threads(env)
         cpu_allocator.apply(config.parallel.cpu_allocator, device.type)

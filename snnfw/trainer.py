@@ -58,6 +58,8 @@ class Trainer:
         self.scheduler = build_scheduler(self.optimizer, config.train, plugins)
         LOSS_SCALE.reset(enabled=config.train.precision == "fp16", initial=config.train.loss_scale)
         self._batches, self._next_step = None, None
+        if device.type == "cuda":  # the steps' peak, not the setup's (memopt's trials, a pipeline's split timing)
+            torch.cuda.reset_peak_memory_stats(device)
         self.materialize_s = time.perf_counter() - started
 
     def example(self) -> torch.Tensor:

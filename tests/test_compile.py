@@ -107,6 +107,17 @@ def test_unavailable_choices_are_refused_when_planning(sections, reason):
         prepare(tiny_config("none", **sections), 1, Plugins())
 
 
+@pytest.mark.parametrize("backend", ["cuda", "triton"])
+@pytest.mark.parametrize("precision", ["bf16", "fp16"])
+def test_pinned_cuda_neuron_kernels_are_refused_under_autocast(backend, precision):
+    """SpikingJelly's kernels take a float32 voltage, and under autocast it has the input's dtype: refused on CUDA
+    when planning, not a RuntimeError at the first forward; fp32 is not refused for that."""
+    from snnfw_plugins.neuron_backend import refusal
+
+    assert f'under train.precision = "{precision}"' in refusal(backend, "cuda", precision)
+    assert "precision" not in (refusal(backend, "cuda", "fp32") or "")
+
+
 def test_compile_options_refused_without_enable_rule_out_auto_at_once():
     with pytest.raises(PlanError, match="strategy 'auto' cannot run: compile.backend is applied only with compile.enable"):
         prepare(tiny_config("auto", compile={"backend": "inductor"}), 2, Plugins())

@@ -1,7 +1,9 @@
 """benchmark/gpu.sh: the case list fits the GPU count, and its dry mode runs end to end on the CPU."""
 
 import json
+import os
 import runpy
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -46,3 +48,43 @@ def test_dry_mode_runs_a_case_and_skips_what_needs_cuda(tmp_path):
     assert rows["none"]["dry"] and rows["none"]["step_ms"] > 0 and len(rows["none"]["peak_mb_per_rank"]) == 1
     assert "need CUDA" in rows["neuron cuda"]["skipped"]
     assert "| spikformer | none | 1 |" in done.stdout and "| spikformer | neuron cuda | 1 | skipped |" in done.stdout
+
+
+def _processes_with(marker: str) -> list[int]:
+    pids = []
+    for entry in Path("/proc").iterdir():
+        try:
+            if entry.name.isdigit() and marker in (entry / "cmdline").read_bytes().decode(errors="ignore"):
+                pids.append(int(entry.name))
+        except OSError:  # gone meanwhile
+            pass
+    return pids
+
+
+def test_a_case_stopped_at_its_timeout_leaves_no_rank_running(tmp_path):
+    """The elastic launcher starts each rank in a session of its own: a case stopped at its timeout must stop them
+    too, or they hold their GPU's memory through the next cases."""
+    import threading
+
+    marker = f"train.seed={os.getpid()}7"  # in every rank's command line
+    command = [sys.executable, "-m", "snnfw", "bench", GPU["CONFIG"], "--nproc", "2", "--steps", "100000",
+               "--results", str(tmp_path / "records.jsonl"), "--set", marker]
+    seen, stop = set(), threading.Event()
+
+    def watch():
+        while not stop.wait(0.5):
+            seen.update(_processes_with(marker))
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    try:
+        status, _ = GPU["run_within"](command, timeout_s=25)
+    finally:
+        stop.set()
+        watcher.join()
+        left = _processes_with(marker)
+        for pid in left:
+            os.kill(pid, signal.SIGKILL)
+    assert status is None
+    assert len(seen) >= 3, "the launcher and its 2 ranks should have started before the timeout"
+    assert not left

@@ -65,16 +65,24 @@ class _Relayout(torch.autograd.Function):
         return (grad.contiguous() if ctx.channels_last else to_channels_last(grad)), None
 
 
-class Stopwatch:
-    """Adds the seconds spent inside ``with stopwatch:`` blocks to ``total``."""
+def _finish(device: torch.device) -> None:
+    """Waits for ``device``'s queued kernels (CUDA returns before they run), so a host clock times them."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
 
-    def __init__(self):
-        self.total = 0.0
+
+class Stopwatch:
+    """Adds the seconds spent inside ``with stopwatch:`` blocks to ``total``, the device's queued work included."""
+
+    def __init__(self, device: torch.device = torch.device("cpu")):
+        self.total, self.device = 0.0, device
 
     def __enter__(self):
+        _finish(self.device)
         self._start = time.perf_counter()
 
     def __exit__(self, *exc):
+        _finish(self.device)
         self.total += time.perf_counter() - self._start
 
 
@@ -123,8 +131,10 @@ def _forward_backward_seconds(unit: nn.Module, x: torch.Tensor, reset) -> float:
     """One timed forward+backward; the gradients are dropped after it, so that measuring holds one unit's
     gradients at a time (the measuring rank's peak is otherwise a whole model's gradients above training's)."""
     reset(unit)
+    _finish(x.device)
     start = time.perf_counter()
     unit(x).sum().backward()
+    _finish(x.device)
     seconds = time.perf_counter() - start
     unit.zero_grad(set_to_none=True)
     x.grad = None
