@@ -49,7 +49,7 @@ def run_training(
         for step in range(run.start_step, config.train.steps):
             faults.inject(step + 1, run.env.rank)
             record = run.step(step)
-            if config.eval.every and (step + 1) % config.eval.every == 0:
+            if step + 1 == config.train.steps or (config.eval.every and (step + 1) % config.eval.every == 0):
                 evaluated = run.evaluate()
                 record.update(evaluated)
                 evaluations.append({"step": step + 1, **evaluated})
@@ -65,7 +65,7 @@ def run_training(
             if run.checkpoints.due(step + 1):
                 run.save(step + 1, record["loss"])
         log.close()
-        final = evaluated if evaluations and evaluations[-1]["step"] == config.train.steps else run.evaluate()
+        final = evaluated if evaluations else run.evaluate()  # the last step's, unless resumed after it
         accuracy = final["eval_acc"]
         if run_dir is not None:
             run.export(run_dir / FINAL_MODEL)

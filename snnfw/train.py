@@ -63,7 +63,8 @@ def main(argv: list[str] | None = None) -> int:
             result = run_evaluation(config, args.evaluate, run_dir, args.predict)
             if rank == 0:
                 print(f"[snnfw] {args.evaluate}: test accuracy {result['eval_acc']:.1%}, loss {result['eval_loss']:.4f}"
-                      + (f"; predictions in {args.predict}" if args.predict else ""), file=sys.stderr)
+                      f"; {run_dir / 'eval.json'}" + (f", predictions in {args.predict}" if args.predict else ""),
+                      file=sys.stderr)
             mark_done(run_dir, rank)
             return 0
         if not restarted:  # a restarted attempt resumes from what its predecessor wrote, or starts afresh

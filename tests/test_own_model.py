@@ -158,6 +158,20 @@ def test_stage_units_that_do_not_compute_the_model_are_refused():
         run_on_ranks(config, 2, timeout_s=TIMEOUT_S)
 
 
+def test_stage_units_out_of_order_are_refused_by_what_the_unit_raised():
+    """Units in the wrong order raise whatever their layers raise (SpikingJelly's shape check: ValueError); the
+    check turns it into the refusal, naming the unit."""
+    from spikingjelly.activation_based import functional
+
+    from snnfw_plugins.strategies.pp_stages import composition_error
+
+    model = example_module().build()
+    units = dict(model.named_children())
+    flatten_before_pool = [units[name] for name in ("0", "1", "2", "3", "5", "4", "6")]
+    error = composition_error(model, flatten_before_pool, torch.rand(4, 2, 2, 16, 16), functional.reset_net)
+    assert "unit 6 of 7 (AdaptiveAvgPool2d) raised ValueError" in error and "model.stage_units" in error
+
+
 class Cycle:
     """Garbage that only the collector frees: it refers to itself."""
 

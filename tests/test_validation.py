@@ -54,6 +54,15 @@ def test_periodic_validation_records_and_keeps_the_best_model(tmp_path):
         model.load_state_dict(torch.load(tmp_path / name, weights_only=True), strict=True)
 
 
+def test_without_periodic_validation_the_last_step_record_holds_the_validation(tmp_path):
+    """eval.every = 0 validates once, at the end: in the last step's metrics.jsonl record, which is the best model."""
+    summary = run_training(reference_config(FAMILY, 1, "float32", 3), tmp_path)
+    records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records if "eval_acc" in r] == [3]
+    assert records[-1]["eval_acc"] == summary["test_accuracy"] == summary["best_eval_acc"]
+    assert (tmp_path / "best_model.pt").exists()
+
+
 def test_epoch_counts_are_resolved_to_steps_and_need_epochs():
     data = {"model": {"builder": reference_config(FAMILY, 1, "float32").model.builder, "input_shape": [2, 16, 16],
                       "num_classes": 10, "input_layout": "TN"},

@@ -43,6 +43,12 @@ def _unit_names(request) -> tuple[str, ...]:
     return ()
 
 
+def _units_example(model) -> str:
+    """The model's own top-level children, in order, as a stage_units list to start from."""
+    names = [name for name, _ in model.named_children()] if model is not None else []
+    return "[" + ", ".join(f'"{name}"' for name in names or ["stem", "blocks.0", "head"]) + "]"
+
+
 def _microbatch_refusal(count: int, stages: int, pp: int, spec, schedule: str) -> str | None:
     if count < stages:
         return f"train.microbatches {count} is fewer than the {stages} stages; set at least {stages}"
@@ -104,8 +110,8 @@ def _propose(request, schedule: str, virtual: int) -> Proposal:
     stages, units = pp * virtual, _unit_names(request)
     shape = f"pp {pp} x virtual_stages {virtual} = {stages} stages"
     if not units:
-        example = '["stem", "blocks.0", "head"]' if request.analysis.own else ""
-        return Proposal.refuse(NAME, f"{request.analysis.missing('stage_units', example)} and is no nn.Sequential")
+        return Proposal.refuse(NAME, f"{request.analysis.missing('stage_units', _units_example(request.model))}, "
+                                     "and it is no nn.Sequential, whose children would be the units")
     if len(units) < stages:
         return Proposal.refuse(NAME, f"the model has {len(units)} units ({', '.join(units)}), fewer than {shape}")
     if reason := _layout_refusal(pipeline.layout, units, stages, shape):

@@ -225,18 +225,20 @@ def composition_error(model: nn.Module, units: list[nn.Module], example: torch.T
     Both run in training mode (BatchNorm on batch statistics, so neurons fire
     even at initialisation) from the same random state (dropout masks alike).
     """
-    try:
-        with torch.no_grad(), torch.random.fork_rng(devices=[]):
-            torch.manual_seed(0)
-            reset(model)
-            expected = model(example)
-            torch.manual_seed(0)
-            x = example
-            for unit in units:
-                reset(unit)
+    with torch.no_grad(), torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        reset(model)
+        expected = model(example)
+        torch.manual_seed(0)
+        x = example
+        for index, unit in enumerate(units):
+            reset(unit)
+            try:
                 x = unit(x)
-    except RuntimeError as err:
-        return f"the pipeline units do not run one after another on the model's input ({str(err).splitlines()[0]})"
+            except Exception as err:  # whatever the unit raises on an input it was not written for
+                return (f"the pipeline units do not run one after another on the model's input: unit {index + 1} of "
+                        f"{len(units)} ({type(unit).__name__}) raised {type(err).__name__} ({str(err).splitlines()[0] if str(err) else ''}); "
+                        "list model.stage_units in the order the model's forward calls them")
     if x.shape != expected.shape or not torch.allclose(x, expected, rtol=1e-4, atol=1e-5):
         return (
             f"the pipeline units, run one after another, do not compute the model's output (shape {list(x.shape)} "
