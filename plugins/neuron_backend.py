@@ -47,8 +47,20 @@ def refusal(backend: str, device_type: str, precision: str = "fp32") -> str | No
                 "reference runs; use \"torch\" (that reference) or \"inductor\" (which computes the voltage in float32)")
     if backend == "triton" and find_spec("triton") is None:
         return "triton is not installed"
-    if backend == "cuda" and find_spec("spikingjelly._ops.lif._C") is None:
-        return "SpikingJelly's native CUDA operators are not built (install it from source with SJ_BUILD_NATIVE_CUDA=1)"
+    if backend == "cuda":
+        return _native_refusal()
+    return None
+
+
+def _native_refusal() -> str | None:
+    """Why SpikingJelly's native LIF operator cannot load here (not built, or built for another torch, CUDA or
+    operator ABI), or None; the GPU's architecture is checked when the neuron first runs."""
+    from spikingjelly._ops.native_loader import _load_native
+
+    try:
+        _load_native("spikingjelly._ops.lif")
+    except (ImportError, OSError) as error:
+        return f"SpikingJelly's native CUDA operators cannot load: {error}"
     return None
 
 

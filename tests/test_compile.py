@@ -9,7 +9,7 @@ evaluation compiles its graphs once, which the run's totals include.
 """
 
 import json
-
+from importlib.util import find_spec
 
 import pytest
 import torch
@@ -116,6 +116,16 @@ def test_pinned_cuda_neuron_kernels_are_refused_under_autocast(backend, precisio
 
     assert f'under train.precision = "{precision}"' in refusal(backend, "cuda", precision)
     assert "precision" not in (refusal(backend, "cuda", "fp32") or "")
+
+
+def test_native_cuda_neurons_are_refused_when_they_cannot_load():
+    """What SpikingJelly's loader checks (built, for this torch and CUDA, its operator ABI), asked when planning."""
+    from snnfw_plugins.neuron_backend import refusal
+
+    if find_spec("spikingjelly._ops.lif._C") is not None:
+        pytest.skip("SpikingJelly's native operators are built here")
+    assert "native CUDA operators cannot load: Native operators for spikingjelly._ops.lif were not built" in refusal(
+        "cuda", "cuda")
 
 
 def test_compile_options_refused_without_enable_rule_out_auto_at_once():
