@@ -75,12 +75,16 @@ def snnfw_build_optimizer(model, plan, mesh, hooks):
 def snnfw_state_dict(model, optimizer, plan):
     if not _wanted(plan):
         return None
+    import torch
     import torch.distributed as dist
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, get_optimizer_state_dict
+    from torch.utils._pytree import tree_map_only
 
     options = StateDictOptions(full_state_dict=True)
+    local = get_optimizer_state_dict(model, optimizer.optim, options=options)
+    local = tree_map_only(torch.Tensor, lambda tensor: tensor.cpu(), local)  # a pickled CUDA tensor opens on its GPU
     parts = [None] * dist.get_world_size(optimizer.process_group)
-    dist.all_gather_object(parts, get_optimizer_state_dict(model, optimizer.optim, options=options), group=optimizer.process_group)
+    dist.all_gather_object(parts, local, group=optimizer.process_group)
     return {"model": get_model_state_dict(model, options=options), "optimizer": merge_optimizer_states(parts)}
 
 
