@@ -135,6 +135,8 @@ def _measure(args, config, plugins) -> int:
     if config.parallel.strategy != AUTO:
         raise ConfigError("--measure compares auto's candidates; set parallel.strategy = \"auto\"")
     ranked = auto_candidates(config, args.world_size, plugins)
+    print(f"timing the top {min(args.measure, len(ranked))} candidates, a few steps each in a temporary folder (their "
+          f"'done' lines score {args.world_size} test samples: only the step times count)", file=sys.stderr, flush=True)
     timed = measure_top(args.config, args.overrides, args.world_size, ranked[: args.measure])
     for candidate, step_ms in timed:
         settings = f" {dict(candidate.settings)}" if candidate.settings else ""
