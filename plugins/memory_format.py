@@ -89,22 +89,22 @@ def measure(model: nn.Module, example: torch.Tensor, plan, hooks) -> dict[str, f
     import torch
 
     from snnfw.distributed import all_reduce
+    from snnfw.phases import finish_queued_work
     from snnfw.precision import autocast
 
     device = example.device
-    synchronize = torch.cuda.synchronize if device.type == "cuda" else lambda: None
     times: dict[str, list[float]] = {layout: [] for layout in LAYOUTS}
     with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
         for trial in range(TRIALS + 1):  # trial 0 warms each layout up
             for layout in LAYOUTS if trial % 2 else LAYOUTS[::-1]:
                 handles = channels_last(model) if layout == "channels_last" else []
                 hooks.reset_state(model)
-                synchronize()
+                finish_queued_work(device)
                 started = time.perf_counter()
                 with autocast(plan.config.train, device.type):
                     out = model(example)
                 out.float().sum().backward()
-                synchronize()
+                finish_queued_work(device)
                 if trial:
                     times[layout].append((time.perf_counter() - started) * 1e3)
                 for handle in handles:

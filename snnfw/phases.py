@@ -8,6 +8,15 @@ from collections import defaultdict
 from typing import Callable
 
 
+def finish_queued_work(device) -> None:
+    """Waits for the kernels queued on ``device`` (a CUDA call returns before they run), so that a host clock
+    times them; nothing to wait for on a CPU."""
+    if device.type == "cuda":
+        import torch
+
+        torch.cuda.synchronize(device)
+
+
 class PhaseTimes:
     """Milliseconds spent in named phases of a step (``data``, ``forward``, ``backward``, ...).
 

@@ -17,6 +17,7 @@ from torch.distributed.pipelining import PipelineStage
 from torch.utils.flop_counter import FlopCounterMode
 
 from snnfw.errors import ConfigError, PluginError
+from snnfw.phases import finish_queued_work
 from snnfw.pipeline import balanced_layout, parse_layout
 from snnfw.precision import autocast
 from snnfw_plugins.memory_format import is_channels_last, to_channels_last
@@ -65,12 +66,6 @@ class _Relayout(torch.autograd.Function):
         return (grad.contiguous() if ctx.channels_last else to_channels_last(grad)), None
 
 
-def _finish(device: torch.device) -> None:
-    """Waits for ``device``'s queued kernels (CUDA returns before they run), so a host clock times them."""
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 class Stopwatch:
     """Adds the seconds spent inside ``with stopwatch:`` blocks to ``total``, the device's queued work included."""
 
@@ -78,11 +73,11 @@ class Stopwatch:
         self.total, self.device = 0.0, device
 
     def __enter__(self):
-        _finish(self.device)
+        finish_queued_work(self.device)
         self._start = time.perf_counter()
 
     def __exit__(self, *exc):
-        _finish(self.device)
+        finish_queued_work(self.device)
         self.total += time.perf_counter() - self._start
 
 
@@ -131,10 +126,10 @@ def _forward_backward_seconds(unit: nn.Module, x: torch.Tensor, reset) -> float:
     """One timed forward+backward; the gradients are dropped after it, so that measuring holds one unit's
     gradients at a time (the measuring rank's peak is otherwise a whole model's gradients above training's)."""
     reset(unit)
-    _finish(x.device)
+    finish_queued_work(x.device)
     start = time.perf_counter()
     unit(x).sum().backward()
-    _finish(x.device)
+    finish_queued_work(x.device)
     seconds = time.perf_counter() - start
     unit.zero_grad(set_to_none=True)
     x.grad = None
