@@ -177,11 +177,11 @@ def main(argv=None) -> int:
     args.records = args.out.with_suffix(".records.jsonl")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     started, rows = time.monotonic(), []
+    deadline = started + args.budget_s
     with args.out.with_suffix(".jsonl").open("a") as out:
         for family, label, ranks, sets, baseline in cases(gpus):
             if (args.only and label not in args.only.split(",")) or (args.family and family not in args.family):
                 continue
-            deadline = started + args.budget_s
             if deadline - time.monotonic() < MIN_CASE_S:
                 row = {"family": family, "case": label, "ranks": ranks, "dry": args.dry,
                        "skipped": f"less than {MIN_CASE_S:.0f} s of the {args.budget_s:.0f} s budget left"}

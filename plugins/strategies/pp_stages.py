@@ -231,8 +231,9 @@ def composition_error(model: nn.Module, units: list[nn.Module], example: torch.T
             try:
                 x = unit(x)
             except Exception as err:  # whatever the unit raises on an input it was not written for
+                first_line = (str(err).splitlines() or [""])[0]
                 return (f"the pipeline units do not run one after another on the model's input: unit {index + 1} of "
-                        f"{len(units)} ({type(unit).__name__}) raised {type(err).__name__} ({str(err).splitlines()[0] if str(err) else ''}); "
+                        f"{len(units)} ({type(unit).__name__}) raised {type(err).__name__} ({first_line}); "
                         "list model.stage_units in the order the model's forward calls them")
     if x.shape != expected.shape or not torch.allclose(x, expected, rtol=1e-4, atol=1e-5):
         return (
