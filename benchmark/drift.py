@@ -2,7 +2,7 @@
 
     python benchmark/drift.py [--steps 20] [--families cifar10dvs_vgg,spikformer,spiking_mlp] [--out drift.json]
 
-Runs every case of :mod:`snnfw.equivalence` in float32 on local CPU ranks
+Runs every case of :mod:`snnfw.testing.equivalence` in float32 on local CPU ranks
 beside ``none`` with the same microbatches, and prints the largest relative
 loss difference per strategy and family as a Markdown table (in float64 the
 same cases agree within 1e-9: tests/test_guarantee.py). The out-of-tree
@@ -18,9 +18,9 @@ import sys
 import tempfile
 from pathlib import Path
 
-from snnfw.equivalence import CASES, FAMILIES, case_config, max_relative_difference, reference_config
-from snnfw.runtime import run_training
+from snnfw.run.loop import run_training
 from snnfw.testing import run_on_ranks
+from snnfw.testing.equivalence import CASES, FAMILIES, case_config, max_relative_difference, reference_config
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "spiking_mlp_plugin"
 

@@ -13,8 +13,8 @@ import argparse
 import time
 
 from snnfw.config import build_config
-from snnfw.dry_run import dry_run, largest_microbatch, parse_bytes, size_text
-from snnfw.plugins import Plugins
+from snnfw.plugin.manager import Plugins
+from snnfw.tools.dry_run import dry_run, largest_microbatch, parse_bytes, size_text
 
 CASES = [  # (strategy, world size, mesh, pipeline settings)
     ("none", 1, None, None),

@@ -3,8 +3,8 @@
     torchrun --nproc_per_node=N benchmark/overhead.py [CONFIG] [--pairs 8] [--warmup 2] [--set KEY=VALUE ...]
 
 Every rank holds two copies of the config's model: one trained by snnfw (the
-Python API, under the config's strategy) and one by :class:`snnfw.baseline.PlainLoop`
-(in DDP on several ranks) or, under ``pp``, :class:`snnfw.baseline.PlainPipeline`
+Python API, under the config's strategy) and one by :class:`snnfw.tools.baseline.PlainLoop`
+(in DDP on several ranks) or, under ``pp``, :class:`snnfw.tools.baseline.PlainPipeline`
 (torch's schedule class on the stages snnfw's split chose), the same optimizer
 and data on both. Their steps
 alternate, the order flipped every pair (ABBA), each timed between barriers
@@ -24,8 +24,8 @@ import torch
 import torch.distributed as dist
 
 import snnfw
-from snnfw.baseline import PlainLoop, PlainPipeline
 from snnfw.config import load_config
+from snnfw.tools.baseline import PlainLoop, PlainPipeline
 
 
 def timed(step_fn, world: int) -> float:

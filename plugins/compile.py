@@ -17,8 +17,9 @@ holds their totals over the run, evaluation included. Without
 from __future__ import annotations
 
 from snnfw import hookimpl
-from snnfw.analysis import submodule
-from snnfw.plan import Proposal, keys_phrase
+from snnfw.errors import keys_phrase
+from snnfw.model.analysis import submodule
+from snnfw.plan.layout import Proposal
 
 
 def inductor_refusal(device_type: str) -> str | None:

@@ -9,12 +9,12 @@ import math
 from typing import TYPE_CHECKING
 
 from snnfw import hookimpl
+from snnfw.components.losses import LossSpec, cross_entropy, mse_rate, tet, training_loss
+from snnfw.components.optim import LrScheduleSpec, OptimizerSpec, build_optimizer
+from snnfw.components.phases import PHASES
+from snnfw.components.precision import autocast
+from snnfw.components.step import StepOutput, count_correct, scored
 from snnfw.errors import CheckpointError, ConfigError
-from snnfw.optim import LrScheduleSpec, OptimizerSpec, build_optimizer
-from snnfw.phases import PHASES
-from snnfw.precision import autocast
-from snnfw.losses import LossSpec, cross_entropy, mse_rate, tet, training_loss
-from snnfw.step import StepOutput, count_correct, scored
 
 if TYPE_CHECKING:
     import torch
@@ -126,8 +126,12 @@ def full_state(model, optimizer) -> dict:
 
 def load_full_state(model, optimizer, state) -> None:
     """Loads whole tensors by name; a model holding part of the whole takes the names it has."""
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, set_model_state_dict
-    from torch.distributed.checkpoint.state_dict import set_optimizer_state_dict
+    from torch.distributed.checkpoint.state_dict import (
+        StateDictOptions,
+        get_model_state_dict,
+        set_model_state_dict,
+        set_optimizer_state_dict,
+    )
 
     own = get_model_state_dict(model)
     missing = [name for name in own if name not in state["model"]]

@@ -23,8 +23,9 @@ import time
 from typing import TYPE_CHECKING
 
 from snnfw import hookimpl
-from snnfw.analysis import submodule
-from snnfw.plan import Proposal, keys_phrase
+from snnfw.errors import keys_phrase
+from snnfw.model.analysis import submodule
+from snnfw.plan.layout import Proposal
 from snnfw_plugins.memopt_cache import cache_dir, cache_key, load, reapply, save, wrappers
 
 if TYPE_CHECKING:
@@ -81,7 +82,7 @@ def optimize(module: nn.Module, blocks: list[nn.Module], example: torch.Tensor, 
     import torch.distributed as dist
     from spikingjelly.activation_based.memopt import optimize_memory
 
-    from snnfw.distributed import all_reduce
+    from snnfw.distributed.collectives import all_reduce
 
     memopt = plan.config.memopt
     names = [name for name, m in module.named_modules() if any(m is block for block in blocks)]

@@ -26,7 +26,7 @@ import time
 from typing import TYPE_CHECKING
 
 from snnfw import hookimpl
-from snnfw.plan import Proposal
+from snnfw.plan.layout import Proposal
 
 if TYPE_CHECKING:
     import torch
@@ -88,9 +88,9 @@ def measure(model: nn.Module, example: torch.Tensor, plan, hooks) -> dict[str, f
     :data:`TRIALS` alternating trials, summed over ranks. Leaves the model as it found it."""
     import torch
 
-    from snnfw.distributed import all_reduce
-    from snnfw.phases import finish_queued_work
-    from snnfw.precision import autocast
+    from snnfw.components.phases import finish_queued_work
+    from snnfw.components.precision import autocast
+    from snnfw.distributed.collectives import all_reduce
 
     device = example.device
     times: dict[str, list[float]] = {layout: [] for layout in LAYOUTS}
@@ -119,7 +119,7 @@ def measure(model: nn.Module, example: torch.Tensor, plan, hooks) -> dict[str, f
 def snnfw_transform_model(model, plan, example, hooks):
     from torch._subclasses.fake_tensor import is_fake
 
-    from snnfw.distributed import is_main
+    from snnfw.distributed.collectives import is_main
 
     _last_run.clear()
     layout = plan.config.model.memory_format

@@ -25,7 +25,7 @@ import importlib
 from importlib.util import find_spec
 
 from snnfw import hookimpl
-from snnfw.plan import Proposal
+from snnfw.plan.layout import Proposal
 from snnfw_plugins.compile import inductor_refusal
 
 NEURON_OPERATORS = ("if_", "lif", "plif", "qif", "eif", "izhikevich", "ilif", "activation_aware_if", "stbif", "clif")

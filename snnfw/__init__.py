@@ -25,7 +25,7 @@ __all__ = ["Session", "__version__", "hookimpl", "start"]
 def __getattr__(name: str):
     """``snnfw.start`` and ``snnfw.Session`` (the Python API), imported when first used: loading plugins stays fast."""
     if name in ("start", "Session"):
-        from snnfw import session
+        from snnfw.run import session
 
         return getattr(session, name)
     raise AttributeError(f"module 'snnfw' has no attribute {name!r}")

@@ -18,7 +18,7 @@ from snnfw.errors import UserError, explain
 
 
 def _cmd_plugins(args) -> int:
-    from snnfw.plugins import Plugins
+    from snnfw.plugin.manager import Plugins
 
     plugins = Plugins()
     rows = [
@@ -49,8 +49,8 @@ def _cmd_plugins(args) -> int:
 
 def _cmd_plan(args) -> int:
     from snnfw.config import load_config
-    from snnfw.plugins import Plugins
-    from snnfw.prepare import prepare
+    from snnfw.plan.prepare import prepare
+    from snnfw.plugin.manager import Plugins
 
     config = load_config(args.config, args.overrides)
     plugins = Plugins()
@@ -80,7 +80,7 @@ def _cmd_plan(args) -> int:
 
 def _dry_run(args, config, plugins) -> int:
     """``snnfw plan --dry-run``: what each representative rank of the job holds, measured under a fake process group."""
-    from snnfw.dry_run import dry_run, parse_bytes, report
+    from snnfw.tools.dry_run import dry_run, parse_bytes, report
 
     memory = parse_bytes(args.device_memory) if args.device_memory else None
     if config.parallel.strategy == "auto":
@@ -93,9 +93,9 @@ def _dry_run(args, config, plugins) -> int:
 def _dry_run_candidates(args, config, plugins, memory: int | None) -> int:
     """``--dry-run`` with strategy auto: every runnable candidate dry-run, ranked by what its ranks hold."""
     from snnfw.config import load_config
-    from snnfw.dry_run import dry_run, largest_microbatch
     from snnfw.errors import ConfigError
-    from snnfw.prepare import auto_candidates
+    from snnfw.plan.prepare import auto_candidates
+    from snnfw.tools.dry_run import dry_run, largest_microbatch
 
     prefer, measured, skipped = config.parallel.prefer or "speed", [], {}
     # the cluster's ranks are not this machine's: the dry run, not this machine's memory, says what fits
@@ -128,9 +128,10 @@ def _dry_run_candidates(args, config, plugins, memory: int | None) -> int:
 
 def _measure(args, config, plugins) -> int:
     """``snnfw plan --measure K``: time the top K auto candidates for real and name the fastest."""
-    from snnfw.auto import AUTO, measure_top
     from snnfw.errors import ConfigError
-    from snnfw.prepare import auto_candidates
+    from snnfw.plan.auto import AUTO
+    from snnfw.plan.prepare import auto_candidates
+    from snnfw.tools.measure import measure_top
 
     if config.parallel.strategy != AUTO:
         raise ConfigError("--measure compares auto's candidates; set parallel.strategy = \"auto\"")
@@ -148,12 +149,12 @@ def _measure(args, config, plugins) -> int:
 
 
 def _cmd_train(args) -> int:
-    from snnfw.checkpoint import check_run_dir
+    from snnfw.components.checkpoint import check_run_dir
     from snnfw.config import load_config
     from snnfw.errors import ConfigError
-    from snnfw.launch import launch
-    from snnfw.plugins import Plugins
-    from snnfw.prepare import build_datasets, prepare
+    from snnfw.plan.prepare import build_datasets, prepare
+    from snnfw.plugin.manager import Plugins
+    from snnfw.tools.launch import launch
 
     if args.nnodes > 1 and not (args.rdzv_endpoint and args.run_dir):
         raise ConfigError("--nnodes 2 or more needs --rdzv-endpoint HOST:PORT (node rank 0's host) and a shared --run-dir")
@@ -179,9 +180,9 @@ def _cmd_train(args) -> int:
 
 
 def _cmd_bench(args) -> int:
-    from snnfw.bench import bench
     from snnfw.errors import ConfigError
-    from snnfw.report import report
+    from snnfw.tools.bench import bench
+    from snnfw.tools.report import report
 
     if args.report:
         into = Path(args.into) if args.into else None
@@ -195,7 +196,7 @@ def _cmd_bench(args) -> int:
 
 
 def _cmd_export(args) -> int:
-    from snnfw.export import export
+    from snnfw.components.export import export
 
     print(export(args.source, args.out).line())
     return 0
@@ -203,12 +204,12 @@ def _cmd_export(args) -> int:
 
 def _cmd_eval(args) -> int:
     """``snnfw eval`` and ``snnfw predict``: score weights under any strategy on N local ranks."""
+    from snnfw.components.weights import load_weights, read_weights
     from snnfw.config import load_config
-    from snnfw.launch import launch
-    from snnfw.plugins import Plugins
-    from snnfw.prepare import prepare
-    from snnfw.runtime import check_predictions_file
-    from snnfw.weights import load_weights, read_weights
+    from snnfw.plan.prepare import prepare
+    from snnfw.plugin.manager import Plugins
+    from snnfw.run.loop import check_predictions_file
+    from snnfw.tools.launch import launch
 
     config = load_config(args.config, args.overrides)
     prepared = prepare(config, args.nproc, Plugins(), local_ranks=args.nproc)  # refuse a bad config before any process
@@ -221,7 +222,7 @@ def _cmd_eval(args) -> int:
 
 
 def _cmd_plot(args) -> int:
-    from snnfw.plot import plot
+    from snnfw.tools.plot import plot
 
     out = args.out or str(Path(args.run_dirs[0]) / "run.png" if len(args.run_dirs) == 1 else "runs.png")
     print(f"wrote {plot(args.run_dirs, out)}")

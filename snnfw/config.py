@@ -96,7 +96,7 @@ class ModelConfig:
     tp_plan: tuple[tuple[str, str], ...] | None = attrs.field(default=None, converter=_tp_plan)
 
 
-AUGMENTS = ("hflip", "roll", "crop")  # snnfw.augment's transforms
+AUGMENTS = ("hflip", "roll", "crop")  # snnfw.data.augment's transforms
 
 
 def _augment(value: Any) -> tuple[str, ...]:

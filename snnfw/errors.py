@@ -39,3 +39,8 @@ class DivergedError(UserError):
 def explain(err: BaseException) -> str:
     """The message with its notes (such as the plugin that raised it) on one line."""
     return "; ".join([str(err), *getattr(err, "__notes__", ())])
+
+
+def keys_phrase(keys: list[str]) -> tuple[str, str]:
+    """A refusal's subject and pronoun: ``("a.b is", "it")`` or ``("a.b, c.d are", "them")``."""
+    return (f"{keys[0]} is", "it") if len(keys) == 1 else (f"{', '.join(keys)} are", "them")

@@ -13,30 +13,12 @@ import argparse
 import sys
 from pathlib import Path
 
-from snnfw import faults
-from snnfw.checkpoint import check_run_dir, clear_run_dir
+from snnfw import rundir
+from snnfw.components.checkpoint import check_run_dir, clear_run_dir
 from snnfw.config import load_config
 from snnfw.errors import UserError, explain
-from snnfw.runtime import run_evaluation, run_training
-
-DONE_DIR = ".ranks"
-STOPPED = "stopped"
-LAUNCHED = "SNNFW_LAUNCHED"  # set by snnfw train, which reports a rank's user error itself, once
-
-
-def mark_done(run_dir: Path, rank: int) -> None:
-    """Records that this rank passed the run's last barrier (every rank's work is complete), so an abort at exit
-    is told apart."""
-    (run_dir / DONE_DIR).mkdir(parents=True, exist_ok=True)
-    (run_dir / DONE_DIR / f"rank{rank}.done").touch()
-
-
-def mark_stopped(run_dir: Path, rank: int, message: str) -> None:
-    """Records the user error that stopped this rank; written whole (a rename), since every rank may write it."""
-    (run_dir / DONE_DIR).mkdir(parents=True, exist_ok=True)
-    part = run_dir / DONE_DIR / f"{STOPPED}.rank{rank}"
-    part.write_text(f"{message}\n")
-    part.replace(run_dir / DONE_DIR / STOPPED)
+from snnfw.run import faults
+from snnfw.run.loop import run_evaluation, run_training
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -54,18 +36,18 @@ def main(argv: list[str] | None = None) -> int:
     run_dir = Path(args.run_dir)
     rank = int(os.environ.get("RANK", "0"))
     restarted = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0
-    if restarted and (run_dir / DONE_DIR / STOPPED).exists():
+    if restarted and rundir.stopped_marker(run_dir).exists():
         return 2
-    (run_dir / DONE_DIR / f"rank{rank}.done").unlink(missing_ok=True)  # an earlier attempt's
+    rundir.done_marker(run_dir, rank).unlink(missing_ok=True)  # an earlier attempt's
     try:
         config = load_config(args.config, args.overrides)
         if args.evaluate:
             result = run_evaluation(config, args.evaluate, run_dir, args.predict)
             if rank == 0:
                 print(f"[snnfw] {args.evaluate}: test accuracy {result['eval_acc']:.1%}, loss {result['eval_loss']:.4f}"
-                      f"; {run_dir / 'eval.json'}" + (f", predictions in {args.predict}" if args.predict else ""),
+                      f"; {run_dir / rundir.EVAL}" + (f", predictions in {args.predict}" if args.predict else ""),
                       file=sys.stderr)
-            mark_done(run_dir, rank)
+            rundir.mark_done(run_dir, rank)
             return 0
         if not restarted:  # a restarted attempt resumes from what its predecessor wrote, or starts afresh
             check_run_dir(run_dir, args.resume, args.overwrite)
@@ -73,9 +55,9 @@ def main(argv: list[str] | None = None) -> int:
                 clear_run_dir(run_dir)
         summary = run_training(config, run_dir, resume=args.resume or restarted)
     except UserError as err:
-        if not os.environ.get(LAUNCHED):
+        if not os.environ.get(rundir.LAUNCHED):
             print(f"snnfw: error: {explain(err)}", file=sys.stderr)
-        mark_stopped(run_dir, rank, explain(err))
+        rundir.mark_stopped(run_dir, rank, explain(err))
         return 2
     if rank == 0:
         print(
@@ -83,7 +65,7 @@ def main(argv: list[str] | None = None) -> int:
             f"test accuracy {summary['test_accuracy']:.1%}, {summary['wall_s']:.1f} s; results in {run_dir}",
             file=sys.stderr,
         )
-    mark_done(run_dir, rank)
+    rundir.mark_done(run_dir, rank)
     sys.stdout.flush()
     sys.stderr.flush()
     faults.inject_at_end(rank)

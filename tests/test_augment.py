@@ -6,12 +6,12 @@ import sys
 import pytest
 import torch
 
-from snnfw.augment import Augmented, augment_options, transform
 from snnfw.config import build_config
-from snnfw.data import InputSpec, global_batch_indices
+from snnfw.data.augment import Augmented, augment_options, transform
+from snnfw.data.batches import InputSpec, global_batch_indices
 from snnfw.errors import ConfigError
-from snnfw.plugins import Plugins
-from snnfw.prepare import prepare
+from snnfw.plan.prepare import prepare
+from snnfw.plugin.manager import Plugins
 
 SPEC = InputSpec(4, (2, 16, 16), 10)
 CONFIG = build_config({"data": {"augment": ["hflip", "roll", "crop"], "roll_pixels": 3}})

@@ -1,15 +1,14 @@
 """The auto planner: every strategy proposes with an estimate, the preference ranks, refusals say why."""
 
 import pytest
+from conftest import tiny_config
 
 from snnfw import hookimpl
 from snnfw.errors import PlanError
-from snnfw.estimate import estimate
-from snnfw.plan import Proposal
-from snnfw.plugins import Plugins
-from snnfw.prepare import prepare
-
-from conftest import tiny_config
+from snnfw.plan.estimate import estimate
+from snnfw.plan.layout import Proposal
+from snnfw.plan.prepare import prepare
+from snnfw.plugin.manager import Plugins
 
 
 @pytest.fixture(scope="module")

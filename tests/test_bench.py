@@ -5,7 +5,6 @@ import subprocess
 import sys
 
 import pytest
-
 from conftest import TINY
 
 SMALL = ["--set", "data.test_samples=16", "--set", "data.batch_size=8", "--warmup", "1", "--steps", "2"]
@@ -44,8 +43,8 @@ def test_bench_records_compares_and_reports(tmp_path):
 
 
 def test_records_of_another_precision_are_another_row_and_not_compared():
-    from snnfw.bench import config_key
-    from snnfw.report import grouped, table
+    from snnfw.tools.bench import config_key
+    from snnfw.tools.report import grouped, table
 
     def record(precision, step_ms):
         config = {"model": {"family": "cifar10dvs_vgg", "flavor": "tiny", "time_steps": 4}, "data": {"batch_size": 8},
@@ -60,7 +59,7 @@ def test_records_of_another_precision_are_another_row_and_not_compared():
 
 
 def test_overhead_pairs_each_run_with_the_nearest_baseline_run():
-    from snnfw.report import overhead
+    from snnfw.tools.report import overhead
 
     baseline = [(0, 100.0), (2, 200.0), (4, 100.0)]  # the machine slowed down during the middle pair
     runs = [(1, 104.0), (3, 210.0), (5, 106.0)]
@@ -70,7 +69,7 @@ def test_overhead_pairs_each_run_with_the_nearest_baseline_run():
 def test_the_baseline_trains_the_configs_dtype_optimizer_and_microbatches_as_none_does(tmp_path):
     """A plain loop on the config's device, in float64, with SGD (momentum as snnfw builds it) and 2 microbatches."""
     from snnfw.config import build_config
-    from snnfw.runtime import run_training
+    from snnfw.run.loop import run_training
 
     document = {k: dict(v) for k, v in TINY.items()}
     document["train"].update(optimizer="sgd", dtype="float64", microbatches=2)
@@ -78,7 +77,7 @@ def test_the_baseline_trains_the_configs_dtype_optimizer_and_microbatches_as_non
     path = tmp_path / "config.toml"
     path.write_text("".join(f"[{section}]\n" + "".join(f"{k} = {json.dumps(v)}\n" for k, v in table.items())
                             for section, table in document.items()))
-    done = subprocess.run([sys.executable, "-m", "snnfw.baseline", str(path), "--run-dir", str(tmp_path / "run")],
+    done = subprocess.run([sys.executable, "-m", "snnfw.tools.baseline", str(path), "--run-dir", str(tmp_path / "run")],
                           capture_output=True, text=True, timeout=180)
     assert done.returncode == 0, done.stderr
     losses = [json.loads(line)["loss"] for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
@@ -89,7 +88,7 @@ def test_the_baseline_trains_the_configs_dtype_optimizer_and_microbatches_as_non
 
 def test_report_writes_its_table_between_the_markers_only(tmp_path):
     from snnfw.errors import UserError
-    from snnfw.report import MARKERS, write_into
+    from snnfw.tools.report import MARKERS, write_into
 
     readme = tmp_path / "README.md"
     readme.write_text(f"# title\nbefore\n{MARKERS[0]}\nold table\n{MARKERS[1]}\nafter\n")
@@ -124,8 +123,8 @@ def test_the_best_settings_configs_plan_as_they_say(name, precision):
     from pathlib import Path
 
     from snnfw.config import load_config
-    from snnfw.plugins import Plugins
-    from snnfw.prepare import prepare
+    from snnfw.plan.prepare import prepare
+    from snnfw.plugin.manager import Plugins
 
     path = Path(__file__).resolve().parents[1] / "benchmark" / f"{name}.toml"
     config = load_config(path, ["parallel.strategy=dp", "model.flavor=tiny", "data.batch_size=8"])

@@ -6,13 +6,12 @@ import shutil
 
 import attrs
 import pytest
-
-import snnfw.checkpoint
-from snnfw.errors import CheckpointError
-from snnfw.runtime import run_training
-from snnfw.testing import run_on_ranks
-
 from conftest import tiny_config
+
+import snnfw.components.checkpoint
+from snnfw.errors import CheckpointError
+from snnfw.run.loop import run_training
+from snnfw.testing import run_on_ranks
 
 TOL = 1e-5
 
@@ -76,7 +75,7 @@ def test_what_fixes_the_data_order_is_pinned(one_step, section, key, value, save
     base = config(steps=2, every=1)
     changed = attrs.evolve(base, **{section: attrs.evolve(getattr(base, section), **{key: value})})
     with pytest.raises(CheckpointError) as err:
-        snnfw.checkpoint.Checkpoints(one_step, changed, rank=0).begin(trainer=None, resume=True)
+        snnfw.components.checkpoint.Checkpoints(one_step, changed, rank=0).begin(trainer=None, resume=True)
     assert f"{section}.{key} is {saved} in the checkpoint and {value!r} in the config" in str(err.value)
 
 
@@ -85,14 +84,14 @@ class Killed(BaseException):
 
 
 def test_a_crash_while_saving_leaves_the_previous_checkpoint(tmp_path, reference, monkeypatch):
-    save = snnfw.checkpoint.dcp.save
+    save = snnfw.components.checkpoint.dcp.save
 
     def crash_on_step_2(state, storage_writer, **kwargs):
         if storage_writer.path.name.endswith("step-2"):
             raise Killed
         save(state, storage_writer=storage_writer, **kwargs)
 
-    monkeypatch.setattr(snnfw.checkpoint.dcp, "save", crash_on_step_2)
+    monkeypatch.setattr(snnfw.components.checkpoint.dcp, "save", crash_on_step_2)
     with pytest.raises(Killed):
         run_training(config(steps=3, every=1, microbatches=2), tmp_path)
     monkeypatch.undo()

@@ -73,7 +73,7 @@ def test_plan_measure_times_the_top_candidates():
 
 
 def test_progress_lines_show_the_time_left(capsys):
-    from snnfw.metrics import MetricsLog
+    from snnfw.components.metrics import MetricsLog
 
     log = MetricsLog(None, True, total_steps=100)
     for step in range(1, 11):

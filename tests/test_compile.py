@@ -13,15 +13,14 @@ from importlib.util import find_spec
 
 import pytest
 import torch
+from conftest import tiny_config
 
 from snnfw.errors import PlanError
-from snnfw.plugins import Plugins
-from snnfw.prepare import prepare
-from snnfw.runtime import run_training
-from snnfw.trainer import Trainer
+from snnfw.plan.prepare import prepare
+from snnfw.plugin.manager import Plugins
+from snnfw.run.loop import run_training
+from snnfw.run.trainer import Trainer
 from snnfw.testing import run_on_ranks
-
-from conftest import tiny_config
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

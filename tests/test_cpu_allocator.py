@@ -6,18 +6,18 @@ import sys
 
 import pytest
 
-from snnfw import cpu_allocator
 from snnfw.config import build_config
+from snnfw.distributed import cpu_allocator
 from snnfw.errors import ConfigError
-from snnfw.plugins import Plugins
-from snnfw.prepare import prepare
+from snnfw.plan.prepare import prepare
+from snnfw.plugin.manager import Plugins
 
 # A fresh process writes a 16 MiB tensor, frees it and reports how much of it stayed resident. glibc by default
 # maps such a block straight from the kernel and unmaps it on free (the next one is faulted in anew); "retain"
 # keeps it in the process for reuse.
 KEPT = """
 import json, sys, torch
-from snnfw import cpu_allocator
+from snnfw.distributed import cpu_allocator
 applied = cpu_allocator.apply(sys.argv[1], "cpu")
 resident = lambda: int(open("/proc/self/statm").read().split()[1]) * 4096
 before = resident()

@@ -4,16 +4,15 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import tiny_config
+from layouts import cifar10_dvs_layout, split_layout, write_cifar10
 
 from snnfw.cli import main
 from snnfw.config import DataConfig
-from snnfw.data import InputSpec
+from snnfw.data.batches import InputSpec
 from snnfw.errors import DataError
-from snnfw.plugins import Plugins
-from snnfw.runtime import run_training
-
-from conftest import tiny_config
-from layouts import cifar10_dvs_layout, split_layout, write_cifar10
+from snnfw.plugin.manager import Plugins
+from snnfw.run.loop import run_training
 
 SPEC = InputSpec(4, (2, 32, 32), 10)
 QUICKSTART = "examples/quickstart.toml"

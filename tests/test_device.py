@@ -2,14 +2,13 @@
 
 import pytest
 import torch
+from conftest import tiny_config
 
 from snnfw.cli import main
 from snnfw.errors import PlanError
-from snnfw.plugins import Plugins
-from snnfw.prepare import prepare
+from snnfw.plan.prepare import prepare
+from snnfw.plugin.manager import Plugins
 from snnfw.testing import run_on_ranks
-
-from conftest import tiny_config
 
 
 @pytest.fixture(scope="module")

@@ -10,11 +10,11 @@ from torch.utils.checkpoint import checkpoint
 
 from snnfw.cli import main
 from snnfw.config import build_config, load_config
-from snnfw.dry_run import SavedTensors, dry_run, measure_step
-from snnfw.plugins import Plugins
 from snnfw.errors import PlanError
-from snnfw.prepare import auto_candidates, build_model
+from snnfw.plan.prepare import auto_candidates, build_model
+from snnfw.plugin.manager import Plugins
 from snnfw.testing import run_on_ranks
+from snnfw.tools.dry_run import SavedTensors, dry_run, measure_step
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 MESHES = {"hsdp": ("fsdp2", 4, {"dp_replicate": 2, "dp_shard": 2}), "fsdp2_tp": ("fsdp2_tp", 4, None),

@@ -1,11 +1,10 @@
 """Strategies train to the same per-step losses as one process on the same chunks."""
 
 import torch
-
-from snnfw.runtime import run_training
-from snnfw.testing import local_parameters, run_on_ranks
-
 from conftest import tiny_config
+
+from snnfw.run.loop import run_training
+from snnfw.testing import local_parameters, run_on_ranks
 
 SPIKE_RATE = (0.02, 0.5)
 
@@ -50,9 +49,9 @@ def test_none_with_microbatches_equals_a_plain_pytorch_loop():
     import torch.nn.functional as F
     from spikingjelly.activation_based import functional
 
-    from snnfw import data as datalib
-    from snnfw.plugins import Plugins
-    from snnfw.prepare import build_model
+    from snnfw.data import batches as datalib
+    from snnfw.plan.prepare import build_model
+    from snnfw.plugin.manager import Plugins
 
     config = tiny_config("none", microbatches=2)
     summary = run_training(config)

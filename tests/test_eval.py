@@ -9,8 +9,8 @@ from pathlib import Path
 import attrs
 import pytest
 
-from snnfw.equivalence import CASES, case_config
 from snnfw.testing import run_on_ranks
+from snnfw.testing.equivalence import CASES, case_config
 
 ROOT = Path(__file__).resolve().parents[1]
 TIMEOUT_S = 240

@@ -7,12 +7,11 @@ import sys
 from pathlib import Path
 
 import torch
+from layouts import cifar10_dvs_layout, write_cifar10
 
 from snnfw.config import build_config
-from snnfw.plugins import Plugins
-from snnfw.prepare import build_model
-
-from layouts import cifar10_dvs_layout, write_cifar10
+from snnfw.plan.prepare import build_model
+from snnfw.plugin.manager import Plugins
 
 ROOT = Path(__file__).resolve().parents[1]
 TIMEOUT_S = 300

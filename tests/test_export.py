@@ -10,9 +10,9 @@ from spikingjelly.activation_based import functional
 
 from snnfw.cli import main
 from snnfw.config import build_config
-from snnfw.plugins import Plugins
-from snnfw.prepare import build_datasets, build_model
-from snnfw.runtime import run_evaluation
+from snnfw.plan.prepare import build_datasets, build_model
+from snnfw.plugin.manager import Plugins
+from snnfw.run.loop import run_evaluation
 from snnfw.testing import run_on_ranks
 
 STEPS = 3
@@ -152,6 +152,7 @@ def test_the_families_state_maps_onto_spikingjelly_zoo_classes():
     Spikformer into Spikformer without the family wrapper's ``net.`` prefix."""
     from spikingjelly.activation_based.examples.memopt.models import CIFAR10DVSVGG
     from spikingjelly.activation_based.model.spikformer import Spikformer
+
     from snnfw_plugins.families.spikformer import TINY
 
     vgg = build_model(build_config({"model": {"family": "cifar10dvs_vgg", "flavor": "full"}}), Plugins())[0].state_dict()

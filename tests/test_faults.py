@@ -8,13 +8,12 @@ import sys
 import time
 
 import pytest
-
-from snnfw import train
-from snnfw.config import load_config
-from snnfw.runtime import run_training
-from snnfw.testing import RankFailure, run_on_ranks
-
 from conftest import tiny_config
+
+from snnfw import rundir, train
+from snnfw.config import load_config
+from snnfw.run.loop import run_training
+from snnfw.testing import RankFailure, run_on_ranks
 
 TINY = ["data.batch_size=8", "data.train_samples=64", "data.test_samples=16", "train.lr=0.01", "train.seed=3",
         "train.log_every=1", 'parallel.device="cpu"']
@@ -118,7 +117,7 @@ def test_a_rank_that_exits_with_a_status_after_its_work_fails_the_run(tmp_path, 
 
 
 def test_a_done_marker_of_an_earlier_attempt_is_removed_when_a_rank_starts(tmp_path):
-    train.mark_done(tmp_path, 0)
+    rundir.mark_done(tmp_path, 0)
     assert train.main([QUICKSTART, "--run-dir", str(tmp_path), "--set", "train.steps=0"]) == 2
     assert not (tmp_path / ".ranks" / "rank0.done").exists()
 

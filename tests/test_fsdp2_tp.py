@@ -8,15 +8,14 @@ spike by step 3 (6e-4 in the loss). With SGD the losses are bit-identical.
 
 import pytest
 import torch
-
-from snnfw.errors import PlanError
-from snnfw.plugins import Plugins
-from snnfw.prepare import prepare
-from snnfw.runtime import run_training
-from snnfw.testing import full_parameters, run_on_ranks
-
 from conftest import tiny_config
 from test_equivalence import assert_same_losses
+
+from snnfw.errors import PlanError
+from snnfw.plan.prepare import prepare
+from snnfw.plugin.manager import Plugins
+from snnfw.run.loop import run_training
+from snnfw.testing import full_parameters, run_on_ranks
 
 
 def parameters_and_state(trainer):

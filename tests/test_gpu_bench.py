@@ -25,8 +25,8 @@ def test_cases_fit_the_gpu_count():
 
 def test_every_strategy_case_of_four_gpus_plans_in_the_dry_mode():
     from snnfw.config import load_config
-    from snnfw.plugins import Plugins
-    from snnfw.prepare import prepare
+    from snnfw.plan.prepare import prepare
+    from snnfw.plugin.manager import Plugins
 
     strategies = {label for label, _, _ in GPU["STRATEGIES"]}
     planned = set()

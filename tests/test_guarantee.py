@@ -21,9 +21,9 @@ import attrs
 import pytest
 import torch
 
-from snnfw.equivalence import CASES, FAMILIES, case_config, reference_config
-from snnfw.runtime import run_training
+from snnfw.run.loop import run_training
 from snnfw.testing import run_on_ranks
+from snnfw.testing.equivalence import CASES, FAMILIES, case_config, reference_config
 
 STEPS, REL_TOL, EVAL_EVERY = 20, 1e-9, 10
 LAYER_RATE = (0.005, 0.7)  # every neuron layer fires, none saturates

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from snnfw import hookspecs
+from snnfw.plugin import hookspecs
 
 ROOT = Path(__file__).resolve().parent.parent
 HOOKS = [name for name, fn in inspect.getmembers(hookspecs, inspect.isfunction) if name.startswith("snnfw_")]

@@ -6,13 +6,13 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from snnfw import data as datalib
 from snnfw.config import build_config
-from snnfw.equivalence import OWN_MODELS
+from snnfw.data import batches as datalib
 from snnfw.errors import ConfigError, UnknownNameError
-from snnfw.plugins import Plugins
-from snnfw.prepare import build_datasets, build_model, prepare
-from snnfw.runtime import run_training
+from snnfw.plan.prepare import build_datasets, build_model, prepare
+from snnfw.plugin.manager import Plugins
+from snnfw.run.loop import run_training
+from snnfw.testing.equivalence import OWN_MODELS
 
 
 def own(train: dict, data: dict | None = None):
@@ -78,8 +78,8 @@ def test_epochs_are_whole_passes_of_global_batches():
 
 
 def test_the_record_counts_epochs_and_the_data_sets_are_built_once(tmp_path, monkeypatch):
-    import snnfw.prepare
-    import snnfw.trainer
+    import snnfw.plan.prepare
+    import snnfw.run.trainer
 
     built = []
 
@@ -87,7 +87,7 @@ def test_the_record_counts_epochs_and_the_data_sets_are_built_once(tmp_path, mon
         built.append(args)
         return build_datasets(*args)
 
-    for module in (snnfw.prepare, snnfw.trainer):
+    for module in (snnfw.plan.prepare, snnfw.run.trainer):
         monkeypatch.setattr(module, "build_datasets", counted)
     config = build_config({"model": OWN_MODELS["own_sew"], "data": {"batch_size": 16, "train_samples": 32, "test_samples": 16},
                            "train": {"epochs": 2}})

@@ -7,15 +7,14 @@ on the same chunks.
 """
 
 import pytest
+from conftest import tiny_config
 from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointWrapper
 
 from snnfw.errors import PlanError
-from snnfw.plugins import Plugins
-from snnfw.prepare import prepare
-from snnfw.runtime import run_training
+from snnfw.plan.prepare import prepare
+from snnfw.plugin.manager import Plugins
+from snnfw.run.loop import run_training
 from snnfw.testing import run_on_ranks, tracked_peak_bytes
-
-from conftest import tiny_config
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

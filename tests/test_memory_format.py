@@ -3,16 +3,15 @@
 
 import pytest
 import torch
+from conftest import tiny_config
 from torch import nn
 
 from snnfw.config import build_config
 from snnfw.errors import ConfigError, PlanError
-from snnfw.plugins import Plugins
-from snnfw.prepare import prepare
-from snnfw.runtime import run_training
+from snnfw.plan.prepare import prepare
+from snnfw.plugin.manager import Plugins
+from snnfw.run.loop import run_training
 from snnfw.testing import run_on_ranks
-
-from conftest import tiny_config
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -8,20 +8,26 @@ import types
 
 import pytest
 import torch
+from conftest import tiny_config
 from spikingjelly.activation_based import neuron
+from test_guarantee import assert_close, final_state
 from torch import nn
 
-import snnfw.runtime
+import snnfw.run.loop
+from snnfw.components.optim import (
+    OptimizerSpec,
+    build_optimizer,
+    build_scheduler,
+    check_train,
+    optimizer_options,
+    parameter_groups,
+)
 from snnfw.config import build_config
-from snnfw.equivalence import CASES, case_config, reference_config
 from snnfw.errors import ConfigError, UnknownNameError
-from snnfw.optim import OptimizerSpec, build_optimizer, build_scheduler, check_train, optimizer_options, parameter_groups
-from snnfw.plugins import Plugins
-from snnfw.runtime import run_training
+from snnfw.plugin.manager import Plugins
+from snnfw.run.loop import run_training
 from snnfw.testing import RankFailure, run_on_ranks
-
-from conftest import tiny_config
-from test_guarantee import assert_close, final_state
+from snnfw.testing.equivalence import CASES, case_config, reference_config
 
 
 @pytest.fixture(scope="module")
@@ -254,14 +260,14 @@ def test_resumed_in_warmup_continues_the_curve(tmp_path, monkeypatch, one_thread
     config = tiny_config(train={"steps": 6, "optimizer": "adamw", "lr_schedule": "cosine", "warmup_steps": 4},
                          checkpoint={"every": 2})
     whole = run_training(config, tmp_path / "whole")
-    inject = snnfw.runtime.faults.inject
+    inject = snnfw.run.loop.faults.inject
 
     def kill_at_4(step, rank):
         if step == 4:
             raise Killed
         inject(step, rank)
 
-    monkeypatch.setattr(snnfw.runtime.faults, "inject", kill_at_4)
+    monkeypatch.setattr(snnfw.run.loop.faults, "inject", kill_at_4)
     with pytest.raises(Killed):
         run_training(config, tmp_path / "cut")
     monkeypatch.undo()
@@ -288,7 +294,7 @@ def test_zero_killed_in_warmup_resumes_under_none(tmp_path, one_thread):
 def test_the_gradient_norm_and_clip_are_torchs_on_one_process():
     from types import SimpleNamespace
 
-    from snnfw.grad_norm import clip_gradients, global_grad_norm
+    from snnfw.distributed.grad_norm import clip_gradients, global_grad_norm
 
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(6, 5), torch.nn.ReLU(), torch.nn.Linear(5, 3))

@@ -5,12 +5,12 @@ import json
 
 import pytest
 
-import snnfw.prepare
+import snnfw.plan.prepare
 from snnfw.config import build_config
-from snnfw.equivalence import reference_config
 from snnfw.errors import ConfigError
-from snnfw.plugins import Plugins
-from snnfw.runtime import run_training
+from snnfw.plugin.manager import Plugins
+from snnfw.run.loop import run_training
+from snnfw.testing.equivalence import reference_config
 
 
 def own_run(tmp_path, **sections):
@@ -34,9 +34,9 @@ def test_tensorboard_holds_the_metrics_of_every_step(tmp_path):
 
 def test_tensorboard_without_the_package_is_refused_naming_the_install(monkeypatch):
     find = importlib.util.find_spec
-    monkeypatch.setattr(snnfw.prepare.importlib.util, "find_spec", lambda name, *a: None if name == "tensorboard" else find(name, *a))
+    monkeypatch.setattr(snnfw.plan.prepare.importlib.util, "find_spec", lambda name, *a: None if name == "tensorboard" else find(name, *a))
     with pytest.raises(ConfigError, match="SNNFW_EXTRAS=tensorboard bash scripts/install.sh"):
-        snnfw.prepare.prepare(build_config({"log": {"tensorboard": True}}), 1, Plugins())
+        snnfw.plan.prepare.prepare(build_config({"log": {"tensorboard": True}}), 1, Plugins())
 
 
 def test_plot_draws_several_runs_into_one_png(tmp_path):

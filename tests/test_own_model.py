@@ -18,10 +18,10 @@ import torch
 
 from snnfw.config import build_config
 from snnfw.errors import ConfigError, UserError
-from snnfw.models import infer_tp_plan
-from snnfw.plugins import Plugins
-from snnfw.prepare import prepare
-from snnfw.runtime import run_training
+from snnfw.model.source import infer_tp_plan
+from snnfw.plan.prepare import prepare
+from snnfw.plugin.manager import Plugins
+from snnfw.run.loop import run_training
 from snnfw.testing import RankFailure, run_on_ranks
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -4,12 +4,11 @@ import sys
 import textwrap
 
 import pytest
+from conftest import tiny_config
 
 from snnfw.errors import PluginError
-from snnfw.plugins import ENV_BLOCK, ENV_DISABLE_AUTOLOAD, Plugins
+from snnfw.plugin.manager import ENV_BLOCK, ENV_DISABLE_AUTOLOAD, Plugins
 from snnfw.testing import RankFailure, run_on_ranks
-
-from conftest import tiny_config
 
 BUILTINS = {"defaults", "none", "dp", "zero", "tp", "cifar10dvs_vgg", "synthetic_dvs"}
 
@@ -119,7 +118,7 @@ def test_ranks_with_different_plugins_fail_naming_the_difference():
 
 OVERRIDE_NONE = """
     from snnfw import hookimpl
-    from snnfw.plan import Proposal
+    from snnfw.plan.layout import Proposal
 
     @hookimpl
     def snnfw_register_strategies(register):
@@ -133,7 +132,7 @@ OVERRIDE_NONE = """
 
 
 def test_declared_override_replaces_the_builtin_and_unloads_it(tmp_path, monkeypatch):
-    from snnfw.prepare import prepare
+    from snnfw.plan.prepare import prepare
 
     install_fake_distribution(tmp_path, monkeypatch, OVERRIDE_NONE.format(overrides=True))
     plugins = Plugins()
@@ -161,7 +160,7 @@ def _module(name, source):
 
 def test_exception_in_a_hook_names_plugin_and_distribution(tmp_path, monkeypatch):
     from snnfw.errors import PlanError, explain
-    from snnfw.prepare import prepare
+    from snnfw.plan.prepare import prepare
 
     install_fake_distribution(
         tmp_path,
@@ -199,7 +198,7 @@ def test_loading_every_plugin_imports_neither_torch_nor_spikingjelly():
     """What keeps `snnfw plugins` fast: plugins import torch inside the hooks that need it."""
     import subprocess
 
-    code = ("import sys; from snnfw.plugins import Plugins; Plugins(); "
+    code = ("import sys; from snnfw.plugin.manager import Plugins; Plugins(); "
             "print(sorted({m.split('.')[0] for m in sys.modules} & {'torch', 'spikingjelly'}))")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr

@@ -14,19 +14,18 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from conftest import tiny_config
+from test_equivalence import assert_same_losses
 from torch import nn
 
 from snnfw.config import ConfigError, build_config
+from snnfw.distributed.pipeline import balanced_layout
 from snnfw.errors import PlanError, UnknownNameError
-from snnfw.pipeline import balanced_layout
-from snnfw.plugins import Plugins
-from snnfw.prepare import build_model, prepare
-from snnfw.runtime import run_training
+from snnfw.plan.prepare import build_model, prepare
+from snnfw.plugin.manager import Plugins
+from snnfw.run.loop import run_training
 from snnfw.testing import local_parameters, run_on_ranks
 from snnfw_plugins.strategies.pp_stages import measure_units
-
-from conftest import tiny_config
-from test_equivalence import assert_same_losses
 
 SPIKFORMER = {"family": "spikformer"}
 

@@ -23,12 +23,12 @@ import pytest
 import torch
 
 from snnfw.config import build_config
-from snnfw.equivalence import CASES, case_config, reference_config
 from snnfw.errors import ConfigError
-from snnfw.plugins import Plugins
-from snnfw.prepare import prepare
-from snnfw.runtime import run_training
+from snnfw.plan.prepare import prepare
+from snnfw.plugin.manager import Plugins
+from snnfw.run.loop import run_training
 from snnfw.testing import run_on_ranks
+from snnfw.testing.equivalence import CASES, case_config, reference_config
 
 FAMILY, STEPS, REL_TOL = "own_sew", 20, 5e-3
 ACTIVATION = {"bf16": "torch.bfloat16", "fp16": "torch.float16"}

@@ -3,12 +3,11 @@
 from pathlib import Path
 
 import pytest
+from layouts import cifar10_dvs_layout, split_layout, write_cifar10
 
 from snnfw.config import load_config
-from snnfw.plugins import Plugins
-from snnfw.prepare import prepare
-
-from layouts import cifar10_dvs_layout, split_layout, write_cifar10
+from snnfw.plan.prepare import prepare
+from snnfw.plugin.manager import Plugins
 
 ROOT = Path(__file__).resolve().parents[1]
 RECIPES = sorted((ROOT / "examples" / "recipes").glob("*.toml"))

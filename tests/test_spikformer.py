@@ -2,13 +2,12 @@
 
 import pytest
 import torch
-
-from snnfw.analysis import analyze
-from snnfw.plugins import Plugins
-from snnfw.runtime import run_training
-
 from conftest import tiny_config
 from test_equivalence import assert_dp_matches_none
+
+from snnfw.model.analysis import analyze
+from snnfw.plugin.manager import Plugins
+from snnfw.run.loop import run_training
 
 FIRING_RATE = (0.01, 0.5)
 ATTENTION_NEURONS = ("qkv_lif", "attn_lif", "proj_lif")
@@ -57,7 +56,7 @@ def firing_rates(trainer):
     from spikingjelly.activation_based import functional
     from spikingjelly.activation_based.neuron import BaseNode
 
-    from snnfw import data as datalib
+    from snnfw.data import batches as datalib
 
     model = getattr(trainer.model, "module", trainer.model)
     rates = {}

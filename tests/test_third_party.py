@@ -7,12 +7,12 @@ import sys
 
 import pytest
 import torch
-
-from snnfw.runtime import run_training
-from snnfw.testing import full_parameters, run_on_ranks
-
 from conftest import tiny_config
 from test_equivalence import assert_same_losses
+
+from snnfw.run.loop import run_training
+from snnfw.testing import full_parameters, run_on_ranks
+
 
 def mlp(strategy, **sections):
     return tiny_config(strategy, model={"family": "spiking_mlp"}, **sections)

@@ -4,17 +4,16 @@ import math
 
 import pytest
 import torch
-
-from snnfw import hookimpl
-from snnfw.analysis import AnalysisPart
-from snnfw.errors import PlanError
-from snnfw.plugins import Plugins
-from snnfw.prepare import prepare
-from snnfw.runtime import run_training
-from snnfw.testing import replay_first_step, run_on_ranks
-
 from conftest import tiny_config
 from test_equivalence import assert_same_losses
+
+from snnfw import hookimpl
+from snnfw.errors import PlanError
+from snnfw.model.analysis import AnalysisPart
+from snnfw.plan.prepare import prepare
+from snnfw.plugin.manager import Plugins
+from snnfw.run.loop import run_training
+from snnfw.testing import replay_first_step, run_on_ranks
 
 
 def neuron_state_and_errors(trainer):

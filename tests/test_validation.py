@@ -6,12 +6,12 @@ import pytest
 import torch
 
 from snnfw.config import build_config
-from snnfw.equivalence import CASES, case_config, reference_config
 from snnfw.errors import ConfigError
-from snnfw.plugins import Plugins
-from snnfw.prepare import build_model, prepare
-from snnfw.runtime import run_training
+from snnfw.plan.prepare import build_model, prepare
+from snnfw.plugin.manager import Plugins
+from snnfw.run.loop import run_training
 from snnfw.testing import run_on_ranks
+from snnfw.testing.equivalence import CASES, case_config, reference_config
 
 FAMILY, STEPS = "own_sew", 4
 

@@ -2,15 +2,14 @@
 
 import pytest
 import torch
-
-from snnfw.errors import PlanError
-from snnfw.plugins import Plugins
-from snnfw.prepare import prepare
-from snnfw.runtime import run_training
-from snnfw.testing import local_parameters, run_on_ranks, state_bytes
-
 from conftest import tiny_config
 from test_equivalence import assert_same_losses
+
+from snnfw.errors import PlanError
+from snnfw.plan.prepare import prepare
+from snnfw.plugin.manager import Plugins
+from snnfw.run.loop import run_training
+from snnfw.testing import local_parameters, run_on_ranks, state_bytes
 
 
 def parameters_and_bytes(trainer):

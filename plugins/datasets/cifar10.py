@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from snnfw import hookimpl
-from snnfw.data import DatasetSpec
+from snnfw.data.batches import DatasetSpec
 from snnfw.errors import DataError
 from snnfw_plugins.datasets.neuromorphic import ON_DISK_UNREAD, resize
 

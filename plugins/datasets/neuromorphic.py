@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from snnfw import hookimpl
-from snnfw.data import DatasetSpec
+from snnfw.data.batches import DatasetSpec
 from snnfw.errors import DataError
 
 if TYPE_CHECKING:

@@ -10,7 +10,7 @@ Everything is a deterministic function of the seed, split and sample index.
 import math
 
 from snnfw import hookimpl
-from snnfw.data import DatasetSpec
+from snnfw.data.batches import DatasetSpec
 
 NAME = "synthetic_dvs"
 NOISE = 0.02

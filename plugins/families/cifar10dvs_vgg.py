@@ -10,8 +10,8 @@ that BatchNorm makes redundant, for tests and the quickstart.
 from functools import partial
 
 from snnfw import hookimpl
-from snnfw.analysis import AnalysisPart
-from snnfw.families import Flavor, ModelFamily
+from snnfw.model.analysis import AnalysisPart
+from snnfw.model.families import Flavor, ModelFamily
 
 NAME = "cifar10dvs_vgg"
 
@@ -61,7 +61,7 @@ def snnfw_split_stages(model, plan):
         return None
     from torch import nn
 
-    from snnfw.modules import TimeMajor
+    from snnfw.model.modules import TimeMajor
 
     *blocks, pool = model.features
     return [

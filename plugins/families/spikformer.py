@@ -12,8 +12,8 @@ neuron group, attention included, fires at about 8% to 40% on sparse DVS events.
 from functools import partial
 
 from snnfw import hookimpl
-from snnfw.analysis import AnalysisPart
-from snnfw.families import Flavor, ModelFamily
+from snnfw.model.analysis import AnalysisPart
+from snnfw.model.families import Flavor, ModelFamily
 
 NAME = "spikformer"
 
@@ -72,7 +72,7 @@ def snnfw_split_stages(model, plan):
         return None
     from torch import nn
 
-    from snnfw.modules import TimeMajor
+    from snnfw.model.modules import TimeMajor
     from snnfw_plugins.families.spikformer_model import MeanOverTokens
 
     net = model.net

@@ -5,7 +5,7 @@ and backward of different microbatches are overlapped.
 """
 
 from snnfw import hookimpl
-from snnfw.pipeline import ScheduleSpec
+from snnfw.distributed.pipeline import ScheduleSpec
 
 NAME = "dualpipev"
 

@@ -5,7 +5,7 @@ backward is split into input and weight gradients.
 """
 
 from snnfw import hookimpl
-from snnfw.pipeline import ScheduleSpec
+from snnfw.distributed.pipeline import ScheduleSpec
 
 NAME = "zbv"
 

@@ -5,7 +5,7 @@ the bubble. Any pipeline.virtual_stages (r, r + P, ...).
 """
 
 from snnfw import hookimpl
-from snnfw.pipeline import ScheduleSpec
+from snnfw.distributed.pipeline import ScheduleSpec
 from snnfw_plugins.schedules import rounds_refusal
 
 NAME = "zero_bubble"

@@ -1,8 +1,8 @@
 """``dp``: data parallel through DistributedDataParallel, one replica per rank."""
 
 from snnfw import hookimpl
-from snnfw.estimate import estimate, ring_bytes
-from snnfw.plan import Proposal
+from snnfw.plan.estimate import estimate, ring_bytes
+from snnfw.plan.layout import Proposal
 
 NAME = "dp"
 
@@ -45,7 +45,7 @@ def wrap_ddp(model, plan, mesh, hooks):
     """The model's blocks compiled (``hooks.compile``), then DistributedDataParallel over the mesh's ``dp`` dimension.
 
     Buffers are not broadcast from rank 0 before each forward: snnfw's BatchNorm running statistics are equal on every
-    replica already (:mod:`snnfw.running_stats`). Gradients are views of DDP's all-reduce buckets, which saves copying
+    replica already (:mod:`snnfw.distributed.running_stats`). Gradients are views of DDP's all-reduce buckets, which saves copying
     every gradient into its bucket and back, and a gradient's worth of memory."""
     from torch.nn.parallel import DistributedDataParallel
 

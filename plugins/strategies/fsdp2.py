@@ -16,9 +16,9 @@ CUDA streams on a GPU.
 """
 
 from snnfw import hookimpl
-from snnfw.analysis import submodule
-from snnfw.estimate import estimate, ring_bytes
-from snnfw.plan import Proposal, refuse_others
+from snnfw.model.analysis import submodule
+from snnfw.plan.estimate import estimate, ring_bytes
+from snnfw.plan.layout import Proposal, refuse_others
 
 NAME = "fsdp2"
 HSDP_DIMS = ("dp_replicate", "dp_shard")

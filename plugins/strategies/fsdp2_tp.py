@@ -8,7 +8,7 @@ and ``parallel.reshard_after_forward`` as under ``fsdp2``.
 """
 
 from snnfw import hookimpl
-from snnfw.plan import Proposal
+from snnfw.plan.layout import Proposal
 from snnfw_plugins.strategies.fsdp2 import apply_fully_shard, fully_shard_options
 from snnfw_plugins.strategies.tp import apply_tensor_parallel, check_tp_plan, tp_estimate
 

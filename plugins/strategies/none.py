@@ -1,8 +1,8 @@
 """``none``: one rank, no parallelism; the reference every strategy is compared with."""
 
 from snnfw import hookimpl
-from snnfw.estimate import estimate
-from snnfw.plan import Proposal
+from snnfw.plan.estimate import estimate
+from snnfw.plan.layout import Proposal
 
 NAME = "none"
 

@@ -21,9 +21,10 @@ from __future__ import annotations
 import attrs
 
 from snnfw import hookimpl
-from snnfw.estimate import estimate, ring_bytes
-from snnfw.plan import Proposal, keys_phrase, refuse_others
-from snnfw.pipeline import parse_layout
+from snnfw.distributed.pipeline import parse_layout
+from snnfw.errors import keys_phrase
+from snnfw.plan.estimate import estimate, ring_bytes
+from snnfw.plan.layout import Proposal, refuse_others
 
 NAME = "pp"
 
@@ -261,8 +262,8 @@ def snnfw_split_stages(model, plan):
     Any other ``nn.Sequential`` model: one unit per child."""
     from torch import nn
 
-    from snnfw.analysis import submodule
-    from snnfw.modules import TimeMajor
+    from snnfw.model.analysis import submodule
+    from snnfw.model.modules import TimeMajor
 
     analysis = plan.analysis
     if not analysis.own:

@@ -8,9 +8,9 @@ import torch
 from torch import nn
 from torch._subclasses.fake_tensor import is_fake
 
+from snnfw.components.losses import training_loss
+from snnfw.components.precision import autocast
 from snnfw.errors import PluginError
-from snnfw.losses import training_loss
-from snnfw.precision import autocast
 from snnfw_plugins.strategies.pp_model import PipelineModel, ScoredLoss
 from snnfw_plugins.strategies.pp_stages import Stage, Stopwatch, decide_split, pipeline_stage
 from snnfw_plugins.strategies.pp_state import tensor_names

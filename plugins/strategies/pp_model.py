@@ -8,7 +8,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from snnfw.step import StepOutput, count_correct, scored
+from snnfw.components.step import StepOutput, count_correct, scored
 
 HEADER_LENGTH = 8  # ndim and up to 7 sizes, sent before an activation in evaluation
 

@@ -16,10 +16,10 @@ from torch._subclasses.fake_tensor import is_fake
 from torch.distributed.pipelining import PipelineStage
 from torch.utils.flop_counter import FlopCounterMode
 
+from snnfw.components.phases import finish_queued_work
+from snnfw.components.precision import autocast
+from snnfw.distributed.pipeline import balanced_layout, parse_layout
 from snnfw.errors import ConfigError, PluginError
-from snnfw.phases import finish_queued_work
-from snnfw.pipeline import balanced_layout, parse_layout
-from snnfw.precision import autocast
 from snnfw_plugins.memory_format import is_channels_last, to_channels_last
 
 TIMED_PASSES = 3

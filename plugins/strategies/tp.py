@@ -9,9 +9,9 @@ went wrong fails by name instead of silently re-creating full-size state.
 import difflib
 
 from snnfw import hookimpl
-from snnfw.analysis import submodule
-from snnfw.estimate import estimate, ring_bytes
-from snnfw.plan import Proposal
+from snnfw.model.analysis import submodule
+from snnfw.plan.estimate import estimate, ring_bytes
+from snnfw.plan.layout import Proposal
 
 NAME = "tp"
 

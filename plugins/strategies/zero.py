@@ -8,8 +8,8 @@ gather the optimizer shards into one whole state, so they resume under any strat
 """
 
 from snnfw import hookimpl
-from snnfw.plan import Proposal, refuse_others
-from snnfw.optim import optimizer_options, parameter_groups, trainable
+from snnfw.components.optim import optimizer_options, parameter_groups, trainable
+from snnfw.plan.layout import Proposal, refuse_others
 from snnfw_plugins.defaults import load_full_state, merge_optimizer_states
 from snnfw_plugins.strategies.dp import propose_replicas, wrap_ddp
 

@@ -13,8 +13,8 @@ imported only when a model is built, so that loading plugins stays fast.
 from functools import partial
 
 from snnfw import hookimpl
-from snnfw.analysis import AnalysisPart
-from snnfw.families import Flavor, ModelFamily
+from snnfw.model.analysis import AnalysisPart
+from snnfw.model.families import Flavor, ModelFamily
 
 NAME = "spiking_mlp"
 
@@ -82,6 +82,6 @@ def snnfw_split_stages(model, plan):
         return None
     from torch import nn
 
-    from snnfw.modules import TimeMajor
+    from snnfw.model.modules import TimeMajor
 
     return [nn.Sequential(TimeMajor(), nn.Flatten(2), model.encoder), *model.blocks, model.head]

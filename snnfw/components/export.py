@@ -1,0 +1,112 @@
+"""``snnfw export``: a plain state dict (the model's own names -> whole tensors) from a checkpoint.
+
+A checkpoint already holds the model whole, by the model's parameter and
+buffer names, whatever the strategy and world size that wrote it (tensor
+parallel slices and FSDP2 shards gathered, pipeline stages by model names).
+Export reads only those entries (and the optimizer's parameter names, to count
+parameters), in one process without a process group, through the checkpoint's
+safe loading, and writes them with ``torch.save`` (or as safetensors).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import attrs
+import torch
+
+from snnfw.components import checkpoint as ckpt
+from snnfw.errors import CheckpointError
+from snnfw.rundir import CHECKPOINTS
+
+SAFETENSORS = ".safetensors"
+
+
+@attrs.frozen
+class Exported:
+    """What :func:`export` wrote."""
+
+    checkpoint: Path
+    out: Path
+    step: int
+    meta: dict
+    tensors: int
+    values: int
+    parameters: int | None  # elements of the optimizer's parameters; None when the checkpoint does not name them
+
+    def line(self) -> str:
+        origin = ""
+        if "strategy" in self.meta:
+            origin = f" ({self.meta['strategy']} on {self.meta['world_size']} rank(s))"
+        count = f"{self.parameters:,} parameters" if self.parameters is not None else f"{self.values:,} values"
+        if self.parameters is not None and self.values != self.parameters:
+            count += f" and {self.values - self.parameters:,} buffer values"
+        return f"exported step {self.step} of {self.checkpoint}{origin}: {self.tensors} tensors, {count} -> {self.out}"
+
+
+def find(source: str | Path) -> Path:
+    """The checkpoint folder ``source`` names: itself, or the newest complete one of a run directory."""
+    source = Path(source)
+    if not source.exists():
+        raise CheckpointError(f"{source} does not exist; name a run directory or one of its checkpoints/step-K folders")
+    if (source / ckpt.META).is_file() and (source / ".metadata").is_file():
+        return source
+    if source.name.startswith(ckpt.PREFIX) or source.name.startswith(ckpt.TEMP):
+        raise CheckpointError(f"{source} is not a complete checkpoint (it has no {ckpt.META}); export a complete one")
+    root = source if source.name == CHECKPOINTS else source / CHECKPOINTS
+    done = ckpt.complete(root)
+    if not done:
+        raise CheckpointError(
+            f"{source} holds no complete checkpoint: looked for {root}/{ckpt.PREFIX}K folders with {ckpt.META} "
+            "(written with checkpoint.every = N and --run-dir)"
+        )
+    return done[-1]
+
+
+def model_state(path: Path) -> tuple[dict, list[str] | None]:
+    """The model's state saved in checkpoint ``path`` (sorted by name) and the optimizer's parameter names."""
+    state = ckpt.read(path, lambda keys: keys[0] == "model" or (keys[0] == "optimizer" and keys[-1] == "params"))
+    model = state.get("model")
+    if not model:
+        raise CheckpointError(f"checkpoint {path} holds no model state")
+    groups = state.get("optimizer", {}).get("param_groups", [])
+    names = [name for group in groups for name in group.get("params", [])]
+    named = bool(names) and all(isinstance(name, str) for name in names)
+    return {name: model[name] for name in sorted(model)}, (names if named else None)
+
+
+def _writer(out: Path):
+    """How ``out`` is written, by its suffix; refuses ``.safetensors`` without the safetensors package."""
+    if not out.name.endswith(SAFETENSORS):
+        return torch.save
+    try:
+        from safetensors.torch import save_file
+    except ImportError:
+        raise CheckpointError(
+            f"{out} asks for the safetensors format, but the safetensors package is not importable; "
+            "pip install safetensors, or name a .pt file"
+        ) from None
+
+    def write(state: dict, path: Path) -> None:
+        other = sorted(name for name, value in state.items() if not torch.is_tensor(value))
+        if other:
+            raise CheckpointError(f"safetensors holds only tensors, and the model state {', '.join(other[:3])} is not one; "
+                                  "name a .pt file")
+        save_file({name: value.contiguous() for name, value in state.items()}, str(path))
+
+    return write
+
+
+def export(source: str | Path, out: str | Path) -> Exported:
+    """Writes the model state of checkpoint or run directory ``source`` to ``out``; loadable with
+    ``module.load_state_dict(torch.load(out, weights_only=True))``."""
+    path, out = find(source), Path(out)
+    write = _writer(out)
+    meta = json.loads((path / ckpt.META).read_text())
+    state, names = model_state(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    write(state, out)
+    tensors = [value for value in state.values() if torch.is_tensor(value)]
+    parameters = sum(state[name].numel() for name in names if name in state) if names is not None else None
+    return Exported(path, out, meta["step"], meta, len(tensors), sum(t.numel() for t in tensors), parameters)

@@ -1,0 +1,85 @@
+"""Training losses by name (``train.loss``): a registry plugins extend.
+
+A loss takes the model's logits ``[T, N, classes]`` and integer labels and
+returns the mean over the microbatch, which every strategy averages over
+microbatches and replicas alike. Plugins register a :class:`LossSpec` under
+``snnfw_register_losses``; a ``[train]`` key of another loss is refused.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Callable
+
+import attrs
+
+from snnfw.components.precision import LOSS_SCALE, full_precision
+from snnfw.config import TrainConfig
+from snnfw.errors import ConfigError
+
+if TYPE_CHECKING:
+    import torch
+
+LOSS_KEYS = ("label_smoothing", "tet_lambda")
+Loss = Callable[["torch.Tensor", "torch.Tensor"], "torch.Tensor"]
+
+
+@attrs.frozen
+class LossSpec:
+    """``build(options)`` returns the loss; ``options`` are the ``[train]`` keys it takes, from the config or ``defaults``."""
+
+    build: Callable[[dict[str, Any]], Loss]
+    options: tuple[str, ...] = ()
+    defaults: dict[str, Any] = attrs.field(factory=dict)
+
+
+def check_loss(train: TrainConfig, plugins) -> None:
+    """Refuses an unknown loss and a loss key it does not take."""
+    spec = plugins.losses.get(train.loss)
+    for key in LOSS_KEYS:
+        if getattr(train, key) is not None and key not in spec.options:
+            takes = ", ".join(f"train.{k}" for k in spec.options) or "none of them"
+            raise ConfigError(f"train.{key} does not apply to train.loss = {train.loss!r}, which takes {takes}; remove train.{key}")
+
+
+def training_loss(train: TrainConfig, plugins) -> Loss:
+    """The loss ``train.loss`` names, with its options (under fp16 its gradient carries the loss scale)."""
+    spec = plugins.losses.get(train.loss)
+    set_keys = {key: getattr(train, key) for key in spec.options if getattr(train, key) is not None}
+    loss = spec.build({**spec.defaults, **set_keys})
+    return (lambda logits, labels: LOSS_SCALE.scaled(loss(logits, labels))) if train.precision == "fp16" else loss
+
+
+def cross_entropy(options: dict[str, Any]) -> Loss:
+    """Cross entropy of the time-averaged logits, with ``label_smoothing``."""
+    import torch.nn.functional as F
+
+    smoothing = options["label_smoothing"]
+    return lambda logits, labels: F.cross_entropy(full_precision(logits).mean(0), labels, label_smoothing=smoothing)
+
+
+def mse_rate(options: dict[str, Any]) -> Loss:
+    """Mean squared error between the time-averaged output and one-hot targets (SpikingJelly's tutorial loss)."""
+    import torch.nn.functional as F
+
+    def loss(logits, labels):
+        rate = full_precision(logits).mean(0)
+        return F.mse_loss(rate, F.one_hot(labels, rate.shape[-1]).to(rate.dtype))
+
+    return loss
+
+
+def tet(options: dict[str, Any]) -> Loss:
+    """TET's loss (Deng et al., ICLR 2022): cross entropy at every time step, averaged, with ``tet_lambda``
+    of the mean squared distance of the logits from 1 (SpikingJelly's TETLoss: ``(1 - l) * ce + l * mse``)."""
+    import torch
+    import torch.nn.functional as F
+
+    weight = options["tet_lambda"]
+
+    def loss(logits, labels):
+        logits = full_precision(logits)
+        steps = logits.shape[0]
+        per_step = F.cross_entropy(logits.flatten(0, 1), labels.repeat(steps))
+        return (1 - weight) * per_step + weight * F.mse_loss(logits, torch.ones_like(logits))
+
+    return loss

@@ -1,0 +1,164 @@
+"""Per-step metrics: spike counting, peak memory, the JSONL log and rank 0's progress line."""
+
+from __future__ import annotations
+
+import json
+import math
+import resource
+import sys
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from snnfw import rundir
+
+NEURON_SHARD = "snnfw_shard"  # set by tensor-parallel strategies on a neuron module whose state they shard
+
+class SpikeCounter:
+    """Counts the spikes and output elements of every neuron module through forward hooks.
+
+    Counts add up as tensors per neuron module, read once per ``take()``: no
+    host sync per neuron, and neither graph breaks nor recompiles where a
+    neuron runs inside a compiled block. ``by_layer()`` gives the counts of
+    every ``take()`` so far per neuron module, for per-layer firing rates.
+    """
+
+    def __init__(self, model: nn.Module, neuron_names: tuple[str, ...]):
+        self._modules = dict(model.named_modules())
+        self.names = neuron_names
+        self.clear()
+        self._run = {name: [0.0, 0] for name in neuron_names}
+        self._weights = dict.fromkeys(neuron_names, 1.0)
+        self._handles = [self._modules[name].register_forward_hook(partial(self._count, name)) for name in neuron_names]
+
+    def weigh_replicated(self, tp_size: int) -> None:
+        """Under tensor parallelism, counts a neuron module that every tp rank runs whole (not sharded by the
+        strategy, which marks sharded ones with ``snnfw_shard``) ``1 / tp_size`` in the totals, so the firing
+        rate over all modules weighs each as ``none`` does."""
+        for name in self.names:
+            self._weights[name] = 1.0 if hasattr(self._modules[name], NEURON_SHARD) else 1.0 / tp_size
+
+    def _count(self, name: str, module, inputs, output) -> None:
+        spikes, elements = self._counts[name]
+        self._counts[name] = (spikes + output.detach().sum(), elements + output.numel())
+
+    def take(self, record: bool = True) -> tuple[float, float]:
+        """Returns and clears the counts since the last call (all neuron modules together),
+        adding them to :meth:`by_layer` when ``record`` (training steps, not evaluation).
+
+        One host transfer per step (per device and dtype, one in a run): the counts
+        of the neuron modules that ran are stacked where they are and read with one
+        ``tolist()``; those that did not run still hold ``clear()``'s CPU zeros,
+        read as 0 without touching a tensor, so no per-module cross-device op.
+        """
+        ran = [name for name, counts in self._counts.items() if counts is not self._cleared[name]]
+        spikes = dict(zip(ran, _read([self._counts[name][0] for name in ran])))
+        elements = dict(zip(ran, _read([self._counts[name][1] for name in ran])))
+        total_spikes, total_elements = 0.0, 0
+        for name in self._counts:
+            layer_spikes, layer_elements = float(spikes.get(name, 0.0)), int(elements.get(name, 0))
+            if record:
+                self._run[name][0] += layer_spikes
+                self._run[name][1] += layer_elements
+            weight = self._weights[name]
+            total_spikes, total_elements = total_spikes + weight * layer_spikes, total_elements + weight * layer_elements
+        self.clear()
+        return total_spikes, total_elements
+
+    def clear(self) -> None:
+        """Forgets the counts since the last ``take()`` (forward passes that were not training steps)."""
+        self._counts = {name: (torch.zeros(()), torch.zeros((), dtype=torch.int64)) for name in self.names}
+        self._cleared = dict(self._counts)  # a module's entry is replaced when its hook runs
+
+    def by_layer(self) -> dict[str, tuple[float, int]]:
+        """``{neuron module: (spikes, output elements)}`` over every ``take()`` so far, on this rank."""
+        return {name: (spikes, elements) for name, (spikes, elements) in self._run.items()}
+
+
+def _read(values: list[torch.Tensor]) -> list:
+    """The Python numbers of 0-dim tensors, in order: one stack and one ``tolist()`` per device and dtype."""
+    groups: dict[tuple, list[int]] = {}
+    for i, value in enumerate(values):
+        groups.setdefault((value.device, value.dtype), []).append(i)
+    out: list = [None] * len(values)
+    for indices in groups.values():
+        for i, number in zip(indices, torch.stack([values[i] for i in indices]).tolist()):
+            out[i] = number
+    return out
+
+
+def peak_memory_mb(device: torch.device) -> float:
+    """The CUDA allocator's peak on GPU since the trainer was set up; on CPU the process's peak resident set size."""
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**20
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+
+
+def board_tag(key: str) -> str:
+    """The TensorBoard tag of a metrics key: ``eval_acc`` -> ``eval/acc``, ``loss`` -> ``train/loss``."""
+    return f"eval/{key[5:]}" if key.startswith("eval_") else f"train/{key}"
+
+
+class MetricsLog:
+    """Appends one JSON object per step to ``run_dir/metrics.jsonl`` (rank 0 only).
+
+    A run resumed after step ``start`` keeps the file's records up to that step.
+    """
+
+    def __init__(self, run_dir: Path | None, enabled: bool, total_steps: int, start: int = 0, tensorboard: bool = False):
+        self.enabled = enabled and run_dir is not None
+        self.total_steps = total_steps
+        self.records: list[dict[str, Any]] = []
+        self._file = self._board = None
+        if self.enabled and tensorboard:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self._board = SummaryWriter(str(run_dir / rundir.TENSORBOARD), purge_step=start + 1 if start else None)
+        if self.enabled:
+            run_dir.mkdir(parents=True, exist_ok=True)
+            path = run_dir / rundir.METRICS
+            kept = path.read_text().splitlines() if start and path.exists() else []
+            self._file = open(path, "w")
+            self._file.writelines(line + "\n" for line in kept if json.loads(line)["step"] <= start)
+
+    def write(self, record: dict[str, Any], show: bool) -> None:
+        self.records.append(record)
+        if self._file:
+            self._file.write(json.dumps(record) + "\n")
+            self._file.flush()
+        if self._board:
+            for key, value in record.items():
+                if key != "step" and isinstance(value, (int, float)):
+                    self._board.add_scalar(board_tag(key), value, record["step"])
+        if show:
+            print(
+                f"[snnfw] step {record['step']}/{self.total_steps} epoch {record['epoch']:.2f} loss {record['loss']:.4f} lr {record['lr']:.3g} "
+                f"grad {record['grad_norm']:.3g} "
+                f"acc {record['train_acc']:.1%} spikes {record['spike_rate']:.1%} "
+                f"{record['step_ms']:.0f} ms {record['samples_per_s']:.1f} samples/s "
+                f"peak {record['peak_mem_mb']:.0f} MB"
+                + (f" eval acc {record['eval_acc']:.1%} loss {record['eval_loss']:.4f}" if "eval_acc" in record else "")
+                + self._eta(record["step"]),
+                file=sys.stderr,
+                flush=True,
+            )
+
+    def _eta(self, step: int) -> str:
+        """`` eta 1m05s`` from the median of this run's recent step times; empty on the last step."""
+        left = self.total_steps - step
+        if left <= 0:
+            return ""
+        recent = sorted(r["step_ms"] for r in self.records[-20:])
+        seconds = math.ceil(left * recent[len(recent) // 2] / 1e3)
+        return f" eta {seconds // 60}m{seconds % 60:02d}s"
+
+    def close(self) -> None:
+        if self._file:
+            self._file.close()
+        if self._board:
+            self._board.close()

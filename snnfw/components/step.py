@@ -1,0 +1,41 @@
+"""What one rank computes in a training or evaluation step; the losses are in :mod:`snnfw.components.losses`."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import attrs
+
+if TYPE_CHECKING:
+    import torch
+
+
+@attrs.frozen
+class StepOutput:
+    """One rank's share of a step.
+
+    ``loss`` is the mean loss over the ``samples`` whose loss this rank holds
+    (0 samples on a pipeline stage without the loss); ranks that hold the same
+    samples (tensor-parallel peers) each report them, which the weighted mean
+    over ranks absorbs.
+    """
+
+    loss: float
+    correct: int
+    samples: int
+    top5: int = 0  # samples whose label is among the 5 largest logits (evaluation)
+    logits: torch.Tensor | None = None  # evaluation: the time-averaged logits [N, classes], on the CPU
+
+
+def count_correct(logits: torch.Tensor, labels: torch.Tensor) -> int:
+    return int((logits.mean(0).argmax(1) == labels).sum())
+
+
+def scored(logits: torch.Tensor, labels: torch.Tensor, loss_of) -> StepOutput:
+    """An evaluation batch's mean loss (``loss_of``), top-1 and top-5 counts from logits ``[T, N, classes]``."""
+    rate = logits.mean(0)
+    top5 = rate.topk(min(5, rate.shape[-1]), dim=-1).indices
+    return StepOutput(
+        loss=float(loss_of(logits, labels)), correct=count_correct(logits, labels), samples=len(labels),
+        top5=int((top5 == labels.unsqueeze(-1)).any(-1).sum()), logits=rate.detach().float().cpu(),
+    )

@@ -1,0 +1,150 @@
+"""One data semantics for every strategy, so strategies compare step by step.
+
+Step ``s`` trains on the ``s``-th contiguous run of ``batch_size`` samples of a
+seeded per-epoch permutation. Data-parallel replica ``r`` takes the ``r``-th
+contiguous chunk of that global batch, and its microbatches are contiguous
+chunks of the replica's chunk. ``none`` with ``D x M`` microbatches therefore
+computes on exactly the chunks that ``D`` replicas with ``M`` each compute on.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Callable
+
+import attrs
+
+from snnfw.config import Config, DataConfig
+from snnfw.errors import ConfigError, keys_phrase
+
+if TYPE_CHECKING:
+    import torch
+    from torch.utils.data import Dataset
+
+
+@attrs.frozen
+class InputSpec:
+    """What the model expects: frames ``[T, C, H, W]`` per sample and a class count."""
+
+    time_steps: int
+    shape: tuple[int, int, int]
+    num_classes: int
+
+
+@attrs.frozen
+class DatasetSpec:
+    """A data-set plugin's builder: ``build(config, spec, split, seed) -> Dataset``.
+
+    Items are ``(frames [T, C, H, W] float, label int)``; ``split`` is "train" or "test".
+    ``unread`` names the ``[data]`` keys the set does not read (``root`` for a generated
+    set, ``train_samples`` and ``test_samples`` for one on disk), which are refused when set.
+    """
+
+    build: Callable[[DataConfig, InputSpec, str, int], Dataset]
+    description: str = ""
+    unread: tuple[str, ...] = ()
+
+
+def check_keys(config: Config, spec: DatasetSpec) -> None:
+    """Refuses the ``[data]`` keys the user set that the configured data set does not read."""
+    if keys := [f"data.{key}" for key in spec.unread if f"data.{key}" in config.explicit]:
+        subject, pronoun = keys_phrase(keys)
+        raise ConfigError(
+            f"{subject} not read by data set {config.data.name!r} ({spec.description}); remove {pronoun}, "
+            f"or choose a data set that reads {pronoun}"
+        )
+
+
+REGISTERED_ONLY = ("name", "root", "train_samples", "test_samples")  # keys of registered data sets
+
+
+def check_own_data(config: Config, given: bool) -> None:
+    """Refuses what cannot apply to data sets of the user's own (``data.builder``, or handed to the API)."""
+    if given and config.data.builder is not None:
+        raise ConfigError("data sets were handed to snnfw.start and data.builder names others; remove data.builder")
+    if keys := [f"data.{key}" for key in REGISTERED_ONLY if f"data.{key}" in config.explicit]:
+        subject, pronoun = keys_phrase(keys)
+        where = "data sets handed to snnfw.start" if given else f"data.builder {config.data.builder!r}"
+        raise ConfigError(f"{subject} choose a registered data set, and the data come from {where}; remove {pronoun}")
+
+
+def own_datasets(build: Callable, name: str) -> tuple:
+    """The ``(train, test)`` map-style data sets that ``build()`` returns; ``name`` is its import path."""
+    built = build() if callable(build) else None
+    if not (isinstance(built, (tuple, list)) and len(built) == 2 and all(hasattr(d, "__getitem__") and hasattr(d, "__len__") for d in built)):
+        raise ConfigError(f"data.builder {name!r} must be a function returning (train, test) map-style Datasets of (frames, label)")
+    return tuple(built)
+
+
+def check_samples(dataset: Dataset, spec: InputSpec, split: str) -> None:
+    """Refuses a data set whose frames are not ``[T, C, H, W]`` as the model's config says, before training on it."""
+    if not len(dataset):
+        raise ConfigError(f"the {split} data set is empty")
+    frames, label = dataset[0]
+    expected = (spec.time_steps, *spec.shape)
+    if tuple(getattr(frames, "shape", ())) != expected:
+        raise ConfigError(
+            f"the {split} data set's frames have shape {list(getattr(frames, 'shape', []))}, but the model takes "
+            f"[T, C, H, W] = {list(expected)} per sample (model.time_steps and the input shape); make them agree"
+        )
+
+
+def global_batch_indices(step: int, batch_size: int, length: int, seed: int, keys: bool = False) -> torch.Tensor:
+    """Dataset indices of the global batch of ``step`` (reshuffled every epoch); with ``keys``,
+    ``epoch * length + index``, which an augmented set (:mod:`snnfw.data.augment`) reads."""
+    import torch
+
+    positions = torch.arange(step * batch_size, (step + 1) * batch_size)
+    epochs = positions // length
+    out = torch.empty_like(positions)
+    for epoch in epochs.unique().tolist():
+        perm = torch.randperm(length, generator=torch.Generator().manual_seed(seed * 100_003 + epoch))
+        mask = epochs == epoch
+        out[mask] = perm[positions[mask] % length]
+    return out + epochs * length if keys else out
+
+
+def replica_chunk(indices: torch.Tensor, replica: int, replicas: int) -> torch.Tensor:
+    return indices.chunk(replicas)[replica]
+
+
+def microbatch_indices(step: int, plan, length: int, seed: int, replica: int, keys: bool = False) -> tuple[torch.Tensor, ...]:
+    """Dataset indices (or ``keys``) of each of ``replica``'s microbatches in ``step`` of ``plan``."""
+    indices = global_batch_indices(step, plan.global_batch, length, seed, keys)
+    return replica_chunk(indices, replica, plan.dp_size).chunk(plan.microbatches)
+
+
+class StepSampler:
+    """A ``DataLoader`` batch sampler: a replica's microbatches, step after step, from ``start`` to ``stop``."""
+
+    def __init__(self, plan, length: int, seed: int, replica: int, start: int, stop: int, keys: bool = False):
+        self.plan, self.length, self.seed, self.replica, self.start, self.stop = plan, length, seed, replica, start, stop
+        self.keys = keys
+
+    def __iter__(self):
+        for step in range(self.start, self.stop):
+            for chunk in microbatch_indices(step, self.plan, self.length, self.seed, self.replica, self.keys):
+                yield chunk.tolist()
+
+    def __len__(self) -> int:
+        return (self.stop - self.start) * self.plan.microbatches
+
+
+def _placed(frames: torch.Tensor, labels: torch.Tensor, device: torch.device, dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    return frames.to(device, dtype, non_blocking=True), labels.to(device, non_blocking=True)
+
+
+def step_batches(dataset: Dataset, sampler: StepSampler, workers: int, device: torch.device, dtype=None):
+    """Each step's microbatches, ``[(frames, labels), ...]`` on ``device`` with frames in ``dtype``;
+    ``workers`` processes load ahead of the step (0: loaded in this process when the step asks)."""
+    from torch.utils.data import DataLoader
+
+    loader = iter(DataLoader(dataset, batch_sampler=sampler, num_workers=workers, pin_memory=device.type == "cuda"))
+    for _ in range(sampler.start, sampler.stop):
+        yield [_placed(*next(loader), device, dtype) for _ in range(sampler.plan.microbatches)]
+
+
+def load(dataset: Dataset, indices: torch.Tensor, device: torch.device, dtype=None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The samples at ``indices`` as one batch on ``device``, frames in ``dtype`` (None: as stored)."""
+    from torch.utils.data import default_collate
+
+    return _placed(*default_collate([dataset[i] for i in indices.tolist()]), device, dtype)

@@ -1,0 +1,117 @@
+"""Process group, device mesh and small collectives, each with a timeout."""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import os
+from typing import TYPE_CHECKING, Iterator
+
+import attrs
+import torch
+import torch.distributed as dist
+
+if TYPE_CHECKING:  # a plan is handed down from the layer above
+    from snnfw.plan.layout import Plan
+
+
+@attrs.frozen
+class RankEnv:
+    """This process's place in the job, as torchrun's environment variables give it."""
+
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+    local_world_size: int = 1
+
+    @classmethod
+    def from_environ(cls) -> "RankEnv":
+        env = os.environ
+        world = int(env.get("WORLD_SIZE", "1"))
+        return cls(
+            rank=int(env.get("RANK", "0")),
+            world_size=world,
+            local_rank=int(env.get("LOCAL_RANK", "0")),
+            local_world_size=int(env.get("LOCAL_WORLD_SIZE", str(world))),
+        )
+
+
+def set_cpu_threads(env: RankEnv) -> None:
+    """Shares this node's cores out among its ranks, unless ``OMP_NUM_THREADS`` says how many to use."""
+    if "OMP_NUM_THREADS" not in os.environ:
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // env.local_world_size))
+
+
+def device_for(plan: Plan, env: RankEnv) -> torch.device:
+    if plan.device_type == "cuda":
+        torch.cuda.set_device(env.local_rank)
+        return torch.device("cuda", env.local_rank)
+    return torch.device("cpu")
+
+
+@contextlib.contextmanager
+def process_group(plan: Plan, env: RankEnv, timeout_s: float) -> Iterator[object | None]:
+    """Initialises the process group and the plan's device mesh; yields the mesh (None on one rank)."""
+    if plan.world_size == 1:
+        yield None
+        return
+    from torch.distributed.device_mesh import init_device_mesh
+
+    dist.init_process_group(
+        backend=plan.backend,
+        timeout=datetime.timedelta(seconds=timeout_s),
+        device_id=torch.device("cuda", env.local_rank) if plan.device_type == "cuda" else None,
+    )
+    try:
+        names, sizes = zip(*plan.mesh)
+        yield init_device_mesh(plan.device_type, tuple(sizes), mesh_dim_names=tuple(names))
+    finally:
+        dist.destroy_process_group()
+
+
+def dp_coordinate(plan: Plan, mesh) -> int:
+    """This rank's data-parallel replica index, flattened over the plan's dp dimensions."""
+    if mesh is None:
+        return 0
+    index = 0
+    for name in plan.dp_dims:
+        index = index * mesh.size(mesh.mesh_dim_names.index(name)) + mesh.get_local_rank(name)
+    return index
+
+
+def dp_group(plan: Plan, mesh):
+    """The process group of this rank's data-parallel replicas (None with one replica)."""
+    if mesh is None or plan.dp_size == 1:
+        return None
+    dims = tuple(plan.dp_dims)
+    return mesh.get_group(dims[0]) if len(dims) == 1 else mesh[dims]._flatten().get_group()
+
+
+def is_main() -> bool:
+    """True on rank 0, and in a process without a process group: where a run prints and writes once."""
+    return not dist.is_initialized() or dist.get_rank() == 0
+
+
+def barrier() -> None:
+    """Waits until every rank gets here (the process group's timeout applies); nothing on one process."""
+    if dist.is_initialized():
+        dist.barrier()
+
+
+def all_reduce(values: list[float], op: str = "sum") -> list[float]:
+    """Reduces a few floats over the world (identity on one rank)."""
+    if not dist.is_initialized():
+        return values
+    tensor = torch.tensor(values, dtype=torch.float64)
+    if dist.get_backend() == "nccl":
+        tensor = tensor.cuda()
+    dist.all_reduce(tensor, op=dist.ReduceOp.MAX if op == "max" else dist.ReduceOp.SUM)
+    return tensor.tolist()
+
+
+@torch.no_grad()
+def broadcast_state(module: torch.nn.Module) -> None:
+    """Gives every rank rank 0's parameters and buffers (in place; no-op on one rank)."""
+    if dist.is_initialized():
+        for tensor in module.state_dict().values():
+            dist.broadcast(tensor, src=0)

@@ -1,0 +1,184 @@
+"""Where the model comes from: a registered family, a builder by import path, or a module handed to the API.
+
+A family plugin declares in code what strategies need (FSDP2 blocks, pipeline
+stage units, a tensor-parallel plan). A model given by ``model.builder`` or
+through :func:`snnfw.run.session.start` declares them in the ``[model]`` section,
+or leaves them to be inferred where that is safe:
+
+- ``blocks``: the top-level children that hold parameters;
+- ``stage_units``: the children of an ``nn.Sequential`` model;
+- ``tp_plan``: every container whose children are Conv, optional BatchNorm,
+  neuron and optional pooling (``conv_bn_neuron``), or Linear, neuron, Linear
+  and an optional neuron (``linear_mlp``).
+
+With ``model.input_layout = "TN"`` the model takes SpikingJelly's
+``[T, N, ...]``: snnfw's frames ``[N, T, ...]`` are transposed on the way in.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable
+
+import attrs
+
+from snnfw.config import Config
+from snnfw.data import batches as datalib
+from snnfw.errors import ConfigError, keys_phrase
+from snnfw.model.analysis import AnalysisPart, is_neuron, submodule
+
+if TYPE_CHECKING:
+    from torch import nn
+
+OWN_MODEL_KEYS = ("input_shape", "input_layout", "blocks", "stage_units", "tp_plan")
+DECLARABLE = ("blocks", "stage_units", "tp_plan")
+
+
+def import_object(path: str, key: str) -> Any:
+    """The object that ``"module:name"`` or ``"path/to/file.py:name"`` names; ``key`` is the config key, for messages."""
+    where, sep, name = path.rpartition(":")
+    if not sep or not where or not name:
+        raise ConfigError(f"{key} must be \"module:name\" or \"path/to/file.py:name\", got {path!r}")
+    if where.endswith(".py"):
+        file = Path(where)
+        if not file.is_file():
+            raise ConfigError(f"{key}: no file {file} (relative paths start at the working directory {Path.cwd()})")
+        spec = importlib.util.spec_from_file_location(f"snnfw_user_{file.stem}", file)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[spec.name] = module  # pickling and dataclasses look classes up by module
+        spec.loader.exec_module(module)
+    else:
+        if "" not in sys.path and str(Path.cwd()) not in sys.path:
+            sys.path.insert(0, str(Path.cwd()))
+        try:
+            module = importlib.import_module(where)
+        except ModuleNotFoundError as err:
+            raise ConfigError(f"{key}: cannot import {where!r} ({err}); run from the folder that holds it, or name a .py file") from None
+    try:
+        return getattr(module, name)
+    except AttributeError:
+        raise ConfigError(f"{key}: {where} has no {name!r}") from None
+
+
+@attrs.frozen
+class Source:
+    """A model to build: its name in plans and messages, builder, input spec, and what the config declares."""
+
+    name: str
+    build: Callable[[], nn.Module]
+    spec: datalib.InputSpec
+    own: bool  # declared in the config rather than by a family plugin
+
+
+def _refuse_set(config: Config, keys: tuple[str, ...], why: str) -> None:
+    if found := [f"model.{key}" for key in keys if f"model.{key}" in config.explicit]:
+        subject, pronoun = keys_phrase(found)
+        raise ConfigError(f"{subject} {why}; remove {pronoun}")
+
+
+def source(config: Config, plugins, given: Any = None) -> Source:
+    """The model ``config`` describes, or ``given`` (a module, or a callable that builds one)."""
+    model = config.model
+    if given is None and model.builder is None:
+        _refuse_set(config, OWN_MODEL_KEYS, f"describe a model given by model.builder, and model family {model.family!r} declares its own")
+        flavor = plugins.families.get(model.family).flavor(model.flavor)
+        build, classes = flavor.build, flavor.num_classes
+        if model.num_classes is not None and model.num_classes != classes:
+            if flavor.with_classes is None:
+                raise ConfigError(
+                    f"model family {model.family!r} flavor {model.flavor!r} has {classes} classes and cannot change them; "
+                    "remove model.num_classes"
+                )
+            build, classes = flavor.with_classes(model.num_classes), model.num_classes
+        return Source(model.family, build, datalib.InputSpec(model.time_steps, flavor.input_shape, classes), own=False)
+    if given is not None and model.builder is not None:
+        raise ConfigError("a model was handed to snnfw.start and model.builder names another; remove model.builder")
+    _refuse_set(config, ("family", "flavor"), "name a registered family, and the model is given by model.builder or the Python API")
+    if model.input_shape is None or model.num_classes is None:
+        raise ConfigError(
+            "a model of your own needs model.input_shape = [C, H, W] (one time step's frame) and model.num_classes; set both"
+        )
+    spec = datalib.InputSpec(model.time_steps, model.input_shape, model.num_classes)
+    if given is None:
+        build = import_object(model.builder, "model.builder")
+        if not callable(build):
+            raise ConfigError(f"model.builder {model.builder!r} is no callable; name a function or class that returns the network")
+        return Source(model.builder, build, spec, own=True)
+    from torch import nn
+
+    if isinstance(given, nn.Module):
+        return Source(f"{type(given).__module__}:{type(given).__qualname__}", lambda: given, spec, own=True)
+    return Source(f"{getattr(given, '__module__', '?')}:{getattr(given, '__qualname__', type(given).__name__)}", given, spec, own=True)
+
+
+def time_major_input(model: nn.Module) -> None:
+    """Makes ``model`` take snnfw's ``[N, T, ...]`` frames although it computes on ``[T, N, ...]``."""
+    model.register_forward_pre_hook(lambda module, args: (args[0].transpose(0, 1).contiguous(), *args[1:]))
+
+
+def _has_parameters(module: nn.Module) -> bool:
+    return any(True for _ in module.parameters())
+
+
+def _kinds(module: nn.Module) -> str:
+    """The children of ``module`` as a string of letters: c conv, b batch norm, n neuron, l linear, p pool, ? other."""
+    from torch import nn
+
+    letters = []
+    for child in module.children():
+        if isinstance(child, (nn.Conv1d, nn.Conv2d)):
+            letters.append("c")
+        elif isinstance(child, (nn.BatchNorm1d, nn.BatchNorm2d)):
+            letters.append("b")
+        elif is_neuron(child):
+            letters.append("n")
+        elif isinstance(child, nn.Linear):
+            letters.append("l")
+        elif isinstance(child, (nn.MaxPool1d, nn.MaxPool2d, nn.AvgPool1d, nn.AvgPool2d, nn.AdaptiveAvgPool2d)):
+            letters.append("p")
+        else:
+            letters.append("?")
+    return "".join(letters)
+
+
+INFERRED_STYLES = {"conv_bn_neuron": ("cbn", "cn", "cbnp", "cnp"), "linear_mlp": ("lnl", "lnln")}
+
+
+def infer_tp_plan(model: nn.Module) -> tuple[tuple[str, str], ...]:
+    """The outermost containers that match a style's pattern, in forward order."""
+    found: list[tuple[str, str]] = []
+    for name, module in model.named_modules():
+        if not name or any(name.startswith(f"{outer}.") for outer, _ in found):
+            continue
+        kinds = _kinds(module)
+        style = next((style for style, patterns in INFERRED_STYLES.items() if kinds in patterns), None)
+        if style:
+            found.append((name, style))
+    return tuple(found)
+
+
+def own_part(model: nn.Module, config: Config) -> tuple[AnalysisPart, tuple[str, ...]]:
+    """What the ``[model]`` section declares, with the rest inferred; and the names of the inferred parts."""
+    from torch import nn
+
+    declared = {key: getattr(config.model, key) for key in DECLARABLE}
+    for key in ("blocks", "stage_units"):
+        for name in declared[key] or ():
+            try:
+                submodule(model, name)
+            except AttributeError:
+                raise ConfigError(f"model.{key} names {name!r}, which the model has not; names: {_child_names(model)}") from None
+    inferred = {
+        "blocks": tuple(name for name, child in model.named_children() if _has_parameters(child)),
+        "stage_units": tuple(name for name, _ in model.named_children()) if isinstance(model, nn.Sequential) else (),
+        "tp_plan": infer_tp_plan(model),
+    }
+    part = AnalysisPart(**{key: inferred[key] if declared[key] is None else declared[key] for key in DECLARABLE})
+    return part, tuple(key for key in DECLARABLE if declared[key] is None)
+
+
+def _child_names(model: nn.Module) -> str:
+    return ", ".join(name for name, _ in model.named_modules() if name and name.count(".") < 2) or "none"

@@ -1,0 +1,1 @@
+"""plan: validate the config, build and analyse the model, and choose the parallel layout, before any process group exists."""

@@ -1,0 +1,143 @@
+"""``parallel.strategy = "auto"``: every strategy plugin proposes, the preference ranks.
+
+Strategy plugins answer ``snnfw_plan`` for ``auto`` as for their own name,
+attaching an :class:`snnfw.plan.estimate.Estimate`; so a third-party strategy takes
+part without any change here. Candidates that cannot run are kept with their
+reason, for ``snnfw plan`` to show.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+
+import attrs
+import torch
+
+from snnfw.config import Config, with_settings
+from snnfw.errors import PlanError
+from snnfw.plan.estimate import measure_cost
+
+AUTO = "auto"
+
+
+@attrs.frozen
+class Candidate:
+    strategy: str
+    mesh: dict
+    replicas: int = 1
+    estimate: object = None
+    reason: str | None = None  # why it cannot run
+    settings: tuple = ()  # config values it runs with, as in snnfw.plan.layout.Proposal
+
+    @property
+    def assignments(self) -> str:
+        """The candidate as config lines: ``parallel.strategy = "pp", pipeline.schedule = "zbv"``."""
+        pairs = (("parallel.strategy", self.strategy), *self.settings)
+        return ", ".join(f"{key} = {json.dumps(value)}" for key, value in pairs)
+
+    def overrides(self) -> list[str]:
+        """The candidate as ``--set`` overrides: strategy, mesh and settings."""
+        mesh = "{" + ", ".join(f"{d} = {n}" for d, n in self.mesh.items()) + "}"
+        return [f"parallel.strategy={self.strategy}", f"parallel.mesh={mesh}", *(f"{k}={v}" for k, v in self.settings)]
+
+    def describe(self, device_type: str) -> str:
+        settings = "".join(f", {key} = {value!r}" for key, value in self.settings)
+        if self.reason:
+            return f"{self.strategy}{settings and f' ({settings[2:]})'}: cannot run: {self.reason}"
+        mesh = " x ".join(f"{d}={n}" for d, n in self.mesh.items())
+        return f"{self.strategy} ({mesh}{settings}): {self.estimate.summary(device_type)}"
+
+
+def candidates(request, proposals) -> tuple[list[Candidate], list[Candidate]]:
+    """Splits proposals into runnable candidates and refused ones, with reasons.
+
+    A refusal without settings refuses its strategy, whichever plugin gives it, as
+    when the strategy is named; one with settings refuses only that variant.
+    """
+    config, topology = request.config, request.topology
+    memory = topology.memory_per_rank()
+    vetoed = {p.strategy for p in proposals if p.refusal and not p.settings}
+    feasible, refused = [], []
+    for p in proposals:
+        mesh = dict(p.mesh)
+        if p.refusal or p.estimate is None:
+            refused.append(Candidate(p.strategy, mesh, reason=p.refusal or "it gives no estimate", settings=p.settings))
+            continue
+        if p.strategy in vetoed:
+            continue
+        replicas = math.prod(mesh[d] for d in p.dp_dims)
+        micro = config.train.microbatches or p.microbatches or 1
+        if config.data.batch_size % (replicas * micro):
+            reason = f"data.batch_size {config.data.batch_size} is not divisible by {replicas} x {micro}"
+        elif p.estimate.memory_bytes > memory:
+            reason = f"needs ~{p.estimate.memory_bytes / 2**30:.1f} GiB per rank, has {memory / 2**30:.1f}"
+        else:
+            feasible.append(Candidate(p.strategy, mesh, replicas, p.estimate, settings=p.settings))
+            continue
+        refused.append(Candidate(p.strategy, mesh, reason=reason, settings=p.settings))
+    return feasible, _collapse(refused)
+
+
+def _collapse(refused: list[Candidate]) -> list[Candidate]:
+    """One refusal per strategy and reason: variants refused alike lose their settings."""
+    kept: dict[tuple, Candidate] = {}
+    for c in refused:
+        key = (c.strategy, c.reason)
+        kept[key] = attrs.evolve(c, settings=()) if key in kept else c
+    return list(kept.values())
+
+
+def rank(feasible: list[Candidate], prefer: str, device_type: str, memory: float) -> list[Candidate]:
+    """Best first: fastest (speed), least memory per rank (memory), largest batch that fits (capacity)."""
+    keys = {
+        "speed": lambda c: (c.estimate.step_ms(device_type), c.estimate.memory_bytes),
+        "memory": lambda c: (c.estimate.memory_bytes, c.estimate.step_ms(device_type)),
+        "capacity": lambda c: (-c.estimate.capacity(memory, c.replicas), c.estimate.step_ms(device_type)),
+    }
+    return sorted(feasible, key=keys[prefer])
+
+
+def example_batch(spec, samples: int = 2) -> tuple[torch.Tensor, torch.Tensor]:
+    generator = torch.Generator().manual_seed(0)
+    frames = (torch.rand(samples, spec.time_steps, *spec.shape, generator=generator) < 0.1).float()
+    return frames, torch.zeros(samples, dtype=torch.long)
+
+
+def ranked_candidates(request, plugins) -> tuple[list[Candidate], list[Candidate]]:
+    """(runnable candidates, best first under ``parallel.prefer``; refused candidates).
+
+    A refusal of ``auto`` itself (a setting no strategy can run) refuses the request at once.
+    """
+    topology = request.topology
+    proposals = plugins.propose(request)
+    if refusals := [p.refusal for p in proposals if p.strategy == AUTO and p.refusal]:
+        raise PlanError(f"strategy {AUTO!r} cannot run: {'; '.join(refusals)}")
+    feasible, refused = candidates(request, [p for p in proposals if p.strategy != AUTO])
+    if not feasible:
+        reasons = "; ".join(c.describe(topology.device_type) for c in refused) or "no strategy plugin proposed a plan"
+        raise PlanError(f"auto found no strategy that can run on {topology.world_size} rank(s): {reasons}")
+    memory = topology.memory_per_rank()
+    return rank(feasible, request.config.parallel.prefer or "speed", topology.device_type, memory), refused
+
+
+def choose(config: Config, request, plugins) -> tuple[Config, tuple[str, ...]]:
+    """Resolves ``auto`` into the best candidate's strategy, mesh and settings; returns the config and the rationale."""
+    prefer = config.parallel.prefer or "speed"
+    device = request.topology.device_type
+    ranked, refused = ranked_candidates(request, plugins)
+    best = ranked[0]
+    parallel = attrs.evolve(config.parallel, strategy=best.strategy, mesh=tuple(best.mesh.items()))
+    config, _ = with_settings(attrs.evolve(config, parallel=parallel), dict(best.settings))
+    rationale = (
+        f"auto, prefer {prefer}: chose {best.describe(device)}",
+        *(f"candidate {c.describe(device)}" for c in ranked[1:]),
+        *(f"candidate {c.describe(device)}" for c in refused),
+    )
+    return config, rationale
+
+
+def measure(model, spec, plugins):
+    """The per-sample cost of ``model`` that estimates scale from."""
+    frames, labels = example_batch(spec)
+    return measure_cost(model, frames, labels, plugins.reset_state)

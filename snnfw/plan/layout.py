@@ -1,0 +1,211 @@
+"""plan: choose and validate the parallel layout before any process group exists."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import attrs
+
+from snnfw.config import Config, with_settings
+from snnfw.errors import PlanError
+from snnfw.model.analysis import Analysis
+
+Mesh = tuple[tuple[str, int], ...]
+AUTO = "auto"
+
+
+@attrs.frozen
+class Topology:
+    """The world a plan is made for."""
+
+    world_size: int
+    device_type: str = "cpu"
+    rationale: tuple[str, ...] = ()  # why auto chose the CPU on a host with GPUs
+    device_memory: float | None = None  # bytes a rank may use where the caller knows (a dry run's --device-memory)
+
+    def memory_per_rank(self) -> float:
+        """``device_memory``, else this machine's: its GPU's, or an even share of its memory among the ranks."""
+        from snnfw.plan.estimate import device_memory_bytes
+
+        return self.device_memory if self.device_memory is not None else device_memory_bytes(self.device_type, self.world_size)
+
+    @property
+    def backend(self) -> str:
+        return "nccl" if self.device_type == "cuda" else "gloo"
+
+    @classmethod
+    def detect(cls, world_size: int, device: str = "auto", local_ranks: int | None = None) -> "Topology":
+        """The world on ``parallel.device``; ``auto`` is CUDA where this node has a GPU for each of its ranks.
+
+        ``local_ranks``, the ranks on this node, defaults to ``LOCAL_WORLD_SIZE`` (set in a launched rank),
+        else ``world_size``.
+        """
+        import os
+
+        import torch
+
+        local = local_ranks or int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
+        gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if device == "cuda" and gpus < local:
+            fewer = f"launch at most {gpus} rank(s) per node, or " if gpus else ""
+            raise PlanError(
+                f'parallel.device = "cuda" needs a GPU per rank: {local} rank(s) on this node asked for one and '
+                f'{gpus} GPU(s) were found; {fewer}set parallel.device = "cpu" or "auto"'
+            )
+        if device == "cuda" or (device == "auto" and gpus >= local):
+            return cls(world_size=world_size, device_type="cuda")
+        fallback = (
+            f'device cpu: {local} rank(s) on this node and {gpus} GPU(s); parallel.device = "auto" takes CUDA '
+            f'only with a GPU per rank',
+        )
+        return cls(world_size=world_size, device_type="cpu", rationale=fallback if device == "auto" and gpus else ())
+
+
+@attrs.frozen
+class PlanRequest:
+    """What a strategy plugin sees when asked to propose a plan."""
+
+    config: Config
+    topology: Topology
+    analysis: Analysis
+    model: Any = None  # the built, unparallelized model, for shape checks
+    cost: Any = None  # snnfw.plan.estimate.ModelCost, measured when the strategy is "auto"
+    plugins: Any = None  # the Plugins facade, for registries (schedules, ...)
+
+    @property
+    def strategy(self) -> str:
+        return self.config.parallel.strategy
+
+    def asks_for(self, strategy: str) -> bool:
+        """True when a plugin owning ``strategy`` should answer: asked by name, or by ``auto``."""
+        return self.strategy in (strategy, AUTO)
+
+
+@attrs.frozen
+class Proposal:
+    """A strategy's answer: a mesh and its data-parallel dimensions, or a refusal.
+
+    ``microbatches`` is the strategy's choice for when ``train.microbatches`` is
+    absent (otherwise 1). ``settings`` are config values (``"section.key"``,
+    value) the proposal was made for, which ``auto`` applies if it picks it.
+    A plugin may answer with a list of proposals (``auto`` ranks them all).
+    """
+
+    strategy: str
+    mesh: Mesh = ()
+    dp_dims: tuple[str, ...] = ()
+    rationale: tuple[str, ...] = ()
+    refusal: str | None = None
+    microbatches: int | None = None
+    estimate: Any = None  # snnfw.plan.estimate.Estimate, required to take part in auto
+    settings: tuple[tuple[str, Any], ...] = ()
+
+    @classmethod
+    def refuse(cls, strategy: str, reason: str) -> "Proposal":
+        return cls(strategy=strategy, refusal=reason)
+
+
+def refuse_others(request: PlanRequest, owners: tuple[str, ...], reason: str) -> list[Proposal]:
+    """Refusals of the strategies asked for (under ``auto``, every registered one) but ``owners``.
+
+    How a plugin refuses a key only ``owners`` apply: under ``auto`` these rule out
+    the other candidates alone.
+    """
+    asked = request.plugins.strategies.names() if request.strategy == AUTO else [request.strategy]
+    return [Proposal.refuse(name, reason) for name in asked if name not in owners]
+
+
+@attrs.frozen
+class Plan:
+    """The resolved layout every rank runs: recorded in metrics and shown by ``snnfw plan``."""
+
+    strategy: str
+    world_size: int
+    mesh: Mesh
+    dp_dims: tuple[str, ...]
+    microbatches: int
+    global_batch: int
+    device_type: str
+    backend: str
+    rationale: tuple[str, ...]
+    config: Config
+    analysis: Analysis
+
+    @property
+    def dp_size(self) -> int:
+        sizes = dict(self.mesh)
+        return math.prod(sizes[d] for d in self.dp_dims)
+
+    @property
+    def replica_batch(self) -> int:
+        return self.global_batch // self.dp_size
+
+    @property
+    def microbatch_size(self) -> int:
+        return self.replica_batch // self.microbatches
+
+    def to_dict(self) -> dict[str, Any]:
+        out = attrs.asdict(self, filter=lambda a, _: a.name not in ("config", "analysis"))
+        out["mesh"] = dict(self.mesh)
+        out.update(dp_size=self.dp_size, replica_batch=self.replica_batch, microbatch_size=self.microbatch_size)
+        return out
+
+
+def make_plan(config: Config, topology: Topology, analysis: Analysis, plugins, model=None, cost=None) -> Plan:
+    """Asks the strategy's plugin for a proposal and checks it against the world and batch.
+
+    ``auto`` first lets every strategy propose with an estimate (``cost`` is the
+    measured model) and continues with the best under ``parallel.prefer``.
+    """
+    chosen: tuple[str, ...] = ()
+    if config.parallel.strategy == AUTO:
+        from snnfw.plan.auto import choose
+
+        request = PlanRequest(config=config, topology=topology, analysis=analysis, model=model, plugins=plugins, cost=cost)
+        config, chosen = choose(config, request, plugins)
+    plugins.strategies.entry(config.parallel.strategy)  # unknown names list the registered ones
+    if config.parallel.prefer:
+        config, changed = with_settings(config, plugins.preference_defaults(config))
+        chosen += tuple(f"prefer {config.parallel.prefer}: {change}" for change in changed)
+    request = PlanRequest(config=config, topology=topology, analysis=analysis, model=model, plugins=plugins)
+    answers = [p for p in plugins.propose(request) if p.strategy == request.strategy]
+    refusals = [p.refusal for p in answers if p.refusal]
+    if refusals:
+        raise PlanError(f"strategy {request.strategy!r} cannot run: {'; '.join(refusals)}")
+    if len(answers) != 1:
+        raise PlanError(
+            f"strategy {request.strategy!r} got {len(answers)} proposals from plugins; exactly one plugin must own it"
+        )
+    proposal = answers[0]
+    product = math.prod(n for _, n in proposal.mesh)
+    shape = " x ".join(f"{d}={n}" for d, n in proposal.mesh)
+    if product != topology.world_size:
+        raise PlanError(
+            f"mesh {shape} has {product} ranks but the world has {topology.world_size}; "
+            f"change parallel.mesh or launch with --nproc {product}"
+        )
+    dp = math.prod(dict(proposal.mesh)[d] for d in proposal.dp_dims)
+    batch = config.data.batch_size
+    micro = config.train.microbatches or proposal.microbatches or 1
+    if batch % (dp * micro):
+        raise PlanError(
+            f"data.batch_size {batch} must be divisible by data-parallel size {dp} x "
+            f"train.microbatches {micro} = {dp * micro}; change one of them"
+        )
+    rationale = chosen + proposal.rationale + (
+        f"global batch {batch} = {dp} replica(s) x {micro} microbatch(es) x {batch // (dp * micro)} samples",
+    )
+    return Plan(
+        strategy=proposal.strategy,
+        world_size=topology.world_size,
+        mesh=proposal.mesh,
+        dp_dims=proposal.dp_dims,
+        microbatches=micro,
+        global_batch=batch,
+        device_type=topology.device_type,
+        backend=topology.backend,
+        rationale=rationale,
+        config=config,
+        analysis=analysis,
+    )

@@ -1,0 +1,165 @@
+"""analyze -> plan: the model, its analysis and the plan, decided before any process starts.
+
+``snnfw plan`` stops here; every rank of a run repeats it (the same config and
+seed give the same model and plan) and then applies and runs it
+(:mod:`snnfw.run.loop`).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+
+import attrs
+import torch
+
+from snnfw.components.losses import check_loss
+from snnfw.components.optim import check_train
+from snnfw.components.precision import check_precision, precision_notes
+from snnfw.config import Config
+from snnfw.data import batches as datalib
+from snnfw.data.augment import check_augment
+from snnfw.distributed import cpu_allocator
+from snnfw.errors import ConfigError
+from snnfw.model import source as models
+from snnfw.model.analysis import Analysis, analyze
+from snnfw.plan.auto import measure, ranked_candidates
+from snnfw.plan.layout import AUTO, Plan, PlanRequest, Topology, make_plan
+from snnfw.plugin.manager import Plugins
+
+
+def build_model(config: Config, plugins: Plugins, given=None):
+    """Builds the configured model (or ``given``) with the run's seed; returns (model, input spec)."""
+    source = models.source(config, plugins, given)
+    return _build(config, source), source.spec
+
+
+def _build(config: Config, source: models.Source) -> torch.nn.Module:
+    torch.manual_seed(config.train.seed)
+    model = source.build()
+    if not isinstance(model, torch.nn.Module):
+        raise ConfigError(f"{source.name} returned {type(model).__name__}, not a torch.nn.Module; return the network")
+    if config.model.input_layout == "TN":
+        models.time_major_input(model)
+    return model
+
+
+def _analyze(model, config: Config, source, plugins: Plugins) -> Analysis:
+    return analyze(model, source.name, plugins, models.own_part(model, config) if source.own else None)
+
+
+@attrs.frozen
+class Prepared:
+    """The outcome of analyze -> plan: what every rank then applies and runs."""
+
+    plan: Plan
+    model: torch.nn.Module
+    spec: datalib.InputSpec
+    analysis: Analysis
+    given_instance: bool = False  # a module handed over whole: ranks take rank 0's initial state
+    datasets: tuple | None = None  # (train, test) as built for counting epochs, for the trainer to reuse
+
+
+def check_data(config: Config, plugins: Plugins, own_data: bool) -> None:
+    check_augment(config.data)
+    if own_data or config.data.builder is not None:
+        datalib.check_own_data(config, given=own_data)
+    else:
+        plugins.datasets.entry(config.data.name)  # unknown names list the registered ones
+        datalib.check_keys(config, plugins.datasets.get(config.data.name))
+
+
+def with_epochs(config: Config, train_samples: int) -> Config:
+    """``config`` with ``train.steps`` from ``train.epochs`` (that many passes of whole global batches),
+    ``train.warmup_steps`` from ``train.warmup_epochs`` and ``eval.every`` from ``eval.every_epochs``."""
+    epochs, batch = config.train.epochs, config.data.batch_size
+    if epochs is None:
+        for key, steps in (("eval.every_epochs", "eval.every"), ("train.warmup_epochs", "train.warmup_steps")):
+            if _value(config, key):
+                raise ConfigError(f"{key} counts epochs of train.epochs; set train.epochs, or use {steps} (steps)")
+        return config
+    if "train.steps" in config.explicit:
+        raise ConfigError(f"train.steps ({config.train.steps}) and train.epochs ({epochs}) both say how long to train; remove one of them")
+    if train_samples < batch:
+        raise ConfigError(f"the training set has {train_samples} samples, fewer than one global batch ({batch}); lower data.batch_size")
+    for key, steps, what in (("eval.every_epochs", "eval.every", "when to validate"),
+                             ("train.warmup_epochs", "train.warmup_steps", "how long to warm up")):
+        if _value(config, key) and steps in config.explicit:
+            raise ConfigError(f"{steps} and {key} both say {what}; remove one of them")
+    per_epoch = train_samples // batch
+    train = attrs.evolve(config.train, steps=epochs * per_epoch,
+                         warmup_steps=config.train.warmup_epochs * per_epoch or config.train.warmup_steps)
+    evaluation = attrs.evolve(config.eval, every=config.eval.every_epochs * per_epoch) if config.eval.every_epochs else config.eval
+    return attrs.evolve(config, train=train, eval=evaluation)
+
+
+def _value(config: Config, key: str):
+    section, name = key.split(".")
+    return getattr(getattr(config, section), name)
+
+
+def _counts_epochs(config: Config) -> bool:
+    return config.train.epochs is not None or bool(config.eval.every_epochs) or bool(config.train.warmup_epochs)
+
+
+def _resolved(config: Config, plugins: Plugins, source: models.Source, datasets: tuple | None) -> Config:
+    """The config with what the model and data set decide (``train.steps`` from epochs), its [train] keys checked."""
+    if _counts_epochs(config):
+        train_set = datasets[0] if datasets else build_datasets(config, source.spec, plugins)[0]
+        config = with_epochs(config, len(train_set))
+    check_train(config.train, plugins)
+    check_loss(config.train, plugins)
+    check_precision(config.train)
+    if config.log.tensorboard and importlib.util.find_spec("tensorboard") is None:
+        raise ConfigError(
+            "log.tensorboard needs the tensorboard package, which is not installed; run "
+            "`SNNFW_EXTRAS=tensorboard bash scripts/install.sh` (or pip install tensorboard), or remove log.tensorboard"
+        )
+    return config
+
+
+def prepare(config: Config, world_size: int, plugins: Plugins, local_ranks: int | None = None,
+            model=None, datasets: tuple | None = None) -> Prepared:
+    """analyze -> plan for a world of ``world_size`` ranks, ``local_ranks`` on this node; starts no process.
+
+    ``model`` (a module or builder) and ``datasets`` (train, test) are what the Python API was handed.
+    """
+    check_data(config, plugins, datasets is not None)
+    source = models.source(config, plugins, model)
+    built_data = None
+    if datasets is None and _counts_epochs(config):
+        datasets = built_data = build_datasets(config, source.spec, plugins)
+    config = _resolved(config, plugins, source, datasets)
+    topology = Topology.detect(world_size, config.parallel.device, local_ranks)
+    built = _build(config, source)
+    analysis = _analyze(built, config, source, plugins)
+    cost = measure(built, source.spec, plugins) if config.parallel.strategy == AUTO else None
+    plan = make_plan(config, topology, analysis, plugins, built, cost)
+    allocator = cpu_allocator.resolve(config.parallel.cpu_allocator, topology.device_type)
+    notes = precision_notes(config, topology.device_type) + (
+        ("cpu_allocator retain: each rank's malloc keeps freed blocks for the next step",) if allocator == "retain" else ())
+    plan = attrs.evolve(plan, rationale=topology.rationale + plan.rationale + notes)
+    return Prepared(plan, built, source.spec, analysis, given_instance=isinstance(model, torch.nn.Module), datasets=built_data)
+
+
+def auto_candidates(config: Config, world_size: int, plugins: Plugins, device_memory: float | None = None) -> list:
+    """``auto``'s runnable candidates for ``config`` on ``world_size`` ranks, best first; starts no process.
+    ``device_memory``: the bytes a rank may use (default: this machine's, shared by its ranks)."""
+    check_data(config, plugins, own_data=False)
+    source = models.source(config, plugins)
+    config = _resolved(config, plugins, source, None)
+    model = _build(config, source)
+    topology = attrs.evolve(Topology.detect(world_size, config.parallel.device), device_memory=device_memory)
+    request = PlanRequest(
+        config=config, topology=topology,
+        analysis=_analyze(model, config, source, plugins), model=model, plugins=plugins,
+        cost=measure(model, source.spec, plugins),
+    )
+    return ranked_candidates(request, plugins)[0]
+
+
+def build_datasets(config: Config, spec: datalib.InputSpec, plugins: Plugins) -> tuple:
+    """The train and test splits of the configured data set (``data.builder``'s, or a registered one's)."""
+    if config.data.builder is not None:
+        return datalib.own_datasets(models.import_object(config.data.builder, "data.builder"), config.data.builder)
+    dataset = plugins.datasets.get(config.data.name)
+    return tuple(dataset.build(config.data, spec, split, config.train.seed) for split in ("train", "test"))

@@ -1,0 +1,1 @@
+"""The plugin contract: hook specifications, the registries plugins fill, and the manager that loads them."""

@@ -1,0 +1,265 @@
+"""Hook specifications: the contract between the snnfw core and its plugins.
+
+Hooks are called with keyword arguments only. A ``firstresult`` hook stops at
+the first implementation that returns something other than None, so a plugin
+declines by returning None. Built-in plugins load first and third-party ones
+after them; pluggy calls the last registered first, so an installed package
+overrides a built-in by answering the same hook.
+"""
+
+from __future__ import annotations
+
+import pluggy
+
+hookspec = pluggy.HookspecMarker("snnfw")
+
+
+# Registration: each hook receives ``register(name, value, description="", overrides=False)``;
+# ``overrides=True`` replaces the entry another plugin registered under that name.
+
+
+@hookspec
+def snnfw_register_strategies(register):
+    """Register parallelism strategies by name (``register("dp", None, "DDP ...")``).
+
+    The behaviour of a strategy lives in the plugin's :func:`snnfw_plan` and
+    :func:`snnfw_parallelize` implementations, which answer for its name.
+    """
+
+
+@hookspec
+def snnfw_register_model_families(register):
+    """Register model families: ``register(name, snnfw.model.families.ModelFamily(...))``."""
+
+
+@hookspec
+def snnfw_register_datasets(register):
+    """Register data sets: ``register(name, snnfw.data.batches.DatasetSpec(...))``."""
+
+
+@hookspec
+def snnfw_register_schedules(register):
+    """Register pipeline schedules: ``register(name, snnfw.distributed.pipeline.ScheduleSpec(...))``.
+
+    A spec that names a ``torch_schedule`` class is built by the ``pp``
+    plugin; otherwise :func:`snnfw_schedule` answers for the name.
+    """
+
+
+@hookspec
+def snnfw_register_optimizers(register):
+    """Register optimizers for ``train.optimizer``: ``register(name, snnfw.components.optim.OptimizerSpec(...))``."""
+
+
+@hookspec
+def snnfw_register_lr_schedules(register):
+    """Register learning-rate schedules for ``train.lr_schedule``: ``register(name, snnfw.components.optim.LrScheduleSpec(...))``.
+
+    Every schedule follows ``train.warmup_steps`` of linear warm-up and is
+    stepped once per optimizer step.
+    """
+
+
+@hookspec
+def snnfw_register_losses(register):
+    """Register training losses for ``train.loss``: ``register(name, snnfw.components.losses.LossSpec(...))``."""
+
+
+# The flow: analyze -> plan -> apply (parallelize, optimizer) -> run.
+
+
+@hookspec
+def snnfw_analyze(model, family):
+    """Contribute to the analysis of ``model``, built by the family named ``family``.
+
+    Return an :class:`snnfw.model.analysis.AnalysisPart` (the blocks to shard, the
+    units that may start a pipeline stage) or None. Parts of all plugins are
+    merged; the core itself finds the neurons and tensor-parallel candidates.
+    """
+
+
+@hookspec
+def snnfw_preference_defaults(config):
+    """Settings that ``config.parallel.prefer`` implies for the chosen strategy.
+
+    Return a dict like ``{"parallel.zero": True}`` or None. Called once the
+    strategy is known (explicit, or chosen by ``auto``); a setting applies only
+    where the config still holds that key's default.
+    """
+
+
+@hookspec
+def snnfw_plan(request):
+    """Propose how to run ``request`` (:class:`snnfw.plan.layout.PlanRequest`).
+
+    Return an :class:`snnfw.plan.layout.Proposal` for each strategy this plugin owns
+    (a refusal with its reason if it cannot run), or None. The core picks the
+    proposal of ``request.strategy`` and validates it against the world. Under
+    ``auto`` a list of proposals, each with its ``settings``, lets ``auto``
+    choose among variants of one strategy.
+    """
+
+
+@hookspec
+def snnfw_transform_model(model, plan, example, hooks):
+    """Change the unparallelized ``model`` in place before :func:`snnfw_parallelize`.
+
+    ``example`` is one training microbatch of frames, the same on every rank.
+    Called on every rank, inside the process group, by every implementation
+    in turn; the return value is ignored. A transform may put wrappers around
+    modules (memory optimisation's checkpoint wrappers): strategies find the
+    analysis's names through them with :func:`snnfw.model.analysis.submodule`.
+    """
+
+
+@hookspec(firstresult=True)
+def snnfw_parallelize(model, plan, mesh, hooks):
+    """Apply ``plan`` to ``model`` on ``mesh`` (a DeviceMesh, or None on one rank).
+
+    ``hooks`` is the :class:`snnfw.plugin.manager.Plugins` facade, for calling other
+    hooks (``hooks.shard_neuron(...)``). Return the model to train (wrapped or
+    changed in place), or None to decline a plan whose strategy is not this
+    plugin's. Stops at the first non-None result.
+
+    A strategy calls ``hooks.compile(model, plan)`` once its model is ready
+    for compilation: after tensor parallel, before FSDP2, DDP or pipeline
+    stage wrappers.
+    """
+
+
+@hookspec
+def snnfw_compile(model, plan):
+    """Apply ``torch.compile`` where ``plan`` asks for it, in place; the return value is ignored.
+
+    Called by strategy plugins from :func:`snnfw_parallelize` (after tensor
+    parallel, before FSDP2 or DDP), by every implementation in turn.
+    """
+
+
+@hookspec(firstresult=True)
+def snnfw_build_optimizer(model, plan, mesh, hooks):
+    """Return the optimizer for the parallelized ``model`` on ``mesh``, or None to decline.
+
+    Stops at the first non-None result; the fallback is ``train.optimizer``
+    over :func:`snnfw.components.optim.parameter_groups` of the parameters this rank holds
+    (``hooks.optimizers`` is the registry of optimizer specs).
+    """
+
+
+@hookspec(firstresult=True)
+def snnfw_forward_backward(model, batches, plan, hooks):
+    """Run forward and backward over this rank's microbatches of one optimizer step.
+
+    ``batches`` is a list of ``(frames, labels)`` microbatches. Accumulate
+    gradients as the mean over them (the optimizer step follows) and return a
+    :class:`snnfw.components.step.StepOutput`, or None to decline. Stops at the first
+    non-None result; the default runs them one after another with a neuron
+    reset before each, synchronising gradients on the last.
+    """
+
+
+@hookspec(firstresult=True)
+def snnfw_evaluate(model, frames, labels, plan, hooks):
+    """Score one evaluation batch without gradients; return a :class:`snnfw.components.step.StepOutput`.
+
+    Stops at the first non-None result; return None to decline.
+    """
+
+
+@hookspec
+def snnfw_step_metrics(plan):
+    """Return a dict of extra per-step metrics (numbers) since the last call, or None.
+
+    Called on every rank after each optimizer step; the values are summed
+    over ranks, divided by the world size, and added to ``metrics.jsonl``.
+    """
+
+
+@hookspec
+def snnfw_summary(plan):
+    """Return a dict of extra numbers for ``summary.json`` (seconds spent optimising, ...) or None.
+
+    Called on every rank after training, which must return the same keys on
+    every rank; the summary holds each value's maximum over ranks.
+    """
+
+
+@hookspec(firstresult=True)
+def snnfw_state_dict(model, optimizer, plan):
+    """Return the unsharded training state ``{"model": ..., "optimizer": ...}`` for a checkpoint.
+
+    ``"model"`` maps the unparallelized model's parameter and buffer names to
+    whole tensors; ``"optimizer"`` is keyed by parameter names as
+    ``torch.distributed.checkpoint.state_dict.get_optimizer_state_dict``
+    returns it with ``full_state_dict``. Equal on every rank that holds a
+    name. A collective: every rank calls it. Return None to decline; stops at
+    the first non-None result, the default gathering DTensors.
+    """
+
+
+@hookspec(firstresult=True)
+def snnfw_load_state_dict(model, optimizer, plan, state):
+    """Load ``state`` (as :func:`snnfw_state_dict` returns it, perhaps under another
+    strategy or world size) into ``model`` and ``optimizer``, each rank taking its part.
+
+    Return True when done, or None to decline. Stops at the first non-None result.
+    """
+
+
+@hookspec(firstresult=True)
+def snnfw_reset_state(model):
+    """Reset all neuron state of ``model`` before an independent microbatch.
+
+    Return True when done, or None to decline. Stops at the first non-None result.
+    """
+
+
+@hookspec(firstresult=True)
+def snnfw_shard_neuron(module, placement, mesh):
+    """Make neuron ``module`` keep only the shard of its state that ``placement`` gives.
+
+    Return the module to use, or None to decline (for a neuron type the plugin
+    does not know). Stops at the first non-None result.
+    """
+
+
+@hookspec(firstresult=True)
+def snnfw_split_stages(model, plan, example):
+    """Split ``model`` into its pipeline units; ``example`` is one microbatch of input.
+
+    Return the modules, in forward order, whose composition computes
+    ``model(example)``: one per ``stage_units`` entry of the analysis, with the
+    family's glue (layout changes, flatten, pooling) inside them, made of the
+    model's own submodules. A pipeline stage runs a consecutive range of them.
+    Return None to decline. Stops at the first non-None result; family
+    plugins answer before the generic splitter of ``nn.Sequential`` models.
+    """
+
+
+@hookspec
+def snnfw_transform_stages(model, stages, local, plan, hooks):
+    """Change this rank's pipeline stages in place once the split is decided, before they run.
+
+    ``stages`` lists every stage of the pipeline in order as ``(module, example)``:
+    its consecutive units (submodules of ``model``) and one microbatch of its
+    input, so that every rank can rank all stages alike; ``local`` holds the
+    indices of the stages this rank runs, the only ones to change. Called by
+    pipeline strategies on every rank, after :func:`snnfw_transform_model`
+    has seen the whole model; transforms that choose by stage act here. The
+    return value is ignored.
+    """
+
+
+@hookspec(firstresult=True)
+def snnfw_schedule(stages, plan, loss_fn, hooks):
+    """Build the pipeline schedule named by ``plan.config.pipeline.schedule``.
+
+    ``stages`` are this rank's ``torch.distributed.pipelining.PipelineStage``
+    objects in forward order, placed as the schedule's registered
+    :class:`snnfw.distributed.pipeline.ScheduleSpec` says; ``loss_fn(output, target)`` is
+    the loss of one microbatch. Return a schedule object with ``step(*args,
+    target=..., losses=...)`` for ``plan.microbatches`` microbatches, or None
+    when the schedule is not this plugin's. The ``pp`` plugin builds those
+    whose spec names a ``torch_schedule`` class. Stops at the first non-None
+    result.
+    """

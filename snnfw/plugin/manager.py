@@ -1,0 +1,318 @@
+"""Plugin loading and the typed facade through which the core calls hooks.
+
+Plugins are found through the ``snnfw`` entry-point group. snnfw's own are
+always loaded; third-party ones too unless ``SNNFW_DISABLE_PLUGIN_AUTOLOAD=1``.
+``SNNFW_BLOCK_PLUGINS=name,other`` keeps the named entry points from loading.
+Plugin names are entry-point names: two entry points of one name fail to
+load, naming both. A plugin whose every registered name another plugin
+overrides (``register(..., overrides=True)``) is unloaded. An exception that
+escapes a hook carries a note naming the plugin and distribution it came from.
+"""
+
+from __future__ import annotations
+
+import os
+from importlib import metadata
+from typing import Any
+
+import attrs
+import pluggy
+
+from snnfw.errors import PluginError
+from snnfw.plugin import hookspecs
+from snnfw.plugin.registry import Registry
+
+GROUP = "snnfw"
+ENV_DISABLE_AUTOLOAD = "SNNFW_DISABLE_PLUGIN_AUTOLOAD"
+ENV_BLOCK = "SNNFW_BLOCK_PLUGINS"
+
+_REGISTRATION_HOOKS = {
+    "strategy": "snnfw_register_strategies",
+    "model family": "snnfw_register_model_families",
+    "dataset": "snnfw_register_datasets",
+    "schedule": "snnfw_register_schedules",
+    "optimizer": "snnfw_register_optimizers",
+    "lr schedule": "snnfw_register_lr_schedules",
+    "loss": "snnfw_register_losses",
+}
+
+
+@attrs.frozen
+class PluginInfo:
+    """What ``snnfw plugins`` shows, and what ranks compare at start-up."""
+
+    name: str
+    distribution: str
+    version: str
+    hooks: tuple[str, ...]
+    overridden_by: tuple[str, ...] = ()
+
+
+def _blocked() -> set[str]:
+    return {name.strip() for name in os.environ.get(ENV_BLOCK, "").split(",") if name.strip()}
+
+
+def _autoload() -> bool:
+    return os.environ.get(ENV_DISABLE_AUTOLOAD, "").lower() not in ("1", "true", "yes")
+
+
+def _is_builtin(ep: metadata.EntryPoint) -> bool:
+    return ep.dist is not None and ep.dist.name == "snnfw"
+
+
+def _describe_entry_point(ep: metadata.EntryPoint) -> str:
+    dist = f"{ep.dist.name} {ep.dist.version}" if ep.dist is not None else "no distribution"
+    return f"{ep.value} ({dist})"
+
+
+def _load_entry_points(pm: pluggy.PluginManager) -> dict[str, metadata.Distribution]:
+    """Registers every entry point under its name; two entry points with one name fail, naming both."""
+    blocked, autoload = _blocked(), _autoload()
+    loaded: dict[str, metadata.EntryPoint] = {}
+    # Built-ins register first, so that third-party implementations run before them.
+    for ep in sorted(metadata.entry_points(group=GROUP), key=lambda ep: not _is_builtin(ep)):
+        if ep.name in blocked:
+            pm.set_blocked(ep.name)
+            continue
+        if not _is_builtin(ep) and not autoload:
+            continue
+        if ep.name in loaded:
+            raise PluginError(
+                f"two plugins have the entry-point name {ep.name!r}: {_describe_entry_point(loaded[ep.name])} and "
+                f"{_describe_entry_point(ep)}; plugin names are unique, so rename one entry point in its "
+                "[project.entry-points.snnfw] table (to replace a plugin's strategies, families, data sets or "
+                "schedules, register them under another plugin name with register(..., overrides=True))"
+            )
+        try:
+            plugin = ep.load()
+        except Exception as err:
+            raise PluginError(f"plugin {ep.name!r} ({ep.value}) failed to import: {err!r}") from err
+        pm.register(plugin, name=ep.name)
+        loaded[ep.name] = ep
+    return {name: ep.dist for name, ep in loaded.items()}
+
+
+class _Hooks:
+    """``pm.hook`` whose calls add to an escaping exception the plugin it was raised in."""
+
+    def __init__(self, plugins: "Plugins"):
+        self._plugins = plugins
+
+    def __getattr__(self, hook_name: str):
+        caller = getattr(self._plugins.pm.hook, hook_name)
+
+        def call(**kwargs):
+            try:
+                return caller(**kwargs)
+            except Exception as err:
+                self._plugins.blame(err, hook_name, caller.get_hookimpls())
+                raise
+
+        return call
+
+
+class Plugins:
+    """The loaded plugins, their registries, and one typed method per flow hook."""
+
+    def __init__(self, extra: tuple[tuple[str, Any], ...] = ()):
+        self.pm = pluggy.PluginManager(GROUP)
+        self.pm.add_hookspecs(hookspecs)
+        self._dists = _load_entry_points(self.pm)
+        if "defaults" not in self._dists and "defaults" not in _blocked():
+            raise PluginError(
+                "snnfw's built-in plugins are not registered; install the package "
+                "(bash scripts/install.sh, or pip install -e .) so its entry points exist"
+            )
+        for name, plugin in extra:
+            self.pm.register(plugin, name=name)
+        try:
+            self.pm.check_pending()
+        except pluggy.PluginValidationError as err:
+            name = self.pm.get_name(err.plugin)
+            raise PluginError(f"plugin {name!r} implements a hook that does not exist: {err}") from None
+        self.hook = _Hooks(self)
+        self.registries = {kind: Registry(kind) for kind in _REGISTRATION_HOOKS}
+        for kind, hook_name in _REGISTRATION_HOOKS.items():
+            registry = self.registries[kind]
+            impls = getattr(self.pm.hook, hook_name).get_hookimpls()
+            for impl in impls:
+                try:
+                    impl.function(register=registry.registrar(impl.plugin_name))
+                except Exception as err:
+                    self.blame(err, hook_name, impls)
+                    raise
+        self.overridden = self._unload_overridden()
+
+    def _unload_overridden(self) -> dict[str, tuple[str, ...]]:
+        """Unregisters plugins all of whose names were overridden; returns {plugin: plugins that override it}."""
+        entries = [e for registry in self.registries.values() for e in registry.entries()]
+        losers = [e for registry in self.registries.values() for e in registry.losers]
+        kept = {e.plugin for e in entries}
+        overridden: dict[str, tuple[str, ...]] = {}
+        for name in {e.plugin for e in losers} - kept:
+            overridden[name] = tuple(sorted({e.plugin for e in entries if e.replaced == name}))
+            self.pm.unregister(name=name)
+        return overridden
+
+    def describe(self, plugin: str) -> str:
+        """``'name' (distribution version)``, for messages."""
+        dist = self._dists.get(plugin)
+        return f"{plugin!r} ({dist.name} {dist.version})" if dist else f"{plugin!r} (registered in-process)"
+
+    def blame(self, err: Exception, hook_name: str, impls) -> None:
+        """Notes on ``err`` which plugin's ``hook_name`` raised it: the innermost implementation in its traceback."""
+        if any(note.startswith("raised in plugin") for note in getattr(err, "__notes__", ())):
+            return
+        codes = {getattr(impl.function, "__code__", None): impl.plugin_name for impl in impls}
+        culprit, frame = None, err.__traceback__
+        while frame is not None:
+            culprit = codes.get(frame.tb_frame.f_code, culprit)
+            frame = frame.tb_next
+        if culprit is not None:
+            err.add_note(f"raised in plugin {self.describe(culprit)}, hook {hook_name}")
+
+    @property
+    def strategies(self) -> Registry:
+        return self.registries["strategy"]
+
+    @property
+    def families(self) -> Registry:
+        return self.registries["model family"]
+
+    @property
+    def datasets(self) -> Registry:
+        return self.registries["dataset"]
+
+    @property
+    def schedules(self) -> Registry:
+        return self.registries["schedule"]
+
+    @property
+    def optimizers(self) -> Registry:
+        return self.registries["optimizer"]
+
+    @property
+    def losses(self) -> Registry:
+        return self.registries["loss"]
+
+    @property
+    def lr_schedules(self) -> Registry:
+        return self.registries["lr schedule"]
+
+    def info(self) -> list[PluginInfo]:
+        """Every loaded plugin with its distribution, version and implemented hooks."""
+        out = []
+        loaded = {name: plugin for name, plugin in self.pm.list_name_plugin() if plugin is not None}
+        for name in [*loaded, *self.overridden]:
+            dist = self._dists.get(name)
+            callers = self.pm.get_hookcallers(loaded[name]) or () if name in loaded else ()
+            out.append(
+                PluginInfo(
+                    name=name,
+                    distribution=dist.name if dist else "(registered in-process)",
+                    version=dist.version if dist else "",
+                    hooks=tuple(sorted(caller.name for caller in callers)),
+                    overridden_by=self.overridden.get(name, ()),
+                )
+            )
+        return sorted(out, key=lambda p: p.name)
+
+    def registered_names(self, plugin: str) -> dict[str, list[str]]:
+        return {
+            kind: [f"{e.name} (overrides {e.replaced})" if e.replaced else e.name for e in reg.entries() if e.plugin == plugin]
+            for kind, reg in self.registries.items()
+            if any(e.plugin == plugin for e in reg.entries())
+        }
+
+    # The flow hooks, one typed method each.
+
+    def analyze_parts(self, model, family: str) -> list:
+        return self.hook.snnfw_analyze(model=model, family=family)
+
+    def preference_defaults(self, config) -> dict:
+        merged: dict = {}
+        for part in self.hook.snnfw_preference_defaults(config=config):
+            merged.update(part)
+        return merged
+
+    def propose(self, request) -> list:
+        """Every plugin's proposals, a plugin's list of them flattened."""
+        answers = self.hook.snnfw_plan(request=request)
+        return [p for answer in answers for p in (answer if isinstance(answer, list) else [answer])]
+
+    def transform_model(self, model, plan, example) -> None:
+        self.hook.snnfw_transform_model(model=model, plan=plan, example=example, hooks=self)
+
+    def compile(self, model, plan) -> None:
+        self.hook.snnfw_compile(model=model, plan=plan)
+
+    def parallelize(self, model, plan, mesh):
+        result = self.hook.snnfw_parallelize(model=model, plan=plan, mesh=mesh, hooks=self)
+        if result is None:
+            raise PluginError(f"no plugin applies strategy {plan.strategy!r}; its plugin must implement snnfw_parallelize")
+        return result
+
+    def build_optimizer(self, model, plan, mesh):
+        return self.hook.snnfw_build_optimizer(model=model, plan=plan, mesh=mesh, hooks=self)
+
+    def forward_backward(self, model, batches, plan):
+        return self.hook.snnfw_forward_backward(model=model, batches=batches, plan=plan, hooks=self)
+
+    def evaluate(self, model, frames, labels, plan):
+        return self.hook.snnfw_evaluate(model=model, frames=frames, labels=labels, plan=plan, hooks=self)
+
+    def step_metrics(self, plan) -> dict[str, float]:
+        merged: dict[str, float] = {}
+        for part in self.hook.snnfw_step_metrics(plan=plan):
+            merged.update(part)
+        return merged
+
+    def summary(self, plan) -> dict[str, float]:
+        merged: dict[str, float] = {}
+        for part in self.hook.snnfw_summary(plan=plan):
+            merged.update(part)
+        return merged
+
+    def state_dict(self, model, optimizer, plan) -> dict:
+        return self.hook.snnfw_state_dict(model=model, optimizer=optimizer, plan=plan)
+
+    def load_state_dict(self, model, optimizer, plan, state) -> None:
+        self.hook.snnfw_load_state_dict(model=model, optimizer=optimizer, plan=plan, state=state)
+
+    def reset_state(self, model) -> None:
+        if not self.hook.snnfw_reset_state(model=model):
+            raise PluginError("no plugin resets neuron state; the built-in 'defaults' plugin is blocked")
+
+    def shard_neuron(self, module, placement, mesh):
+        return self.hook.snnfw_shard_neuron(module=module, placement=placement, mesh=mesh)
+
+    def split_stages(self, model, plan, example):
+        return self.hook.snnfw_split_stages(model=model, plan=plan, example=example)
+
+    def transform_stages(self, model, stages, local, plan) -> None:
+        self.hook.snnfw_transform_stages(model=model, stages=stages, local=local, plan=plan, hooks=self)
+
+    def schedule(self, stages, plan, loss_fn):
+        return self.hook.snnfw_schedule(stages=stages, plan=plan, loss_fn=loss_fn, hooks=self)
+
+
+def check_same_plugins_on_all_ranks(plugins: Plugins, group=None) -> None:
+    """Fails on every rank, naming the differences, when ranks loaded different plugins."""
+    import torch.distributed as dist
+
+    mine = sorted((p.name, p.version) for p in plugins.info())
+    gathered: list[Any] = [None] * dist.get_world_size(group)
+    dist.all_gather_object(gathered, mine, group=group)
+    reference = set(gathered[0])
+    problems = []
+    for rank, theirs in enumerate(gathered[1:], start=1):
+        theirs = set(theirs)
+        if theirs != reference:
+            only0 = ", ".join(f"{n} {v}".strip() for n, v in sorted(reference - theirs)) or "nothing"
+            only_r = ", ".join(f"{n} {v}".strip() for n, v in sorted(theirs - reference)) or "nothing"
+            problems.append(f"rank 0 has {only0} that rank {rank} lacks; rank {rank} has {only_r} that rank 0 lacks")
+    if problems:
+        raise PluginError(
+            "ranks loaded different plugins: " + "; ".join(problems)
+            + ". Install the same packages and set the same SNNFW_* variables on every node"
+        )

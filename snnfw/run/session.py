@@ -1,0 +1,202 @@
+"""The Python API: train under any strategy from your own script and loop (``snnfw train`` runs on it too).
+
+Launch the script with ``torchrun --nproc_per_node=N script.py`` (or run it
+as one process), then::
+
+    import snnfw
+
+    config = {"parallel": {"strategy": "fsdp2"}, "data": {"batch_size": 32}, "train": {"steps": 100, "lr": 3e-3},
+              "model": {"input_shape": [2, 32, 32], "num_classes": 10, "input_layout": "TN"}}
+    with snnfw.start(config, model=MyNet, train_set=train, test_set=test) as run:
+        for step in range(run.start_step, run.config.train.steps):
+            record = run.step(step)          # loss, lr, train_acc, spike_rate, step_ms, ...
+        print(run.evaluate()["eval_acc"])
+        run.export("my_net.pt")              # a plain state dict by MyNet's own names
+
+``model`` is a module class or builder (called on every rank after seeding
+with ``train.seed``) or a module (every rank then takes rank 0's initial
+state). Data sets are map-style ``Dataset``s of ``(frames [T, C, H, W],
+label)``; each step trains on the same samples in the same microbatches as
+``snnfw train`` would, so the equivalence guarantee holds in your loop too.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import time
+from pathlib import Path
+from typing import Any, Iterator
+
+import torch
+import torch.distributed as dist
+
+from snnfw.components.checkpoint import Checkpoints
+from snnfw.components.metrics import peak_memory_mb
+from snnfw.config import Config, build_config, load_config
+from snnfw.distributed import cpu_allocator
+from snnfw.distributed.collectives import RankEnv, all_reduce, device_for, process_group, set_cpu_threads
+from snnfw.plan.prepare import prepare
+from snnfw.plugin.manager import Plugins, check_same_plugins_on_all_ranks
+from snnfw.run.trainer import Trainer
+
+
+def as_config(config: Config | dict | str | Path | None) -> Config:
+    """A :class:`Config` from itself, a dict of ``[section]`` tables, or a TOML file path (None: defaults)."""
+    if isinstance(config, Config):
+        return config
+    if isinstance(config, dict):
+        return build_config(config)
+    return load_config(config)
+
+
+class Session:
+    """One rank's part of a training job: the parallelized model, its optimizer, and a step under the strategy."""
+
+    def __init__(self, trainer: Trainer, env: RankEnv, mesh, checkpoints: Checkpoints, start_step: int, resumed_loss: float):
+        self.trainer, self.env, self.mesh, self.checkpoints = trainer, env, mesh, checkpoints
+        self.start_step, self.resumed_loss = start_step, resumed_loss
+        self.config, self.plan, self.device = trainer.config, trainer.plan, trainer.device
+        self.heap_frozen = False
+
+    @property
+    def model(self) -> torch.nn.Module:
+        """The model as the strategy runs it (DDP, FSDP2, tensor-parallel modules, or this rank's pipeline stages)."""
+        return self.trainer.model
+
+    @property
+    def optimizer(self) -> torch.optim.Optimizer:
+        return self.trainer.optimizer
+
+    @property
+    def scheduler(self):
+        return self.trainer.scheduler
+
+    def reset(self) -> None:
+        """Resets every neuron's state, as before an independent microbatch."""
+        self.trainer.plugins.reset_state(self.trainer.model)
+
+    def step(self, step: int) -> dict[str, Any]:
+        """Trains optimizer step ``step`` (from 0) on its global batch; returns its record, the same on every rank.
+
+        A collective: every rank calls it with the same ``step``. After the session's first step, when compiled
+        code is in place, the objects then alive leave the garbage collector's scans (``gc.freeze``): a full
+        collection over them pauses a rank for a quarter of a second with inductor neuron kernels, and every
+        rank with it at the next collective. :meth:`close` gives them back.
+        """
+        started = time.perf_counter()
+        record = {"step": step + 1, **self.trainer.step(step)}
+        elapsed = time.perf_counter() - started
+        if not self.heap_frozen:
+            gc.collect()
+            gc.freeze()
+            self.heap_frozen = True
+        peaks = [0.0] * self.env.world_size
+        peaks[self.env.rank] = peak_memory_mb(self.device)
+        peaks = all_reduce(peaks)
+        record.update(
+            step_ms=elapsed * 1e3,
+            samples_per_s=self.plan.global_batch / elapsed,
+            peak_mem_mb=max(peaks),
+            peak_mem_mb_per_rank=peaks,
+        )
+        return record
+
+    def evaluate(self) -> dict[str, float]:
+        """``eval_loss``, ``eval_acc`` (``eval_acc5`` with more than 5 classes) and ``eval_spike_rate``
+        on the test split, every sample scored once over the replicas (a collective)."""
+        return self.trainer.evaluate()
+
+    def predict(self) -> list[dict]:
+        """Every test sample's ``index``, ``label``, ``predicted`` class and time-averaged ``logits``, in data
+        order, on every rank (a collective)."""
+        return self.trainer.predict()
+
+    def save(self, step: int, loss: float = float("nan")) -> None:
+        """Writes a checkpoint of the training state after ``step`` steps into the run directory (a collective)."""
+        if self.checkpoints.root is None:
+            from snnfw.errors import CheckpointError
+
+            raise CheckpointError("Session.save writes into the run directory; pass run_dir to snnfw.start")
+        self.checkpoints.save(self.trainer, step, loss)
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        """The whole model's parameters and buffers by the model's own names, on CPU (a collective).
+
+        Tensor-parallel shards and FSDP2 shards are gathered; pipeline stages are merged across ranks.
+        """
+        trainer = self.trainer
+        state = trainer.plugins.state_dict(trainer.model, trainer.optimizer, trainer.plan)["model"]
+        state = {name: tensor.detach().cpu() for name, tensor in state.items()}
+        if dist.is_initialized() and self.plan.world_size > 1:
+            parts: list = [None] * self.plan.world_size
+            dist.all_gather_object(parts, state)
+            state = {name: tensor for part in parts for name, tensor in part.items()}
+        return {name: state[name] for name in sorted(state)}
+
+    def export(self, path: str | Path) -> Path:
+        """Saves :meth:`state_dict` with ``torch.save`` (rank 0 writes; a collective); returns the path.
+
+        The family's or your own module loads it with ``load_state_dict(torch.load(path, weights_only=True))``.
+        """
+        state, path = self.state_dict(), Path(path)
+        if self.env.rank == 0:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            torch.save(state, path)
+        return path
+
+    def close(self) -> None:
+        """Lets go of the model and optimizer, which must go before their process group does."""
+        self.trainer = None
+        gc.unfreeze()
+        gc.collect()
+
+
+@contextlib.contextmanager
+def start(
+    config: Config | dict | str | Path | None = None,
+    *,
+    model=None,
+    train_set=None,
+    test_set=None,
+    run_dir: str | Path | None = None,
+    resume: bool = False,
+    weights: dict | None = None,
+    plugins: Plugins | None = None,
+) -> Iterator[Session]:
+    """Plans, starts the process group (from torchrun's environment) and applies the strategy; yields the :class:`Session`.
+
+    ``model`` (a module, or a callable building one) and ``train_set`` with
+    ``test_set`` replace the config's model and data set. ``run_dir`` is where
+    checkpoints go (``checkpoint.every`` and :meth:`Session.save`); with
+    ``resume`` the session starts from its newest checkpoint
+    (``Session.start_step``). ``weights`` (a state dict by the model's own
+    names, :func:`snnfw.components.weights.read_weights`) replace the initial ones. Errors in the config are raised before any
+    process group work.
+    """
+    config = as_config(config)
+    if (train_set is None) != (test_set is None):
+        from snnfw.errors import ConfigError
+
+        raise ConfigError("snnfw.start takes train_set and test_set together; pass both, or neither for the config's data set")
+    env = RankEnv.from_environ()
+    plugins = plugins or Plugins()
+    datasets = (train_set, test_set) if train_set is not None else None
+    prepared = prepare(config, env.world_size, plugins, model=model, datasets=datasets)
+    config = prepared.plan.config  # as resolved: auto's choice, the preference's defaults
+    device = device_for(prepared.plan, env)  # a GPU rank's device is set before its process group starts
+    with process_group(prepared.plan, env, config.parallel.timeout_s) as mesh:
+        if mesh is not None:
+            check_same_plugins_on_all_ranks(plugins)
+        if device.type == "cpu":
+            set_cpu_threads(env)
+        cpu_allocator.apply(config.parallel.cpu_allocator, device.type)
+        trainer = Trainer(config, prepared, plugins, mesh, device, datasets, weights)
+        checkpoints = Checkpoints(Path(run_dir) if run_dir is not None else None, config, env.rank)
+        resumed = checkpoints.begin(trainer, resume)
+        session = Session(trainer, env, mesh, checkpoints, resumed["step"], resumed["loss"])
+        del trainer
+        try:
+            yield session
+        finally:
+            session.close()

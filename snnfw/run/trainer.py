@@ -1,0 +1,179 @@
+"""apply: the parallelized model, its optimizer and one training step, whatever the strategy."""
+
+from __future__ import annotations
+
+import math
+import time
+import warnings
+
+import torch
+import torch.distributed as dist
+
+from snnfw.components.metrics import SpikeCounter
+from snnfw.components.optim import build_scheduler
+from snnfw.components.phases import PHASES
+from snnfw.components.precision import LOSS_SCALE
+from snnfw.components.weights import load_weights
+from snnfw.config import Config
+from snnfw.data import batches as datalib
+from snnfw.data.augment import Augmented, augment_options
+from snnfw.distributed.collectives import all_reduce, broadcast_state, dp_coordinate, dp_group
+from snnfw.distributed.grad_norm import clip_gradients, global_grad_norm, scale_gradients
+from snnfw.distributed.running_stats import RunningStats
+from snnfw.plan.prepare import Prepared, build_datasets
+from snnfw.plugin.manager import Plugins
+
+
+class Trainer:
+    """Trains a parallelized model with microbatches, neuron resets and per-step metrics."""
+
+    def __init__(self, config: Config, prepared: Prepared, plugins: Plugins, mesh, device, datasets: tuple | None = None,
+                 weights: dict | None = None):
+        started = time.perf_counter()
+        self.config, self.plan, self.plugins, self.device = config, prepared.plan, plugins, device
+        PHASES.synchronize = torch.cuda.synchronize if device.type == "cuda" else None
+        self.counter = SpikeCounter(prepared.model, prepared.analysis.neurons)
+        self.state_names = frozenset(prepared.model.state_dict())
+        self.spec, self.num_classes = prepared.spec, prepared.spec.num_classes
+        self.train_set, self.test_set = datasets or prepared.datasets or build_datasets(config, prepared.spec, plugins)
+        for split, dataset in (("train", self.train_set), ("test", self.test_set)):
+            datalib.check_samples(dataset, prepared.spec, split)
+        if config.data.augment:
+            self.train_set = Augmented(self.train_set, config.data.augment, augment_options(config.data), config.train.seed)
+        self.dtype = config.train.torch_dtype
+        model = prepared.model.to(device, self.dtype)
+        if prepared.given_instance and mesh is not None:
+            broadcast_state(model)  # each rank built its own instance; all start from rank 0's
+        if weights is not None:
+            load_weights(model, weights)
+        self.replica = dp_coordinate(self.plan, mesh)
+        self.running_stats = RunningStats(model)  # from here on, only training steps update BatchNorm statistics
+        plugins.transform_model(model, self.plan, self.example())
+        self.model = plugins.parallelize(model, self.plan, mesh)
+        self.running_stats.bind(self.model, self.replica, self.plan.dp_size, dp_group(self.plan, mesh))
+        self.counter.clear()  # spikes of the transforms' and strategies' own forward passes
+        if "tp" in dict(self.plan.mesh):
+            self.counter.weigh_replicated(dict(self.plan.mesh)["tp"])
+        self.optimizer = plugins.build_optimizer(self.model, self.plan, mesh)
+        self.scheduler = build_scheduler(self.optimizer, config.train, plugins)
+        LOSS_SCALE.reset(enabled=config.train.precision == "fp16", initial=config.train.loss_scale)
+        self._batches, self._next_step = None, None
+        if device.type == "cuda":  # the steps' peak, not the setup's (memopt's trials, a pipeline's split timing)
+            torch.cuda.reset_peak_memory_stats(device)
+        self.materialize_s = time.perf_counter() - started
+
+    def example(self) -> torch.Tensor:
+        """The frames of step 0's first microbatch of replica 0: the same on every rank."""
+        first = datalib.microbatch_indices(0, self.plan, len(self.train_set), self.config.train.seed, replica=0)[0]
+        return datalib.load(self.train_set, first, self.device, self.dtype)[0]
+
+    def batches(self, step: int) -> list:
+        """This replica's microbatches of ``step``, from a loader that runs ahead while steps follow on."""
+        if step != self._next_step:
+            cfg = self.config
+            sampler = datalib.StepSampler(self.plan, len(self.train_set), cfg.train.seed, self.replica, step, cfg.train.steps,
+                                          keys=bool(cfg.data.augment))
+            self._batches = datalib.step_batches(self.train_set, sampler, cfg.data.workers, self.device, self.dtype)
+        self._next_step = step + 1
+        return next(self._batches)
+
+    def step(self, step: int) -> dict[str, float]:
+        plan = self.plan
+        self.model.train()
+        with PHASES("data"):
+            batches = self.batches(step)
+        with PHASES("forward_backward"):
+            self.running_stats.start()
+            out = self.plugins.forward_backward(self.model, batches, plan)
+        with PHASES("running_stats"):
+            self.running_stats.apply()
+        lr, scale = self.optimizer.param_groups[0]["lr"], LOSS_SCALE.scale
+        with PHASES("grad_norm"):
+            grad_norm = global_grad_norm(self.model, plan) / scale  # the same on every rank
+            finite = math.isfinite(grad_norm)
+            if LOSS_SCALE.enabled:
+                if finite:
+                    scale_gradients(self.model, 1.0 / scale)
+                LOSS_SCALE.update(finite)
+            if self.config.train.clip_grad_norm is not None and finite:
+                clip_gradients(self.model, grad_norm, self.config.train.clip_grad_norm)
+        with PHASES("optimizer"):
+            skip = LOSS_SCALE.enabled and not finite  # fp16 skips a step that overflowed, as torch's GradScaler does
+            if not skip:
+                self.optimizer.step()
+            self.optimizer.zero_grad(set_to_none=True)
+            with warnings.catch_warnings():  # the schedule follows the steps, skipped or not
+                warnings.filterwarnings("ignore", r"Detected call of `lr_scheduler\.step\(\)` before", UserWarning)
+                self.scheduler.step()
+        spikes, elements = self.counter.take()
+        extra = {**PHASES.take(), **self.plugins.step_metrics(plan)}
+        loss, correct, samples, spikes, elements, *extra_totals = all_reduce(
+            [out.loss * out.samples, out.correct, out.samples, spikes, float(elements), *extra.values()]
+        )
+        samples = max(samples, 1.0)  # 0 only where collectives move nothing (the dry run's pipeline stages)
+        return {
+            "loss": loss / samples,
+            "epoch": (step + 1) * plan.global_batch / len(self.train_set),  # passes over the training set so far
+            "lr": lr,
+            "grad_norm": grad_norm,
+            **({"loss_scale": scale} if LOSS_SCALE.enabled else {}),
+            "train_acc": correct / samples,
+            "spike_rate": spikes / max(elements, 1.0),
+            **{key: total / plan.world_size for key, total in zip(extra, extra_totals)},
+        }
+
+    def layer_spike_rates(self) -> dict[str, float]:
+        """Each neuron module's firing rate over the training steps so far, over all ranks (a collective)."""
+        counts = self.counter.by_layer()
+        totals = all_reduce([float(x) for pair in counts.values() for x in pair])
+        return {name: totals[2 * i] / max(totals[2 * i + 1], 1.0) for i, name in enumerate(counts)}
+
+    def _test_batches(self):
+        """``(indices, labels, output)`` of each evaluation batch of this replica, ``indices`` empty for a
+        forward pass that scores nothing.
+
+        Replica ``r`` scores the ``r``-th of ``dp`` contiguous chunks of the test split (sizes differ by at
+        most one) in batches of the replica batch; every replica runs as many forward passes, since sharded
+        strategies gather in each.
+        """
+        self.model.eval()
+        chunks = torch.arange(len(self.test_set)).tensor_split(self.plan.dp_size)
+        mine, size = chunks[self.replica], self.plan.replica_batch
+        rounds = -(-max(len(chunk) for chunk in chunks) // size)
+        for start in range(0, rounds * size, size):
+            indices = mine[start : start + size]
+            frames, labels = datalib.load(self.test_set, indices if len(indices) else chunks[0][:1], self.device, self.dtype)
+            yield indices, labels, self.plugins.evaluate(self.model, frames, labels, self.plan)
+
+    @torch.no_grad()
+    def evaluate(self) -> dict[str, float]:
+        """Loss, top-1 (and top-5) accuracy and firing rate on the test split, each sample scored once."""
+        self.counter.clear()
+        loss = correct = top5 = samples = spikes = elements = 0.0
+        for indices, _, out in self._test_batches():
+            batch_spikes, batch_elements = self.counter.take(record=False)
+            if len(indices):  # else a pass that only keeps the collectives in step
+                loss, correct, top5, samples = loss + out.loss * out.samples, correct + out.correct, top5 + out.top5, samples + out.samples
+                spikes, elements = spikes + batch_spikes, elements + batch_elements
+        loss, correct, top5, samples, spikes, elements = all_reduce([loss, correct, top5, samples, spikes, float(elements)])
+        samples = max(samples, 1.0)
+        result = {"eval_loss": loss / samples, "eval_acc": correct / samples, "eval_spike_rate": spikes / max(elements, 1.0)}
+        if self.num_classes > 5:
+            result["eval_acc5"] = top5 / samples
+        return result
+
+    @torch.no_grad()
+    def predict(self) -> list[dict]:
+        """Every test sample's label, predicted class and time-averaged logits, in data order (a collective;
+        the whole list on every rank)."""
+        mine = []
+        for indices, labels, out in self._test_batches():
+            if len(indices) and out.logits is not None:  # pipeline ranks without the last stage score nothing
+                mine += [{"index": i, "label": y, "predicted": int(row.argmax()), "logits": row.tolist()}
+                         for i, y, row in zip(indices.tolist(), labels.tolist(), out.logits)]
+        self.counter.clear()
+        parts = [mine]
+        if dist.is_initialized():
+            parts = [None] * dist.get_world_size()
+            dist.all_gather_object(parts, mine)
+        return sorted({row["index"]: row for part in parts for row in part}.values(), key=lambda row: row["index"])

@@ -1,0 +1,138 @@
+"""``snnfw bench``: warm-up steps, timed steps, one JSON record appended per run.
+
+Each record holds the resolved plan and config, versions and device, step
+latency, global and per-device samples/s, peak memory per rank, the
+plugins' per-step metrics averaged over the timed steps (TP communication,
+phase times, ...) and their whole-run totals under ``run_totals`` (memopt
+search and compile seconds, outside step time). A new record is
+compared with the last one of the same configuration in the results file.
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import attrs
+
+import snnfw
+from snnfw.config import load_config
+from snnfw.errors import UserError
+from snnfw.plan.prepare import prepare
+from snnfw.plugin.manager import Plugins
+from snnfw.rundir import METRICS, SUMMARY
+from snnfw.tools.launch import launch
+
+DEFAULT_RESULTS = Path("benchmark/results/bench.jsonl")
+REGIMES = ("throughput", "latency", "memory")
+_CORE_METRICS = {"step", "loss", "lr", "train_acc", "spike_rate", "step_ms", "samples_per_s", "peak_mem_mb", "peak_mem_mb_per_rank"}
+_CORE_SUMMARY = {"steps", "final_loss", "resumed_from", "test_accuracy", "mean_step_ms", "wall_s", "plan", "config", "losses",
+                 "spike_rates"}
+
+
+def config_key(record: dict[str, Any]) -> str:
+    """What makes two records comparable: model, data shape, strategy, mesh, batch, world and precision."""
+    cfg, plan = record["config"], record["plan"]
+    return json.dumps(
+        [cfg["model"], cfg["data"]["batch_size"], plan["strategy"], plan["mesh"], plan["microbatches"], record["nproc"],
+         cfg["parallel"], cfg.get("pipeline"), record.get("label"),
+         cfg["train"].get("precision", "fp32"), cfg["train"].get("dtype", "float32")],
+        sort_keys=True,
+    )
+
+
+def _last_matching(results: Path, key: str) -> dict[str, Any] | None:
+    if not results.exists():
+        return None
+    last = None
+    for line in results.read_text().splitlines():
+        if line.strip() and config_key(json.loads(line)) == key:
+            last = json.loads(line)
+    return last
+
+
+def make_record(config, plan, nproc: int, metrics: list[dict], summary: dict, warmup: int, regime: str, label) -> dict:
+    timed = metrics[warmup:]
+    step_ms = [r["step_ms"] for r in timed]
+    peaks = [max(r["peak_mem_mb_per_rank"][i] for r in metrics) for i in range(nproc)]
+    extra = {k: statistics.fmean(r[k] for r in timed) for k in timed[0] if k not in _CORE_METRICS}
+    latency = statistics.median(step_ms)
+    import torch
+
+    return {
+        "time": time.strftime("%Y-%m-%dT%H:%M:%S"),
+        "label": label,
+        "regime": regime,
+        "nproc": nproc,
+        "global_batch": plan.global_batch,
+        "per_rank_batch": plan.replica_batch,
+        "data_replicas": plan.dp_size,
+        "warmup_steps": warmup,
+        "timed_steps": len(timed),
+        "step_ms": latency,
+        "step_ms_mean": statistics.fmean(step_ms),
+        "global_samples_per_s": plan.global_batch / latency * 1e3,
+        "per_device_samples_per_s": plan.global_batch / latency * 1e3 / nproc,
+        "peak_mem_mb_per_rank": peaks,
+        "peak_mem_mb": max(peaks),
+        "final_loss": summary["final_loss"],
+        **extra,
+        "run_totals": {k: v for k, v in summary.items() if k not in _CORE_SUMMARY},
+        "torch": torch.__version__,
+        "snnfw": snnfw.__version__,
+        "device": plan.device_type if plan.device_type == "cpu" else torch.cuda.get_device_name(),
+        "host": platform.node(),
+        "plan": plan.to_dict(),
+        "config": config.to_dict(),
+    }
+
+
+def _change(new: float, old: float) -> str:
+    return f"{(new - old) / old:+.1%}" if old else "n/a"
+
+
+def bench(
+    config_path, nproc: int, overrides: list[str], warmup: int, steps: int, results: Path, regime: str, label,
+    baseline: bool = False,
+) -> int:
+    """Runs and records one benchmark; ``baseline`` times the plain PyTorch loop (snnfw.tools.baseline) instead."""
+    if regime not in REGIMES:
+        raise UserError(f"unknown benchmark regime {regime!r}; regimes: {', '.join(REGIMES)}")
+    overrides = [*overrides, f"train.steps={warmup + steps}", f"train.log_every={warmup + steps}"]
+    config = load_config(config_path, overrides)
+    if baseline:
+        strategy = "baseline-ddp" if nproc > 1 else "baseline-plain"
+        config = attrs.evolve(config, parallel=attrs.evolve(config.parallel, strategy="dp" if nproc > 1 else "none", mesh=None))
+    plan = prepare(config, nproc, Plugins()).plan
+    if baseline:
+        plan = attrs.evolve(plan, strategy=strategy)
+    with tempfile.TemporaryDirectory(prefix="snnfw-bench-") as tmp:
+        module = "snnfw.tools.baseline" if baseline else "snnfw.train"
+        status = launch(config_path, nproc, Path(tmp), overrides, config.parallel.timeout_s, module)
+        if status:
+            return status
+        metrics = [json.loads(line) for line in (Path(tmp) / METRICS).read_text().splitlines()]
+        summary = json.loads((Path(tmp) / SUMMARY).read_text())
+    record = make_record(config, plan, nproc, metrics, summary, warmup, regime, label)
+    previous = _last_matching(results, config_key(record))
+    results.parent.mkdir(parents=True, exist_ok=True)
+    with results.open("a") as out:
+        out.write(json.dumps(record) + "\n")
+    line = (
+        f"{config.model.family}/{config.model.flavor} {plan.strategy} x{nproc}: {record['step_ms']:.1f} ms/step, "
+        f"{record['global_samples_per_s']:.1f} samples/s, peak {record['peak_mem_mb']:.0f} MB"
+    )
+    if previous:
+        line += (
+            f" (vs last: step {_change(record['step_ms'], previous['step_ms'])}, "
+            f"peak {_change(record['peak_mem_mb'], previous['peak_mem_mb'])})"
+        )
+    print(line)
+    print(f"appended to {results}", file=sys.stderr)
+    return 0

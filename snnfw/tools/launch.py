@@ -1,0 +1,109 @@
+"""``snnfw train``: launch N local ranks through torch's elastic launcher.
+
+The same as ``torchrun --nproc_per_node=N -m snnfw.train CONFIG ...``, plus
+one honest distinction: a rank that aborts at process exit after every rank
+finished its work (seen with gloo on CPU) is reported as such, not as a failed
+run.
+With ``nnodes`` > 1 the launchers of all nodes meet through the c10d
+rendezvous at ``rdzv_endpoint``, hosted by node rank 0. With ``max_restarts``
+the group restarts when a rank dies, and restarted ranks resume from the
+newest checkpoint; the workers then keep their own store
+(``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1``), since with the agent's shared store
+a restarted group can read its predecessor's addresses (pytorch/pytorch#135712).
+A user error in the ranks is reported like one found before launch: one line,
+exit status 2, without the elastic agent's log of the failed workers.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import uuid
+from pathlib import Path
+
+from snnfw import rundir
+from snnfw.rundir import LAUNCHED
+
+
+class _QuietOnceStopped(logging.Filter):
+    """Drops the elastic agent's records once a rank has stopped on a user error, which the launcher reports."""
+
+    def __init__(self, marker: Path):
+        super().__init__()
+        self.marker = marker
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not self.marker.exists()
+
+
+def _elastic_loggers() -> list[logging.Logger]:
+    prefixes = ("torch.distributed.elastic", "torch.distributed.launcher")
+    loggers = logging.Logger.manager.loggerDict.items()
+    return [logger for name, logger in loggers if name.startswith(prefixes) and isinstance(logger, logging.Logger)]
+
+
+def launch(
+    config_path: str, nproc: int, run_dir: Path, overrides: list[str], timeout_s: float, module: str = "snnfw.train",
+    *, nnodes: int = 1, node_rank: int = 0, rdzv_endpoint: str | None = None, max_restarts: int = 0, resume: bool = False,
+    extra: list[str] = (),
+) -> int:
+    """Runs ``module`` (the worker entry) on every rank and returns the exit status for the CLI."""
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+
+    rundir.clear_markers(run_dir)
+    if max_restarts:
+        os.environ.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
+    config = LaunchConfig(
+        min_nodes=nnodes,
+        max_nodes=nnodes,
+        nproc_per_node=nproc,
+        run_id="snnfw" if rdzv_endpoint else f"snnfw-{uuid.uuid4().hex[:8]}",
+        rdzv_backend="c10d",
+        rdzv_endpoint=rdzv_endpoint or "localhost:0",
+        rdzv_configs={"is_host": node_rank == 0} if rdzv_endpoint else {},
+        rdzv_timeout=int(timeout_s),
+        max_restarts=max_restarts,
+        monitor_interval=0.1,
+    )
+    args = ["-u", "-m", module, config_path, "--run-dir", str(run_dir)] + (["--resume"] if resume else []) + list(extra)
+    for item in overrides:
+        args += ["--set", item]
+    stopped = rundir.stopped_marker(run_dir)
+    quiet, loggers = _QuietOnceStopped(stopped), _elastic_loggers()
+    for logger in loggers:
+        logger.addFilter(quiet)
+    launched = os.environ.get(LAUNCHED)
+    os.environ[LAUNCHED] = "1"
+    try:
+        elastic_launch(config, entrypoint=sys.executable)(*args)
+    except ChildFailedError as err:
+        if stopped.exists():
+            print(f"snnfw: error: {stopped.read_text().strip()}", file=sys.stderr)
+            return 2
+        failed = err.failures
+        if all(f.exitcode == 2 for f in failed.values()):
+            return 2
+        # A rank marks itself done after the run's last barrier, so one marker says every rank's work is complete:
+        # then a signal (the abort at exit, or the agent's SIGTERM to the others) is harmless; an exit status is not.
+        finished = rundir.any_done(run_dir)
+        broken = sorted(r for r in failed if failed[r].exitcode > 0 or not finished)
+        if broken:
+            print(f"snnfw: error: training failed on ranks {broken}; see the messages above", file=sys.stderr)
+            return 1
+        codes = ", ".join(f"rank {r}: {failed[r].signal_name()}" for r in sorted(failed))
+        print(
+            f"snnfw: note: {codes} after finishing all work (an abort at process exit, known with gloo "
+            f"on CPU); training completed and its results in {run_dir} are whole",
+            file=sys.stderr,
+        )
+        return 0
+    finally:
+        for logger in loggers:
+            logger.removeFilter(quiet)
+        if launched is None:
+            del os.environ[LAUNCHED]
+        else:
+            os.environ[LAUNCHED] = launched
+    return 0
