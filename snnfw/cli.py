@@ -176,6 +176,7 @@ def _cmd_train(args) -> int:
         args.config, args.nproc, run_dir, args.overrides, config.parallel.timeout_s, nnodes=args.nnodes,
         node_rank=args.node_rank, rdzv_endpoint=args.rdzv_endpoint, max_restarts=args.max_restarts, resume=args.resume,
         extra=["--overwrite"] if args.overwrite else [],
+        decision=prepared.decision.to_json() if prepared.decision else None,
     )
 
 
@@ -218,7 +219,8 @@ def _cmd_eval(args) -> int:
     check_predictions_file(predict)
     run_dir = Path(args.run_dir or f"runs/eval-{time.strftime('%Y%m%d-%H%M%S')}")
     extra = ["--evaluate", str(args.weights)] + (["--predict", predict] if predict else [])
-    return launch(args.config, args.nproc, run_dir, args.overrides, config.parallel.timeout_s, extra=extra)
+    return launch(args.config, args.nproc, run_dir, args.overrides, config.parallel.timeout_s, extra=extra,
+                  decision=prepared.decision.to_json() if prepared.decision else None)
 
 
 def _cmd_plot(args) -> int:

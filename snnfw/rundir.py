@@ -21,6 +21,7 @@ RUN_FILES = (METRICS, SUMMARY, FINAL_MODEL, BEST_MODEL, TENSORBOARD, CHECKPOINTS
 RANKS = ".ranks"  # the ranks' markers for the launcher
 STOPPED = "stopped"  # in RANKS: the user error that stopped a rank, one line
 LAUNCHED = "SNNFW_LAUNCHED"  # environment: set by ``snnfw train``, which reports a rank's user error itself, once
+AUTO_DECISION = "SNNFW_AUTO_DECISION"  # environment: the launcher's ``auto`` choice (JSON), which every rank applies
 
 
 def done_marker(run_dir: Path, rank: int) -> Path:

@@ -140,3 +140,68 @@ def test_schedules_refused_for_one_reason_are_listed_once(plugins):
     plan = prepare(auto(1, "speed"), 1, plugins).plan
     pp = [line for line in plan.rationale if line.startswith("candidate pp")]
     assert pp == ["candidate pp: cannot run: it needs at least 2 pipeline ranks, got pp = 1"]
+
+
+def _rank_one_measures_a_model_too_large_to_replicate(rank):
+    """Rank 1's measurement says the model's parameters fill 1.5x a rank's memory unsharded: measuring for itself,
+    it would choose a sharding strategy where rank 0 chooses dp."""
+    import attrs
+
+    import snnfw.plan.prepare as prepare_module
+    from snnfw.plan.estimate import device_memory_bytes
+
+    measured = prepare_module.measure
+
+    def measure(model, spec, plugins):
+        cost = measured(model, spec, plugins)
+        return attrs.evolve(cost, parameters=int(1.5 * device_memory_bytes("cpu", 2) / 16)) if rank == 1 else cost
+
+    prepare_module.measure = measure
+
+
+def test_ranks_whose_measurements_differ_run_rank_0s_choice(plugins, monkeypatch):
+    import snnfw.plan.prepare as prepare_module
+    from snnfw.testing import run_on_ranks
+
+    config = auto(2, "speed")
+    monkeypatch.delenv("SNNFW_AUTO_DECISION", raising=False)
+    alone = [None, None]
+    for rank in (0, 1):  # each rank deciding for itself would part ways
+        with monkeypatch.context() as patch:
+            patch.setattr(prepare_module, "measure", prepare_module.measure)
+            _rank_one_measures_a_model_too_large_to_replicate(rank)
+            alone[rank] = prepare(config, 2, plugins).plan.strategy
+    assert alone[0] == "dp" and alone[1] in {"tp", "pp", "fsdp2_tp"}, alone
+    summaries = run_on_ranks(config, 2, timeout_s=240, before=_rank_one_measures_a_model_too_large_to_replicate)
+    assert [s["plan"]["strategy"] for s in summaries] == ["dp", "dp"]
+    assert summaries[0]["plan"] == summaries[1]["plan"]
+    assert summaries[0]["plan"]["rationale"][0].startswith("auto, prefer speed: chose dp")
+
+
+def test_the_launchers_choice_is_what_every_rank_runs(plugins):
+    """``snnfw train`` decides auto once and carries its choice to the ranks, which apply it without measuring."""
+    from snnfw.plan.auto import Decision
+    from snnfw.testing import run_on_ranks
+
+    carried = Decision("fsdp2", (("dp", 2),), (), ("auto, prefer speed: chose fsdp2 (dp=2), by the launcher",))
+    env = {rank: {"SNNFW_AUTO_DECISION": carried.to_json()} for rank in (0, 1)}
+    summaries = run_on_ranks(auto(2, "speed"), 2, timeout_s=240, env=env, before=_measuring_fails)
+    for summary in summaries:
+        assert summary["plan"]["strategy"] == "fsdp2"
+        assert summary["plan"]["rationale"][0] == carried.rationale[0]
+
+
+def _measuring_fails(rank):
+    import snnfw.plan.prepare as prepare_module
+
+    def measure(*args):
+        raise AssertionError("a rank measured although the launcher had decided")
+
+    prepare_module.measure = measure
+
+
+def test_a_decision_survives_its_trip_through_the_environment(plugins):
+    from snnfw.plan.auto import Decision
+
+    decision = prepare(auto(2, "memory"), 2, plugins).decision
+    assert Decision.from_json(decision.to_json()) == decision

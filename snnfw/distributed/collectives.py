@@ -5,11 +5,13 @@ from __future__ import annotations
 import contextlib
 import datetime
 import os
-from typing import TYPE_CHECKING, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 import attrs
 import torch
 import torch.distributed as dist
+
+from snnfw.errors import UserError
 
 if TYPE_CHECKING:  # a plan is handed down from the layer above
     from snnfw.plan.layout import Plan
@@ -49,19 +51,46 @@ def device_for(plan: Plan, env: RankEnv) -> torch.device:
     return torch.device("cpu")
 
 
+def init_world(device_type: str, env: RankEnv, timeout_s: float) -> None:
+    """Starts the default process group from torchrun's environment, once: NCCL on CUDA, gloo on the CPU."""
+    if dist.is_initialized():
+        return
+    dist.init_process_group(
+        backend="nccl" if device_type == "cuda" else "gloo",
+        timeout=datetime.timedelta(seconds=timeout_s),
+        device_id=torch.device("cuda", env.local_rank) if device_type == "cuda" else None,
+    )
+
+
+def decided_once(decide: Callable[[], Any], device_type: str, env: RankEnv, timeout_s: float) -> Any:
+    """``decide()`` run on rank 0 only and its result (or the user error it raised) handed to every rank.
+
+    Starts the default process group for it, which :func:`process_group` then keeps.
+    """
+    init_world(device_type, env, timeout_s)
+    outcome = [None]
+    if env.rank == 0:
+        try:
+            outcome[0] = ("ok", decide())
+        except UserError as err:
+            outcome[0] = ("error", err)
+    dist.broadcast_object_list(outcome, src=0, device=torch.device("cuda", env.local_rank) if device_type == "cuda" else None)
+    status, value = outcome[0]
+    if status == "error":
+        raise value
+    return value
+
+
 @contextlib.contextmanager
 def process_group(plan: Plan, env: RankEnv, timeout_s: float) -> Iterator[object | None]:
-    """Initialises the process group and the plan's device mesh; yields the mesh (None on one rank)."""
+    """Initialises the process group (unless started already) and the plan's device mesh; yields the mesh
+    (None on one rank)."""
     if plan.world_size == 1:
         yield None
         return
     from torch.distributed.device_mesh import init_device_mesh
 
-    dist.init_process_group(
-        backend=plan.backend,
-        timeout=datetime.timedelta(seconds=timeout_s),
-        device_id=torch.device("cuda", env.local_rank) if plan.device_type == "cuda" else None,
-    )
+    init_world(plan.device_type, env, timeout_s)
     try:
         names, sizes = zip(*plan.mesh)
         yield init_device_mesh(plan.device_type, tuple(sizes), mesh_dim_names=tuple(names))

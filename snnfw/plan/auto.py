@@ -121,20 +121,45 @@ def ranked_candidates(request, plugins) -> tuple[list[Candidate], list[Candidate
     return rank(feasible, request.config.parallel.prefer or "speed", topology.device_type, memory), refused
 
 
-def choose(config: Config, request, plugins) -> tuple[Config, tuple[str, ...]]:
-    """Resolves ``auto`` into the best candidate's strategy, mesh and settings; returns the config and the rationale."""
-    prefer = config.parallel.prefer or "speed"
+@attrs.frozen
+class Decision:
+    """``auto``'s choice: made once, from one measurement, and carried to every rank, which all apply it alike."""
+
+    strategy: str
+    mesh: tuple[tuple[str, int], ...]
+    settings: tuple[tuple[str, object], ...]
+    rationale: tuple[str, ...]
+
+    def applied(self, config: Config) -> Config:
+        """``config`` with the chosen strategy, mesh and settings (the keys the user set are kept)."""
+        parallel = attrs.evolve(config.parallel, strategy=self.strategy, mesh=self.mesh)
+        return with_settings(attrs.evolve(config, parallel=parallel), dict(self.settings))[0]
+
+    def to_json(self) -> str:
+        return json.dumps(attrs.asdict(self))
+
+    @classmethod
+    def from_json(cls, text: str) -> "Decision":
+        fields = json.loads(text)
+        return cls(
+            strategy=fields["strategy"], mesh=tuple((name, size) for name, size in fields["mesh"]),
+            settings=tuple((key, tuple(v) if isinstance(v, list) else v) for key, v in fields["settings"]),
+            rationale=tuple(fields["rationale"]),
+        )
+
+
+def choose(request, plugins) -> Decision:
+    """The best candidate under ``parallel.prefer``, with the rationale that lists the others."""
+    prefer = request.config.parallel.prefer or "speed"
     device = request.topology.device_type
     ranked, refused = ranked_candidates(request, plugins)
     best = ranked[0]
-    parallel = attrs.evolve(config.parallel, strategy=best.strategy, mesh=tuple(best.mesh.items()))
-    config, _ = with_settings(attrs.evolve(config, parallel=parallel), dict(best.settings))
     rationale = (
         f"auto, prefer {prefer}: chose {best.describe(device)}",
         *(f"candidate {c.describe(device)}" for c in ranked[1:]),
         *(f"candidate {c.describe(device)}" for c in refused),
     )
-    return config, rationale
+    return Decision(best.strategy, tuple(best.mesh.items()), tuple(best.settings), rationale)
 
 
 def measure(model, spec, plugins):

@@ -152,18 +152,13 @@ class Plan:
         return out
 
 
-def make_plan(config: Config, topology: Topology, analysis: Analysis, plugins, model=None, cost=None) -> Plan:
+def make_plan(config: Config, topology: Topology, analysis: Analysis, plugins, model=None,
+              chosen: tuple[str, ...] = ()) -> Plan:
     """Asks the strategy's plugin for a proposal and checks it against the world and batch.
 
-    ``auto`` first lets every strategy propose with an estimate (``cost`` is the
-    measured model) and continues with the best under ``parallel.prefer``.
+    ``config`` names one strategy (``auto`` is resolved before, :mod:`snnfw.plan.auto`);
+    ``chosen`` is how it was chosen, the plan's first rationale.
     """
-    chosen: tuple[str, ...] = ()
-    if config.parallel.strategy == AUTO:
-        from snnfw.plan.auto import choose
-
-        request = PlanRequest(config=config, topology=topology, analysis=analysis, model=model, plugins=plugins, cost=cost)
-        config, chosen = choose(config, request, plugins)
     plugins.strategies.entry(config.parallel.strategy)  # unknown names list the registered ones
     if config.parallel.prefer:
         config, changed = with_settings(config, plugins.preference_defaults(config))

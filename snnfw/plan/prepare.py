@@ -8,6 +8,7 @@ seed give the same model and plan) and then applies and runs it
 from __future__ import annotations
 
 import importlib.util
+from typing import Callable
 
 import attrs
 import torch
@@ -22,7 +23,7 @@ from snnfw.distributed import cpu_allocator
 from snnfw.errors import ConfigError
 from snnfw.model import source as models
 from snnfw.model.analysis import Analysis, analyze
-from snnfw.plan.auto import measure, ranked_candidates
+from snnfw.plan.auto import Decision, choose, measure, ranked_candidates
 from snnfw.plan.layout import AUTO, Plan, PlanRequest, Topology, make_plan
 from snnfw.plugin.manager import Plugins
 
@@ -57,6 +58,7 @@ class Prepared:
     analysis: Analysis
     given_instance: bool = False  # a module handed over whole: ranks take rank 0's initial state
     datasets: tuple | None = None  # (train, test) as built for counting epochs, for the trainer to reuse
+    decision: Decision | None = None  # auto's choice, for the launcher to carry to the ranks
 
 
 def check_data(config: Config, plugins: Plugins, own_data: bool) -> None:
@@ -117,11 +119,19 @@ def _resolved(config: Config, plugins: Plugins, source: models.Source, datasets:
     return config
 
 
+def _here(decide: Callable[[], Decision], device_type: str) -> Decision:
+    """``auto`` decided in this process: the launcher's and ``snnfw plan``'s way."""
+    return decide()
+
+
 def prepare(config: Config, world_size: int, plugins: Plugins, local_ranks: int | None = None,
-            model=None, datasets: tuple | None = None) -> Prepared:
-    """analyze -> plan for a world of ``world_size`` ranks, ``local_ranks`` on this node; starts no process.
+            model=None, datasets: tuple | None = None, agree: Callable = _here) -> Prepared:
+    """analyze -> plan for a world of ``world_size`` ranks, ``local_ranks`` on this node.
 
     ``model`` (a module or builder) and ``datasets`` (train, test) are what the Python API was handed.
+    ``auto``'s choice depends on a measurement, so it is made once: ``agree(decide, device_type)`` runs
+    ``decide`` (the measurement and the choice) where it should and returns its :class:`Decision` (the ranks
+    of a job pass one that takes rank 0's, or the launcher's).
     """
     check_data(config, plugins, datasets is not None)
     source = models.source(config, plugins, model)
@@ -132,13 +142,22 @@ def prepare(config: Config, world_size: int, plugins: Plugins, local_ranks: int 
     topology = Topology.detect(world_size, config.parallel.device, local_ranks)
     built = _build(config, source)
     analysis = _analyze(built, config, source, plugins)
-    cost = measure(built, source.spec, plugins) if config.parallel.strategy == AUTO else None
-    plan = make_plan(config, topology, analysis, plugins, built, cost)
+    decision = None
+    if config.parallel.strategy == AUTO:
+        def decide() -> Decision:
+            cost = measure(built, source.spec, plugins)
+            request = PlanRequest(config=config, topology=topology, analysis=analysis, model=built, plugins=plugins, cost=cost)
+            return choose(request, plugins)
+
+        decision = agree(decide, topology.device_type)
+        config = decision.applied(config)
+    plan = make_plan(config, topology, analysis, plugins, built, decision.rationale if decision else ())
     allocator = cpu_allocator.resolve(config.parallel.cpu_allocator, topology.device_type)
     notes = precision_notes(config, topology.device_type) + (
         ("cpu_allocator retain: each rank's malloc keeps freed blocks for the next step",) if allocator == "retain" else ())
     plan = attrs.evolve(plan, rationale=topology.rationale + plan.rationale + notes)
-    return Prepared(plan, built, source.spec, analysis, given_instance=isinstance(model, torch.nn.Module), datasets=built_data)
+    return Prepared(plan, built, source.spec, analysis, given_instance=isinstance(model, torch.nn.Module),
+                    datasets=built_data, decision=decision)
 
 
 def auto_candidates(config: Config, world_size: int, plugins: Plugins, device_memory: float | None = None) -> list:

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import os
 import time
 from pathlib import Path
 from typing import Any, Iterator
@@ -35,10 +36,12 @@ from snnfw.components.checkpoint import Checkpoints
 from snnfw.components.metrics import peak_memory_mb
 from snnfw.config import Config, build_config, load_config
 from snnfw.distributed import cpu_allocator
-from snnfw.distributed.collectives import RankEnv, all_reduce, device_for, process_group, set_cpu_threads
+from snnfw.distributed.collectives import RankEnv, all_reduce, decided_once, device_for, process_group, set_cpu_threads
+from snnfw.plan.auto import Decision
 from snnfw.plan.prepare import prepare
 from snnfw.plugin.manager import Plugins, check_same_plugins_on_all_ranks
 from snnfw.run.trainer import Trainer
+from snnfw.rundir import AUTO_DECISION
 
 
 def as_config(config: Config | dict | str | Path | None) -> Config:
@@ -152,6 +155,20 @@ class Session:
         gc.collect()
 
 
+def _agreement(env: RankEnv, config: Config):
+    """How the ranks agree on ``auto``'s choice: the launcher's, carried in the environment; else rank 0's, broadcast
+    (each rank measuring for itself could choose another layout and hang or train wrong)."""
+
+    def agree(decide, device_type: str) -> Decision:
+        if carried := os.environ.get(AUTO_DECISION):
+            return Decision.from_json(carried)
+        if env.world_size == 1:
+            return decide()
+        return decided_once(decide, device_type, env, config.parallel.timeout_s)
+
+    return agree
+
+
 @contextlib.contextmanager
 def start(
     config: Config | dict | str | Path | None = None,
@@ -182,7 +199,7 @@ def start(
     env = RankEnv.from_environ()
     plugins = plugins or Plugins()
     datasets = (train_set, test_set) if train_set is not None else None
-    prepared = prepare(config, env.world_size, plugins, model=model, datasets=datasets)
+    prepared = prepare(config, env.world_size, plugins, model=model, datasets=datasets, agree=_agreement(env, config))
     config = prepared.plan.config  # as resolved: auto's choice, the preference's defaults
     device = device_for(prepared.plan, env)  # a GPU rank's device is set before its process group starts
     with process_group(prepared.plan, env, config.parallel.timeout_s) as mesh:

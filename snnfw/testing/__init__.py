@@ -125,7 +125,7 @@ def _context():
     return ctx
 
 
-def _worker(rank, world, port, config_dict, run_dir, env, inspect, resume, results, caller):
+def _worker(rank, world, port, config_dict, run_dir, env, inspect, resume, before, results, caller):
     os.environ.clear()
     os.environ.update(caller["environ"])
     sys.path[:] = caller["path"]
@@ -136,6 +136,8 @@ def _worker(rank, world, port, config_dict, run_dir, env, inspect, resume, resul
     )
     os.environ.update(env.get(rank, {}))
     try:
+        if before is not None:
+            before(rank)
         summary = run_training(build_config(config_dict), run_dir, on_finish=inspect, resume=resume)
         buffer = io.BytesIO()
         torch.save(summary, buffer)  # by value: shared-memory tensors would die with this process
@@ -169,6 +171,7 @@ def run_on_ranks(
     env: dict[int, dict[str, str]] | None = None,
     inspect: Callable[[Trainer], Any] | None = None,
     resume: bool = False,
+    before: Callable[[int], Any] | None = None,
 ) -> list[dict[str, Any]]:
     """Trains ``config`` on ``nproc`` spawned ranks; returns each rank's summary in rank order.
 
@@ -176,7 +179,8 @@ def run_on_ranks(
 
     ``env`` adds environment variables per rank; ``inspect(trainer)`` runs on
     every rank at the end and its result lands in ``summary["inspect"]``;
-    ``resume`` continues from the newest checkpoint in ``run_dir``.
+    ``resume`` continues from the newest checkpoint in ``run_dir``; ``before(rank)`` runs first in every rank
+    (a test's way to change what one rank sees, such as a measurement).
     Raises :class:`RankFailure` if any rank raised or died (at once, not when the
     others time out), TimeoutError past ``timeout_s``.
     """
@@ -185,7 +189,7 @@ def run_on_ranks(
     ctx = _context()
     results = ctx.Queue()
     caller = {"environ": dict(os.environ), "path": list(sys.path), "threads": torch.get_num_threads()}
-    args = (nproc, _free_port(), config.to_dict(), run_dir, env or {}, inspect, resume, results, caller)
+    args = (nproc, _free_port(), config.to_dict(), run_dir, env or {}, inspect, resume, before, results, caller)
     procs = [ctx.Process(target=_worker, args=(rank, *args), daemon=True) for rank in range(nproc)]
     for p in procs:
         p.start()

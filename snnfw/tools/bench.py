@@ -109,12 +109,14 @@ def bench(
     if baseline:
         strategy = "baseline-ddp" if nproc > 1 else "baseline-plain"
         config = attrs.evolve(config, parallel=attrs.evolve(config.parallel, strategy="dp" if nproc > 1 else "none", mesh=None))
-    plan = prepare(config, nproc, Plugins()).plan
+    prepared = prepare(config, nproc, Plugins())
+    plan = prepared.plan
     if baseline:
         plan = attrs.evolve(plan, strategy=strategy)
     with tempfile.TemporaryDirectory(prefix="snnfw-bench-") as tmp:
         module = "snnfw.tools.baseline" if baseline else "snnfw.train"
-        status = launch(config_path, nproc, Path(tmp), overrides, config.parallel.timeout_s, module)
+        status = launch(config_path, nproc, Path(tmp), overrides, config.parallel.timeout_s, module,
+                        decision=prepared.decision.to_json() if prepared.decision else None)
         if status:
             return status
         metrics = [json.loads(line) for line in (Path(tmp) / METRICS).read_text().splitlines()]

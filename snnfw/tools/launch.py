@@ -16,6 +16,7 @@ exit status 2, without the elastic agent's log of the failed workers.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import sys
@@ -23,7 +24,7 @@ import uuid
 from pathlib import Path
 
 from snnfw import rundir
-from snnfw.rundir import LAUNCHED
+from snnfw.rundir import AUTO_DECISION, LAUNCHED
 
 
 class _QuietOnceStopped(logging.Filter):
@@ -46,9 +47,12 @@ def _elastic_loggers() -> list[logging.Logger]:
 def launch(
     config_path: str, nproc: int, run_dir: Path, overrides: list[str], timeout_s: float, module: str = "snnfw.train",
     *, nnodes: int = 1, node_rank: int = 0, rdzv_endpoint: str | None = None, max_restarts: int = 0, resume: bool = False,
-    extra: list[str] = (),
+    extra: list[str] = (), decision: str | None = None,
 ) -> int:
-    """Runs ``module`` (the worker entry) on every rank and returns the exit status for the CLI."""
+    """Runs ``module`` (the worker entry) on every rank and returns the exit status for the CLI.
+
+    ``decision``: ``auto``'s choice as the launcher made it (JSON), which every rank then applies.
+    """
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
@@ -74,10 +78,9 @@ def launch(
     quiet, loggers = _QuietOnceStopped(stopped), _elastic_loggers()
     for logger in loggers:
         logger.addFilter(quiet)
-    launched = os.environ.get(LAUNCHED)
-    os.environ[LAUNCHED] = "1"
     try:
-        elastic_launch(config, entrypoint=sys.executable)(*args)
+        with _environment({LAUNCHED: "1", AUTO_DECISION: decision}):
+            elastic_launch(config, entrypoint=sys.executable)(*args)
     except ChildFailedError as err:
         if stopped.exists():
             print(f"snnfw: error: {stopped.read_text().strip()}", file=sys.stderr)
@@ -102,8 +105,19 @@ def launch(
     finally:
         for logger in loggers:
             logger.removeFilter(quiet)
-        if launched is None:
-            del os.environ[LAUNCHED]
-        else:
-            os.environ[LAUNCHED] = launched
     return 0
+
+
+@contextlib.contextmanager
+def _environment(values: dict[str, str | None]):
+    """Sets the environment variables whose value is not None for the ranks, and restores them after."""
+    before = {name: os.environ.get(name) for name in values}
+    os.environ.update({name: value for name, value in values.items() if value is not None})
+    try:
+        yield
+    finally:
+        for name, value in before.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
