@@ -3,13 +3,23 @@
 from snnfw import hookimpl
 from snnfw.plan.estimate import estimate, ring_bytes
 from snnfw.plan.layout import Proposal
+from snnfw.plugin.strategy import Strategy
 
 NAME = "dp"
 
 
+class Replicas(Strategy):
+    """dp's and zero's answers: ZeRO's optimizer holds its shard's state in its local optimizer."""
+
+    def optimizer_state(self, optimizer):
+        from torch.distributed.optim import ZeroRedundancyOptimizer
+
+        return super().optimizer_state(optimizer.optim if isinstance(optimizer, ZeroRedundancyOptimizer) else optimizer)
+
+
 @hookimpl
 def snnfw_register_strategies(register):
-    register(NAME, None, "data parallel (DistributedDataParallel): every rank holds the whole model")
+    register(NAME, Replicas(), "data parallel (DistributedDataParallel): every rank holds the whole model")
 
 
 @hookimpl

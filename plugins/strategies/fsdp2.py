@@ -19,6 +19,7 @@ from snnfw import hookimpl
 from snnfw.model.analysis import submodule
 from snnfw.plan.estimate import estimate, ring_bytes
 from snnfw.plan.layout import Proposal, refuse_others
+from snnfw.plugin.strategy import Strategy
 
 NAME = "fsdp2"
 HSDP_DIMS = ("dp_replicate", "dp_shard")
@@ -26,7 +27,7 @@ HSDP_DIMS = ("dp_replicate", "dp_shard")
 
 @hookimpl
 def snnfw_register_strategies(register):
-    register(NAME, None, "fully sharded data parallel (FSDP2 fully_shard); HSDP with a dp_replicate x dp_shard mesh")
+    register(NAME, Strategy(), "fully sharded data parallel (FSDP2 fully_shard); HSDP with a dp_replicate x dp_shard mesh")
 
 
 def _mesh(config_mesh, world):

@@ -9,6 +9,7 @@ and ``parallel.reshard_after_forward`` as under ``fsdp2``.
 
 from snnfw import hookimpl
 from snnfw.plan.layout import Proposal
+from snnfw.plugin.strategy import Strategy
 from snnfw_plugins.strategies.fsdp2 import apply_fully_shard, fully_shard_options
 from snnfw_plugins.strategies.tp import apply_tensor_parallel, check_tp_plan, tp_estimate
 
@@ -17,7 +18,7 @@ NAME = "fsdp2_tp"
 
 @hookimpl
 def snnfw_register_strategies(register):
-    register(NAME, None, "2-D: tensor parallel within nodes of the tp dimension, FSDP2 across dp")
+    register(NAME, Strategy(), "2-D: tensor parallel within nodes of the tp dimension, FSDP2 across dp")
 
 
 @hookimpl
@@ -42,6 +43,7 @@ def snnfw_plan(request):
         NAME,
         mesh=(("dp", sizes["dp"]), ("tp", sizes["tp"])),
         dp_dims=("dp",),
+        replicated_neuron_dims=("tp",),
         rationale=(
             f"{sizes['tp']}-way tensor parallel inside each of {sizes['dp']} FSDP2 replicas; tp peers share a batch",
             "fully_shard over dp on the family blocks and the root: every parameter's gradients are reduced across dp; "

@@ -3,13 +3,14 @@
 from snnfw import hookimpl
 from snnfw.plan.estimate import estimate
 from snnfw.plan.layout import Proposal
+from snnfw.plugin.strategy import Strategy
 
 NAME = "none"
 
 
 @hookimpl
 def snnfw_register_strategies(register):
-    register(NAME, None, "single process, no parallelism (the reference for equivalence)")
+    register(NAME, Strategy(), "single process, no parallelism (the reference for equivalence)")
 
 
 @hookimpl

@@ -25,13 +25,30 @@ from snnfw.distributed.pipeline import parse_layout
 from snnfw.errors import keys_phrase
 from snnfw.plan.estimate import estimate, ring_bytes
 from snnfw.plan.layout import Proposal, refuse_others
+from snnfw.plugin.strategy import Strategy
 
 NAME = "pp"
 
 
+class Pipeline(Strategy):
+    def for_fake_world(self, model, config):
+        """The schedule skips torch's warm-up vote over point-to-point messages and uses the stages' static shapes
+        (snnfw gives every stage its input and output examples); the split this rank used goes on to the next."""
+        from torch.distributed.pipelining.stage import InferenceMode
+
+        def static(stages, has_backward, p2p_done):
+            for stage in stages:
+                stage._inference_mode = InferenceMode.STATIC
+
+        model.schedule._warmup_p2p = static
+        layout = "|".join(map(str, model.split.layout))
+        return attrs.evolve(config, pipeline=attrs.evolve(config.pipeline, layout=layout),
+                            explicit=config.explicit | {"pipeline.layout"})
+
+
 @hookimpl
 def snnfw_register_strategies(register):
-    register(NAME, None, "pipeline parallel: consecutive stages on ranks, schedules by name (pipeline.schedule)")
+    register(NAME, Pipeline(), "pipeline parallel: consecutive stages on ranks, schedules by name (pipeline.schedule)")
 
 
 def _unit_names(request) -> tuple[str, ...]:
@@ -135,7 +152,8 @@ def _propose(request, schedule: str, virtual: int) -> Proposal:
     )
     dp_dims = ("dp",) if "dp" in dict(mesh) else ()
     cost = _estimate(request, spec, pp, dp, virtual, micro)
-    return Proposal(NAME, mesh=mesh, dp_dims=dp_dims, rationale=rationale, microbatches=micro, estimate=cost)
+    return Proposal(NAME, mesh=mesh, dp_dims=dp_dims, stage_dims=("pp",), rationale=rationale, microbatches=micro,
+                    estimate=cost)
 
 
 def _estimate(request, spec, pp: int, dp: int, virtual: int, microbatches: int):

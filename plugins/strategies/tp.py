@@ -12,6 +12,7 @@ from snnfw import hookimpl
 from snnfw.model.analysis import submodule
 from snnfw.plan.estimate import estimate, ring_bytes
 from snnfw.plan.layout import Proposal
+from snnfw.plugin.strategy import Strategy
 
 NAME = "tp"
 
@@ -71,7 +72,7 @@ def apply_tensor_parallel(model, analysis, tp_mesh, hooks) -> None:
 
 @hookimpl
 def snnfw_register_strategies(register):
-    register(NAME, None, "tensor parallel: channels, heads and neuron state sharded over ranks")
+    register(NAME, Strategy(), "tensor parallel: channels, heads and neuron state sharded over ranks")
 
 
 @hookimpl
@@ -92,6 +93,7 @@ def snnfw_plan(request):
         NAME,
         mesh=mesh,
         dp_dims=(),
+        replicated_neuron_dims=("tp",),
         rationale=(f"{world}-way tensor parallel; every rank sees the whole batch",),
         estimate=tp_estimate(request, dict(mesh)["tp"]),
     )

@@ -11,7 +11,7 @@ from snnfw import hookimpl
 from snnfw.components.optim import optimizer_options, parameter_groups, trainable
 from snnfw.plan.layout import Proposal, refuse_others
 from snnfw_plugins.defaults import load_full_state, merge_optimizer_states
-from snnfw_plugins.strategies.dp import propose_replicas, wrap_ddp
+from snnfw_plugins.strategies.dp import Replicas, propose_replicas, wrap_ddp
 
 NAME = "zero"
 COMPOSES_WITH = ("dp", NAME)
@@ -23,7 +23,7 @@ def _wanted(plan_or_request) -> bool:
 
 @hookimpl
 def snnfw_register_strategies(register):
-    register(NAME, None, "data parallel (DDP) with optimizer state sharded across replicas (ZeRO-1)")
+    register(NAME, Replicas(), "data parallel (DDP) with optimizer state sharded across replicas (ZeRO-1)")
 
 
 @hookimpl

@@ -34,12 +34,12 @@ class SpikeCounter:
         self._weights = dict.fromkeys(neuron_names, 1.0)
         self._handles = [self._modules[name].register_forward_hook(partial(self._count, name)) for name in neuron_names]
 
-    def weigh_replicated(self, tp_size: int) -> None:
-        """Under tensor parallelism, counts a neuron module that every tp rank runs whole (not sharded by the
-        strategy, which marks sharded ones with ``snnfw_shard``) ``1 / tp_size`` in the totals, so the firing
+    def weigh_replicated(self, copies: int) -> None:
+        """Counts a neuron module that ``copies`` ranks run whole (not sharded by the strategy, which marks sharded
+        ones with ``snnfw_shard``; tensor parallelism's row blocks) ``1 / copies`` in the totals, so the firing
         rate over all modules weighs each as ``none`` does."""
         for name in self.names:
-            self._weights[name] = 1.0 if hasattr(self._modules[name], NEURON_SHARD) else 1.0 / tp_size
+            self._weights[name] = 1.0 if hasattr(self._modules[name], NEURON_SHARD) else 1.0 / copies
 
     def _count(self, name: str, module, inputs, output) -> None:
         spikes, elements = self._counts[name]

@@ -90,11 +90,18 @@ class Proposal:
     absent (otherwise 1). ``settings`` are config values (``"section.key"``,
     value) the proposal was made for, which ``auto`` applies if it picks it.
     A plugin may answer with a list of proposals (``auto`` ranks them all).
+    What the core must know of the mesh, the strategy declares:
+    ``dp_dims`` split the batch into replicas; ``stage_dims`` split the model
+    into stages (a rank holds only its stages' parameters); over
+    ``replicated_neuron_dims`` a neuron the strategy does not shard runs alike
+    on every rank (its spikes count once in the firing rate).
     """
 
     strategy: str
     mesh: Mesh = ()
     dp_dims: tuple[str, ...] = ()
+    stage_dims: tuple[str, ...] = ()
+    replicated_neuron_dims: tuple[str, ...] = ()
     rationale: tuple[str, ...] = ()
     refusal: str | None = None
     microbatches: int | None = None
@@ -124,6 +131,8 @@ class Plan:
     world_size: int
     mesh: Mesh
     dp_dims: tuple[str, ...]
+    stage_dims: tuple[str, ...]
+    replicated_neuron_dims: tuple[str, ...]
     microbatches: int
     global_batch: int
     device_type: str
@@ -136,6 +145,11 @@ class Plan:
     def dp_size(self) -> int:
         sizes = dict(self.mesh)
         return math.prod(sizes[d] for d in self.dp_dims)
+
+    def size(self, dims: tuple[str, ...]) -> int:
+        """How many ranks the mesh dimensions ``dims`` span together."""
+        sizes = dict(self.mesh)
+        return math.prod(sizes[d] for d in dims)
 
     @property
     def replica_batch(self) -> int:
@@ -196,6 +210,8 @@ def make_plan(config: Config, topology: Topology, analysis: Analysis, plugins, m
         world_size=topology.world_size,
         mesh=proposal.mesh,
         dp_dims=proposal.dp_dims,
+        stage_dims=proposal.stage_dims,
+        replicated_neuron_dims=proposal.replicated_neuron_dims,
         microbatches=micro,
         global_batch=batch,
         device_type=topology.device_type,

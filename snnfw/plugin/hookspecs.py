@@ -20,7 +20,8 @@ hookspec = pluggy.HookspecMarker("snnfw")
 
 @hookspec
 def snnfw_register_strategies(register):
-    """Register parallelism strategies by name (``register("dp", None, "DDP ...")``).
+    """Register parallelism strategies by name with their :class:`snnfw.plugin.strategy.Strategy` object
+    (``register("dp", Strategy(), "DDP ...")``; None stands for the defaults).
 
     The behaviour of a strategy lives in the plugin's :func:`snnfw_plan` and
     :func:`snnfw_parallelize` implementations, which answer for its name.

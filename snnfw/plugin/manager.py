@@ -21,6 +21,7 @@ import pluggy
 from snnfw.errors import PluginError
 from snnfw.plugin import hookspecs
 from snnfw.plugin.registry import Registry
+from snnfw.plugin.strategy import Strategy
 
 GROUP = "snnfw"
 ENV_DISABLE_AUTOLOAD = "SNNFW_DISABLE_PLUGIN_AUTOLOAD"
@@ -174,6 +175,10 @@ class Plugins:
     @property
     def strategies(self) -> Registry:
         return self.registries["strategy"]
+
+    def strategy(self, name: str) -> Strategy:
+        """The object behind strategy ``name``: what it registered, or the defaults for one registered without."""
+        return self.strategies.get(name) or Strategy()
 
     @property
     def families(self) -> Registry:

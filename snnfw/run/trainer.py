@@ -52,8 +52,8 @@ class Trainer:
         self.model = plugins.parallelize(model, self.plan, mesh)
         self.running_stats.bind(self.model, self.replica, self.plan.dp_size, dp_group(self.plan, mesh))
         self.counter.clear()  # spikes of the transforms' and strategies' own forward passes
-        if "tp" in dict(self.plan.mesh):
-            self.counter.weigh_replicated(dict(self.plan.mesh)["tp"])
+        if self.plan.replicated_neuron_dims:
+            self.counter.weigh_replicated(self.plan.size(self.plan.replicated_neuron_dims))
         self.optimizer = plugins.build_optimizer(self.model, self.plan, mesh)
         self.scheduler = build_scheduler(self.optimizer, config.train, plugins)
         LOSS_SCALE.reset(enabled=config.train.precision == "fp16", initial=config.train.loss_scale)

@@ -180,8 +180,7 @@ def measure_step(trainer, step: int) -> Footprint:
             trainer.step(step)
     finally:
         handle.remove()
-    local = getattr(trainer.optimizer, "optim", trainer.optimizer)  # ZeRO keeps its shard's state in .optim
-    state = [v for per_param in local.state.values() for v in per_param.values() if isinstance(v, torch.Tensor)]
+    state = trainer.plugins.strategy(trainer.plan.strategy).optimizer_state(trainer.optimizer)
     return Footprint(
         parameters=tensor_bytes(trainer.model.parameters()),
         gradients=gradients[0] if gradients else 0,
@@ -282,22 +281,6 @@ def _no_communication(counted: list, bucket):  # unannotated: DDP checks a retur
     return done
 
 
-def _static_pipeline(trainer, config: Config) -> Config:
-    """Makes the rank's pipeline schedule skip torch's warm-up vote over point-to-point messages (which a fake group
-    cannot answer) and use the stages' static shapes (snnfw gives every stage its input and output examples);
-    returns ``config`` with the split this rank used, for the next rank (a fake group cannot broadcast it)."""
-    from torch.distributed.pipelining.stage import InferenceMode
-
-    def static(stages, has_backward, p2p_done):
-        for stage in stages:
-            stage._inference_mode = InferenceMode.STATIC
-
-    trainer.model.schedule._warmup_p2p = static
-    layout = "|".join(map(str, trainer.model.split.layout))
-    return attrs.evolve(config, pipeline=attrs.evolve(config.pipeline, layout=layout),
-                        explicit=config.explicit | {"pipeline.layout"})
-
-
 def dry_run(config: Config, world_size: int, plugins: Plugins) -> tuple[object, list[tuple[int, Footprint]]]:
     """The plan of ``config`` on ``world_size`` ranks and the footprint of each representative rank."""
     from torch.distributed.device_mesh import init_device_mesh
@@ -328,8 +311,7 @@ def dry_run(config: Config, world_size: int, plugins: Plugins) -> tuple[object, 
             with fake, _unchecked_ddp_shapes():
                 trainer = _ZeroBatches(prepared.plan.config, prepared, plugins, mesh, torch.device("cpu"), data)
                 trainer.running_stats.moves_nothing = True
-                if "pp" in dict(plan.mesh):
-                    config = _static_pipeline(trainer, config)
+                config = plugins.strategy(plan.strategy).for_fake_world(trainer.model, config)
                 buckets: list[int] = []
                 for module in trainer.model.modules():
                     if isinstance(module, DistributedDataParallel):  # DDP's reducer needs its all-reduce's result
