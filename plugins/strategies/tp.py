@@ -1,9 +1,9 @@
 """``tp``: tensor parallel on a 1-D ``tp`` mesh, neuron state sharded with its activations.
 
 The family's ``tp_plan`` names a style (see ``tp_styles``) per module; every
-rank of the group sees the same batch. The built-in ``snnfw_shard_neuron``
-makes a neuron check that it receives its local channels, so a shard that
-went wrong fails by name instead of silently re-creating full-size state.
+rank of the group sees the same batch. Every sharded neuron, whatever its
+``snnfw_shard_neuron`` rule, checks that it receives its local channels, so a
+shard that went wrong fails by name instead of silently re-creating full-size state.
 """
 
 import difflib
@@ -110,18 +110,7 @@ def snnfw_parallelize(model, plan, mesh, hooks):
 
 @hookimpl(trylast=True)
 def snnfw_shard_neuron(module, placement, mesh):
-    """Records the shard on the neuron and checks every input against it."""
-    module.snnfw_shard = placement
-
-    def check(m, args):
-        received = args[0].shape[placement.dim]
-        if received != placement.local:
-            raise ValueError(
-                f"sharded neuron {placement.name} expects {placement.local} of {placement.total} entries on dim "
-                f"{placement.dim}, received {received} (input shape {tuple(args[0].shape)})"
-            )
-
-    module.register_forward_pre_hook(check)
+    """SpikingJelly's multi-step neurons keep state shaped like their input, so a shard needs no rule of its own."""
     return module
 
 

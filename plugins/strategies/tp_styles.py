@@ -27,7 +27,8 @@ import attrs
 import torch
 from torch import nn
 
-from snnfw_plugins.strategies.tp_comm import column_convolution, copy_in, count_dtensor_mlp, gather_out, reduce_out
+from snnfw_plugins.strategies.tp_comm import (all_reduce, column_convolution, copy_in, count_dtensor_mlp, gather_out,
+                                              reduce_out)
 
 CHANNEL_DIM = 2  # multi-step activations are [T, N, C, ...]
 SLICES = "snnfw_slices"
@@ -37,12 +38,18 @@ _BN = (nn.BatchNorm1d, nn.BatchNorm2d)
 
 @attrs.frozen
 class NeuronShard:
-    """Where the state of neuron ``name`` is sharded: ``local`` of ``total`` entries of ``dim``."""
+    """Where the state of neuron ``name`` is sharded: ``local`` of ``total`` entries of ``dim``, over the ranks of
+    ``group``. A neuron's shard rule sums what its shards share with :meth:`all_reduce`."""
 
     dim: int
     local: int
     total: int
     name: str
+    group: object = None
+
+    def all_reduce(self, tensor: torch.Tensor) -> torch.Tensor:
+        """Sums ``tensor`` in place over the shards' group, counted with tensor parallelism's other collectives."""
+        return all_reduce(tensor, self.group)
 
 
 @attrs.frozen
@@ -128,10 +135,22 @@ def shard_batch_norm(bn: nn.Module, index: torch.Tensor, shard: Shard) -> None:
 
 
 def shard_neuron(neuron: nn.Module, local: int, total: int, shard: Shard) -> None:
+    """Gives ``neuron`` its shard rule (``snnfw_shard_neuron``), records the shard on it and checks every input."""
     name = shard.names.get(id(neuron), type(neuron).__name__)
-    replacement = shard.hooks.shard_neuron(neuron, NeuronShard(CHANNEL_DIM, local, total, name), shard.mesh)
-    if replacement is not neuron:
+    placement = NeuronShard(CHANNEL_DIM, local, total, name, shard.group)
+    if shard.hooks.shard_neuron(neuron, placement, shard.mesh) is not neuron:
         raise ValueError("a snnfw_shard_neuron implementation that replaces the module is not supported by tp styles")
+    neuron.snnfw_shard = placement
+
+    def check(module, args):
+        received = args[0].shape[placement.dim]
+        if received != placement.local:
+            raise ValueError(
+                f"sharded neuron {placement.name} expects {placement.local} of {placement.total} entries on dim "
+                f"{placement.dim}, received {received} (input shape {tuple(args[0].shape)})"
+            )
+
+    neuron.register_forward_pre_hook(check)
 
 
 def _channels(module: nn.Module, size: int, what: str, total: int) -> str | None:

@@ -19,7 +19,7 @@ from snnfw.config import Config, build_config
 
 OWN_MODELS = {  # models of the user's own, by import path, that the matrix trains beside the families
     "own_sew": {
-        "builder": f"{Path(__file__).resolve().parents[1] / 'examples' / 'train_own_model.py'}:build",
+        "builder": f"{Path(__file__).resolve().parents[2] / 'examples' / 'train_own_model.py'}:build",
         "input_shape": [2, 16, 16], "num_classes": 10, "input_layout": "TN",
     },
 }

@@ -56,23 +56,19 @@ def snnfw_shard_neuron(module, placement, mesh):
     """A PLIF's time constant is one scalar for all channels: sum its gradient over the shards."""
     from spikingjelly.activation_based.neuron import ParametricLIFNode
 
-    from snnfw_plugins.strategies.tp import snnfw_shard_neuron as check_local_size
-    from snnfw_plugins.strategies.tp_comm import all_reduce
-
     if not isinstance(module, ParametricLIFNode):
         return None
-    group = mesh.get_group()  # the 1-D tensor-parallel mesh
 
     def sum_over_shards(module, args):
         # The w that forward uses: the parameter itself, or FSDP2's unsharded copy (under fsdp2_tp), which
         # is another tensor than the one seen here; each gets the hook once.
         w = module.w
         if not getattr(w, "_snnfw_summed_over_tp", False):
-            w.register_hook(lambda grad: all_reduce(grad.clone(), group))  # counted in tp_allreduce_calls
+            w.register_hook(lambda grad: placement.all_reduce(grad.clone()))  # counted in tp_allreduce_calls
             w._snnfw_summed_over_tp = True
 
     module.register_forward_pre_hook(sum_over_shards)
-    return check_local_size(module, placement, mesh)
+    return module
 
 
 @hookimpl
