@@ -11,7 +11,6 @@ from typing import TYPE_CHECKING
 from snnfw import hookimpl
 from snnfw.components.losses import LossSpec, cross_entropy, mse_rate, tet, training_loss
 from snnfw.components.optim import LrScheduleSpec, OptimizerSpec, build_optimizer
-from snnfw.components.phases import PHASES
 from snnfw.components.precision import autocast
 from snnfw.components.step import StepOutput, count_correct, scored
 from snnfw.errors import CheckpointError, ConfigError
@@ -200,15 +199,16 @@ def snnfw_forward_backward(model, batches, plan, hooks):
     loss_sum, correct, samples = 0.0, 0, 0
     loss_of = training_loss(plan.config.train, hooks)
     precision = autocast(plan.config.train, plan.device_type)
+    phases = hooks.run.phases
     for m, (frames, labels) in enumerate(batches):
         with gradient_sync(model, enabled=m == len(batches) - 1):
-            with PHASES("reset"):
+            with phases("reset"):
                 hooks.reset_state(model)
-            with PHASES("forward"):
+            with phases("forward"):
                 with precision:
                     logits = model(frames)
                 loss = loss_of(logits, labels)
-            with PHASES("backward"):
+            with phases("backward"):
                 (loss / len(batches)).backward()
         loss_sum += float(loss.detach())
         correct += count_correct(logits.detach(), labels)

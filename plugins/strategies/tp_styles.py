@@ -27,8 +27,14 @@ import attrs
 import torch
 from torch import nn
 
-from snnfw_plugins.strategies.tp_comm import (all_reduce, column_convolution, copy_in, count_dtensor_mlp, gather_out,
-                                              reduce_out)
+from snnfw_plugins.strategies.tp_comm import (
+    all_reduce,
+    column_convolution,
+    copy_in,
+    count_dtensor_mlp,
+    gather_out,
+    reduce_out,
+)
 
 CHANNEL_DIM = 2  # multi-step activations are [T, N, C, ...]
 SLICES = "snnfw_slices"

@@ -32,7 +32,6 @@ from torch.distributed.checkpoint import DefaultLoadPlanner, FileSystemReader, F
 from torch.distributed.checkpoint.metadata import StorageMeta, TensorStorageMetadata
 
 from snnfw.components.optim import resume_scheduler
-from snnfw.components.precision import LOSS_SCALE
 from snnfw.distributed.collectives import barrier
 from snnfw.errors import CheckpointError, DivergedError
 from snnfw.rundir import CHECKPOINTS, METRICS, RUN_FILES
@@ -263,7 +262,7 @@ class Checkpoints:
         if self.rank == 0:
             meta = {"step": step, "loss": loss, "fixed": _fixed(self.config),
                     "strategy": trainer.plan.strategy, "world_size": trainer.plan.world_size,
-                    "loss_scale": LOSS_SCALE.state_dict()}
+                    "loss_scale": trainer.run.loss_scale.state_dict()}
             (temp / META).write_text(json.dumps(meta) + "\n")
             if final.exists():
                 shutil.rmtree(final)
@@ -295,8 +294,9 @@ class Checkpoints:
         for group, settings in zip(trainer.optimizer.param_groups, configured):
             group.update(settings)  # the config's hyperparameters, not the checkpoint's
         resume_scheduler(trainer.scheduler, state["scheduler"], self.config.train.lr)
-        if LOSS_SCALE.enabled and meta.get("loss_scale", {}).get("enabled"):  # else fp16 starts its scale afresh
-            LOSS_SCALE.load_state_dict(meta["loss_scale"])
+        loss_scale = trainer.run.loss_scale
+        if loss_scale.enabled and meta.get("loss_scale", {}).get("enabled"):  # else fp16 starts its scale afresh
+            loss_scale.load_state_dict(meta["loss_scale"])
         rng = state.get("rng", {}).get(f"rank{self.rank}", {})
         if "cpu" in rng:
             torch.set_rng_state(rng["cpu"])

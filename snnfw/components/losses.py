@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 import attrs
 
-from snnfw.components.precision import LOSS_SCALE, full_precision
+from snnfw.components.precision import full_precision
 from snnfw.config import TrainConfig
 from snnfw.errors import ConfigError
 
@@ -42,11 +42,15 @@ def check_loss(train: TrainConfig, plugins) -> None:
 
 
 def training_loss(train: TrainConfig, plugins) -> Loss:
-    """The loss ``train.loss`` names, with its options (under fp16 its gradient carries the loss scale)."""
+    """The loss ``train.loss`` names, with its options (under fp16 its gradient carries the run's loss scale,
+    ``plugins.run.loss_scale``)."""
     spec = plugins.losses.get(train.loss)
     set_keys = {key: getattr(train, key) for key in spec.options if getattr(train, key) is not None}
     loss = spec.build({**spec.defaults, **set_keys})
-    return (lambda logits, labels: LOSS_SCALE.scaled(loss(logits, labels))) if train.precision == "fp16" else loss
+    if train.precision != "fp16":
+        return loss
+    scale = plugins.run.loss_scale
+    return lambda logits, labels: scale.scaled(loss(logits, labels))
 
 
 def cross_entropy(options: dict[str, Any]) -> Loss:

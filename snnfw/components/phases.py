@@ -20,15 +20,16 @@ def finish_queued_work(device) -> None:
 class PhaseTimes:
     """Milliseconds spent in named phases of a step (``data``, ``forward``, ``backward``, ...).
 
-    Strategies time their own phases with ``with PHASES("forward"):``. The
-    runtime sets ``synchronize`` (``torch.cuda.synchronize`` on CUDA) so that a
-    phase ends when its kernels do, not when they are launched. Phases nest:
-    ``forward_backward`` holds the others.
+    Each trainer keeps one (``hooks.run.phases`` in a hook); strategies time
+    their own phases with ``with hooks.run.phases("forward"):``. On CUDA
+    ``synchronize`` (``torch.cuda.synchronize``) makes a phase end when its
+    kernels do, not when they are launched. Phases nest: ``forward_backward``
+    holds the others.
     """
 
-    def __init__(self):
+    def __init__(self, synchronize: Callable[[], None] | None = None):
         self._ms: dict[str, float] = defaultdict(float)
-        self.synchronize: Callable[[], None] | None = None
+        self.synchronize = synchronize
 
     @contextlib.contextmanager
     def __call__(self, name: str):
@@ -45,6 +46,3 @@ class PhaseTimes:
         out = {f"{name}_ms": ms for name, ms in self._ms.items()}
         self._ms.clear()
         return out
-
-
-PHASES = PhaseTimes()

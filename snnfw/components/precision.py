@@ -5,7 +5,7 @@ only the forward pass of the model (each pipeline stage's, under ``pp``)
 runs under ``torch.autocast``; losses upcast the logits to fp32 first, so
 every strategy computes them alike. Evaluation runs under the same autocast.
 
-fp16 adds a dynamic loss scale (:data:`LOSS_SCALE`), one for the whole
+fp16 adds a dynamic loss scale (:class:`LossScale`, the trainer's), one for the whole
 model, with torch's GradScaler defaults (``train.loss_scale``, 65536, to
 start): the loss's gradient is multiplied by the scale; a step whose gradient norm over the whole model (every data
 replica, tensor-parallel shard and pipeline stage: the same value on every
@@ -78,10 +78,7 @@ class LossScale:
 
     INIT, GROWTH, BACKOFF, INTERVAL = 2.0**16, 2.0, 0.5, 2000
 
-    def __init__(self):
-        self.reset(enabled=False)
-
-    def reset(self, enabled: bool, initial: float | None = None) -> None:
+    def __init__(self, enabled: bool = False, initial: float | None = None):
         self.enabled, self.scale, self.finite_steps = enabled, (initial or self.INIT) if enabled else 1.0, 0
 
     def update(self, finite: bool) -> None:
@@ -102,9 +99,6 @@ class LossScale:
     def scaled(self, loss):
         """``loss`` whose gradient is multiplied by the scale (its value unchanged, for the metrics)."""
         return _scaled_gradient().apply(loss, self.scale) if self.enabled else loss
-
-
-LOSS_SCALE = LossScale()  # one training job per process; the trainer resets it
 
 
 @functools.cache

@@ -6,8 +6,20 @@ from typing import TYPE_CHECKING
 
 import attrs
 
+from snnfw.components.phases import PhaseTimes
+from snnfw.components.precision import LossScale
+
 if TYPE_CHECKING:
     import torch
+
+
+@attrs.frozen
+class RunState:
+    """What one trainer's steps carry from one to the next: the clock of its phases and fp16's loss scale.
+    Hooks see it as ``hooks.run``."""
+
+    phases: PhaseTimes
+    loss_scale: LossScale
 
 
 @attrs.frozen

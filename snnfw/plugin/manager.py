@@ -11,6 +11,7 @@ escapes a hook carries a note naming the plugin and distribution it came from.
 
 from __future__ import annotations
 
+import copy
 import os
 from importlib import metadata
 from typing import Any
@@ -113,7 +114,12 @@ class _Hooks:
 
 
 class Plugins:
-    """The loaded plugins, their registries, and one typed method per flow hook."""
+    """The loaded plugins, their registries, and one typed method per flow hook.
+
+    A trainer calls the hooks through its own copy (:meth:`for_run`), on which ``run`` is its state.
+    """
+
+    run = None  # a trainer's snnfw.components.step.RunState, on its copy
 
     def __init__(self, extra: tuple[tuple[str, Any], ...] = ()):
         self.pm = pluggy.PluginManager(GROUP)
@@ -143,6 +149,13 @@ class Plugins:
                     self.blame(err, hook_name, impls)
                     raise
         self.overridden = self._unload_overridden()
+
+    def for_run(self, run) -> "Plugins":
+        """This facade for one run: the hooks it calls see ``run`` as ``hooks.run``."""
+        view = copy.copy(self)
+        view.run = run
+        view.hook = _Hooks(view)
+        return view
 
     def _unload_overridden(self) -> dict[str, tuple[str, ...]]:
         """Unregisters plugins all of whose names were overridden; returns {plugin: plugins that override it}."""

@@ -11,8 +11,9 @@ import torch.distributed as dist
 
 from snnfw.components.metrics import SpikeCounter
 from snnfw.components.optim import build_scheduler
-from snnfw.components.phases import PHASES
-from snnfw.components.precision import LOSS_SCALE
+from snnfw.components.phases import PhaseTimes
+from snnfw.components.precision import LossScale
+from snnfw.components.step import RunState
 from snnfw.components.weights import load_weights
 from snnfw.config import Config
 from snnfw.data import batches as datalib
@@ -30,8 +31,10 @@ class Trainer:
     def __init__(self, config: Config, prepared: Prepared, plugins: Plugins, mesh, device, datasets: tuple | None = None,
                  weights: dict | None = None):
         started = time.perf_counter()
-        self.config, self.plan, self.plugins, self.device = config, prepared.plan, plugins, device
-        PHASES.synchronize = torch.cuda.synchronize if device.type == "cuda" else None
+        self.config, self.plan, self.device = config, prepared.plan, device
+        self.run = RunState(PhaseTimes(torch.cuda.synchronize if device.type == "cuda" else None),
+                            LossScale(config.train.precision == "fp16", config.train.loss_scale))
+        self.plugins = plugins = plugins.for_run(self.run)
         self.counter = SpikeCounter(prepared.model, prepared.analysis.neurons)
         self.state_names = frozenset(prepared.model.state_dict())
         self.spec, self.num_classes = prepared.spec, prepared.spec.num_classes
@@ -56,7 +59,6 @@ class Trainer:
             self.counter.weigh_replicated(self.plan.size(self.plan.replicated_neuron_dims))
         self.optimizer = plugins.build_optimizer(self.model, self.plan, mesh)
         self.scheduler = build_scheduler(self.optimizer, config.train, plugins)
-        LOSS_SCALE.reset(enabled=config.train.precision == "fp16", initial=config.train.loss_scale)
         self._batches, self._next_step = None, None
         if device.type == "cuda":  # the steps' peak, not the setup's (memopt's trials, a pipeline's split timing)
             torch.cuda.reset_peak_memory_stats(device)
@@ -80,25 +82,26 @@ class Trainer:
     def step(self, step: int) -> dict[str, float]:
         plan = self.plan
         self.model.train()
-        with PHASES("data"):
+        with self.run.phases("data"):
             batches = self.batches(step)
-        with PHASES("forward_backward"):
+        with self.run.phases("forward_backward"):
             self.running_stats.start()
             out = self.plugins.forward_backward(self.model, batches, plan)
-        with PHASES("running_stats"):
+        with self.run.phases("running_stats"):
             self.running_stats.apply()
-        lr, scale = self.optimizer.param_groups[0]["lr"], LOSS_SCALE.scale
-        with PHASES("grad_norm"):
+        loss_scale = self.run.loss_scale
+        lr, scale = self.optimizer.param_groups[0]["lr"], loss_scale.scale
+        with self.run.phases("grad_norm"):
             grad_norm = global_grad_norm(self.model, plan) / scale  # the same on every rank
             finite = math.isfinite(grad_norm)
-            if LOSS_SCALE.enabled:
+            if loss_scale.enabled:
                 if finite:
                     scale_gradients(self.model, 1.0 / scale)
-                LOSS_SCALE.update(finite)
+                loss_scale.update(finite)
             if self.config.train.clip_grad_norm is not None and finite:
                 clip_gradients(self.model, grad_norm, self.config.train.clip_grad_norm)
-        with PHASES("optimizer"):
-            skip = LOSS_SCALE.enabled and not finite  # fp16 skips a step that overflowed, as torch's GradScaler does
+        with self.run.phases("optimizer"):
+            skip = loss_scale.enabled and not finite  # fp16 skips a step that overflowed, as torch's GradScaler does
             if not skip:
                 self.optimizer.step()
             self.optimizer.zero_grad(set_to_none=True)
@@ -106,7 +109,7 @@ class Trainer:
                 warnings.filterwarnings("ignore", r"Detected call of `lr_scheduler\.step\(\)` before", UserWarning)
                 self.scheduler.step()
         spikes, elements = self.counter.take()
-        extra = {**PHASES.take(), **self.plugins.step_metrics(plan)}
+        extra = {**self.run.phases.take(), **self.plugins.step_metrics(plan)}
         loss, correct, samples, spikes, elements, *extra_totals = all_reduce(
             [out.loss * out.samples, out.correct, out.samples, spikes, float(elements), *extra.values()]
         )
@@ -116,7 +119,7 @@ class Trainer:
             "epoch": (step + 1) * plan.global_batch / len(self.train_set),  # passes over the training set so far
             "lr": lr,
             "grad_norm": grad_norm,
-            **({"loss_scale": scale} if LOSS_SCALE.enabled else {}),
+            **({"loss_scale": scale} if loss_scale.enabled else {}),
             "train_acc": correct / samples,
             "spike_rate": spikes / max(elements, 1.0),
             **{key: total / plan.world_size for key, total in zip(extra, extra_totals)},
