@@ -4,24 +4,17 @@ from pathlib import Path
 
 import pytest
 
-from snnfw.config import build_config
+from snnfw.testing import tiny_config
 
-TINY = {
-    "model": {"family": "cifar10dvs_vgg", "flavor": "tiny", "time_steps": 4},
-    "data": {"name": "synthetic_dvs", "batch_size": 8, "train_samples": 64, "test_samples": 16},
-    "train": {"steps": 3, "lr": 0.01, "seed": 3},
-}
+GROUPS = ("unit", "distributed", "e2e", "guarantee")  # tests/<group>/: run one with python -m pytest -m <group>
 
 
-def tiny_config(strategy="none", microbatches=1, **sections):
-    data = {k: dict(v) for k, v in TINY.items()}
-    data["parallel"] = {"strategy": strategy, "device": "cpu"}  # unless a test asks for CUDA
-    data["train"]["microbatches"] = microbatches
-    for section, values in sections.items():
-        data.setdefault(section, {}).update(values)
-    if data["data"]["name"] != "synthetic_dvs":  # an on-disk set has the samples its files hold
-        del data["data"]["train_samples"], data["data"]["test_samples"]
-    return build_config(data)
+def pytest_collection_modifyitems(items):
+    """Marks each test with its folder's group."""
+    for item in items:
+        group = item.path.parent.name
+        if group in GROUPS:
+            item.add_marker(group)
 
 
 @pytest.fixture

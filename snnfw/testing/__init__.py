@@ -27,6 +27,25 @@ from snnfw.config import Config, build_config
 from snnfw.data import batches as datalib
 from snnfw.run.loop import Trainer, run_training
 
+TINY = {
+    "model": {"family": "cifar10dvs_vgg", "flavor": "tiny", "time_steps": 4},
+    "data": {"name": "synthetic_dvs", "batch_size": 8, "train_samples": 64, "test_samples": 16},
+    "train": {"steps": 3, "lr": 0.01, "seed": 3},
+}
+
+
+def tiny_config(strategy="none", microbatches=1, **sections) -> Config:
+    """The tiny VGG on a few synthetic DVS samples under ``strategy``, on the CPU; ``sections`` update the config's
+    tables (``train={"steps": 5}``)."""
+    data = {k: dict(v) for k, v in TINY.items()}
+    data["parallel"] = {"strategy": strategy, "device": "cpu"}  # unless a test asks for CUDA
+    data["train"]["microbatches"] = microbatches
+    for section, values in sections.items():
+        data.setdefault(section, {}).update(values)
+    if data["data"]["name"] != "synthetic_dvs":  # an on-disk set has the samples its files hold
+        del data["data"]["train_samples"], data["data"]["test_samples"]
+    return build_config(data)
+
 
 def _named_parameters(trainer: Trainer):
     return getattr(trainer.model, "module", trainer.model).named_parameters()

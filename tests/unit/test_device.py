@@ -2,13 +2,12 @@
 
 import pytest
 import torch
-from conftest import tiny_config
 
 from snnfw.cli import main
 from snnfw.errors import PlanError
 from snnfw.plan.prepare import prepare
 from snnfw.plugin.manager import Plugins
-from snnfw.testing import run_on_ranks
+from snnfw.testing import run_on_ranks, tiny_config
 
 
 @pytest.fixture(scope="module")

@@ -14,8 +14,6 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from conftest import tiny_config
-from test_equivalence import assert_same_losses
 from torch import nn
 
 from snnfw.config import ConfigError, build_config
@@ -24,7 +22,8 @@ from snnfw.errors import PlanError, UnknownNameError
 from snnfw.plan.prepare import build_model, prepare
 from snnfw.plugin.manager import Plugins
 from snnfw.run.loop import run_training
-from snnfw.testing import local_parameters, run_on_ranks
+from snnfw.testing import local_parameters, run_on_ranks, tiny_config
+from snnfw.testing.checks import assert_same_losses
 from snnfw_plugins.strategies.pp_stages import measure_units
 
 SPIKFORMER = {"family": "spikformer"}

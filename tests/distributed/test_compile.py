@@ -13,14 +13,13 @@ from importlib.util import find_spec
 
 import pytest
 import torch
-from conftest import tiny_config
 
 from snnfw.errors import PlanError
 from snnfw.plan.prepare import prepare
 from snnfw.plugin.manager import Plugins
 from snnfw.run.loop import run_training
 from snnfw.run.trainer import Trainer
-from snnfw.testing import run_on_ranks
+from snnfw.testing import run_on_ranks, tiny_config
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -8,9 +8,7 @@ import types
 
 import pytest
 import torch
-from conftest import tiny_config
 from spikingjelly.activation_based import neuron
-from test_guarantee import assert_close, final_state
 from torch import nn
 
 import snnfw.run.loop
@@ -26,7 +24,8 @@ from snnfw.config import build_config
 from snnfw.errors import ConfigError, UnknownNameError
 from snnfw.plugin.manager import Plugins
 from snnfw.run.loop import run_training
-from snnfw.testing import RankFailure, run_on_ranks
+from snnfw.testing import RankFailure, run_on_ranks, tiny_config
+from snnfw.testing.checks import assert_close, final_state
 from snnfw.testing.equivalence import CASES, case_config, reference_config
 
 

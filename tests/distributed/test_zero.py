@@ -2,14 +2,13 @@
 
 import pytest
 import torch
-from conftest import tiny_config
-from test_equivalence import assert_same_losses
 
 from snnfw.errors import PlanError
 from snnfw.plan.prepare import prepare
 from snnfw.plugin.manager import Plugins
 from snnfw.run.loop import run_training
-from snnfw.testing import local_parameters, run_on_ranks, state_bytes
+from snnfw.testing import local_parameters, run_on_ranks, state_bytes, tiny_config
+from snnfw.testing.checks import assert_same_losses
 
 
 def parameters_and_bytes(trainer):

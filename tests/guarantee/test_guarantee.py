@@ -19,13 +19,13 @@ import functools
 
 import attrs
 import pytest
-import torch
 
 from snnfw.run.loop import run_training
 from snnfw.testing import run_on_ranks
+from snnfw.testing.checks import assert_close, final_state
 from snnfw.testing.equivalence import CASES, FAMILIES, case_config, reference_config
 
-STEPS, REL_TOL, EVAL_EVERY = 20, 1e-9, 10
+STEPS, EVAL_EVERY = 20, 10  # and losses, states and validations within 1e-9 relative (assert_close)
 LAYER_RATE = (0.005, 0.7)  # every neuron layer fires, none saturates
 # After 20 steps the reference separates classes (chance is 0.1; measured 0.33-0.44 for the VGG, 0.22 for the
 # MLP, 0.20-0.33 for the SEW network of examples/train_own_model.py), so equal test accuracies compare real
@@ -39,12 +39,6 @@ DEFAULT_RUN = {  # within the suite's time budget; -m full_matrix runs the rest
     "spiking_mlp": {"tp"},
     "own_sew": {"tp"},
 }
-
-
-def final_state(trainer):
-    """The whole model state by the model's own names (every strategy's checkpoint view), and the optimizer's step."""
-    state = trainer.plugins.state_dict(trainer.model, trainer.optimizer, trainer.plan)["model"]
-    return {name: tensor.detach().cpu().clone() for name, tensor in state.items()}
 
 
 def with_validation(config):
@@ -63,12 +57,6 @@ def assert_same_validations(rank, got, want):
         assert (mine["eval_acc"], mine["eval_acc5"]) == (ref["eval_acc"], ref["eval_acc5"]), f"rank {rank} step {step}"
         assert_close(f"rank {rank} step {step} eval_loss", mine["eval_loss"], ref["eval_loss"])
         assert_close(f"rank {rank} step {step} eval_spike_rate", mine["eval_spike_rate"], ref["eval_spike_rate"])
-
-
-def assert_close(name, got, want):
-    scale = want.abs().max().item() if torch.is_tensor(want) else abs(want)
-    diff = (got - want).abs().max().item() if torch.is_tensor(want) else abs(got - want)
-    assert diff <= REL_TOL * max(scale, 1e-12), f"{name}: differs from none by {diff:.3g} (scale {scale:.3g})"
 
 
 def check_case(family, case):

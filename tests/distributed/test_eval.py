@@ -12,7 +12,7 @@ import pytest
 from snnfw.testing import run_on_ranks
 from snnfw.testing.equivalence import CASES, case_config
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 TIMEOUT_S = 240
 
 

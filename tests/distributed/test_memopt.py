@@ -7,14 +7,13 @@ on the same chunks.
 """
 
 import pytest
-from conftest import tiny_config
 from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointWrapper
 
 from snnfw.errors import PlanError
 from snnfw.plan.prepare import prepare
 from snnfw.plugin.manager import Plugins
 from snnfw.run.loop import run_training
-from snnfw.testing import run_on_ranks, tracked_peak_bytes
+from snnfw.testing import run_on_ranks, tiny_config, tracked_peak_bytes
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

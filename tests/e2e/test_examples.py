@@ -7,13 +7,13 @@ import sys
 from pathlib import Path
 
 import torch
-from layouts import cifar10_dvs_layout, write_cifar10
 
 from snnfw.config import build_config
 from snnfw.plan.prepare import build_model
 from snnfw.plugin.manager import Plugins
+from snnfw.testing.layouts import cifar10_dvs_layout, write_cifar10
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 TIMEOUT_S = 300
 
 

@@ -7,11 +7,10 @@ import sys
 
 import pytest
 import torch
-from conftest import tiny_config
-from test_equivalence import assert_same_losses
 
 from snnfw.run.loop import run_training
-from snnfw.testing import full_parameters, run_on_ranks
+from snnfw.testing import full_parameters, run_on_ranks, tiny_config
+from snnfw.testing.checks import assert_same_losses
 
 
 def mlp(strategy, **sections):

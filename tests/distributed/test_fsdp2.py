@@ -12,14 +12,13 @@ import warnings
 
 import pytest
 import torch
-from conftest import tiny_config
-from test_equivalence import assert_same_losses
 
 from snnfw.errors import PlanError
 from snnfw.plan.prepare import prepare
 from snnfw.plugin.manager import Plugins
 from snnfw.run.loop import run_training
-from snnfw.testing import full_parameters, local_parameters, replay_first_step, run_on_ranks, state_bytes
+from snnfw.testing import full_parameters, local_parameters, replay_first_step, run_on_ranks, state_bytes, tiny_config
+from snnfw.testing.checks import assert_same_losses
 
 HSDP = {"dp_replicate": 2, "dp_shard": 2}
 SGD = {"optimizer": "sgd"}

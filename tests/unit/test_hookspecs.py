@@ -8,7 +8,7 @@ import pytest
 
 from snnfw.plugin import hookspecs
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 HOOKS = [name for name, fn in inspect.getmembers(hookspecs, inspect.isfunction) if name.startswith("snnfw_")]
 SOURCES = [p.read_text() for folder in ("plugins", "tests", "examples") for p in (ROOT / folder).rglob("*.py")]
 

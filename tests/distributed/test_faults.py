@@ -8,12 +8,11 @@ import sys
 import time
 
 import pytest
-from conftest import tiny_config
 
 from snnfw import rundir, train
 from snnfw.config import load_config
 from snnfw.run.loop import run_training
-from snnfw.testing import RankFailure, run_on_ranks
+from snnfw.testing import RankFailure, run_on_ranks, tiny_config
 
 TINY = ["data.batch_size=8", "data.train_samples=64", "data.test_samples=16", "train.lr=0.01", "train.seed=3",
         "train.log_every=1", 'parallel.device="cpu"']

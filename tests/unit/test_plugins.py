@@ -4,11 +4,10 @@ import sys
 import textwrap
 
 import pytest
-from conftest import tiny_config
 
 from snnfw.errors import PluginError
 from snnfw.plugin.manager import ENV_BLOCK, ENV_DISABLE_AUTOLOAD, Plugins
-from snnfw.testing import RankFailure, run_on_ranks
+from snnfw.testing import RankFailure, run_on_ranks, tiny_config
 
 BUILTINS = {"defaults", "none", "dp", "zero", "tp", "cifar10dvs_vgg", "synthetic_dvs"}
 

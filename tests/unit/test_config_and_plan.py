@@ -1,12 +1,12 @@
 """Config loading, overrides and plan validation: each bad request raises its named error."""
 
 import pytest
-from conftest import tiny_config
 
 from snnfw.config import ConfigError, build_config, load_config, parse_override
 from snnfw.errors import PlanError, UnknownNameError
 from snnfw.plan.prepare import prepare
 from snnfw.plugin.manager import Plugins
+from snnfw.testing import tiny_config
 
 
 @pytest.fixture(scope="module")

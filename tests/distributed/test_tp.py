@@ -4,8 +4,6 @@ import math
 
 import pytest
 import torch
-from conftest import tiny_config
-from test_equivalence import assert_same_losses
 
 from snnfw import hookimpl
 from snnfw.errors import PlanError
@@ -13,7 +11,8 @@ from snnfw.model.analysis import AnalysisPart
 from snnfw.plan.prepare import prepare
 from snnfw.plugin.manager import Plugins
 from snnfw.run.loop import run_training
-from snnfw.testing import replay_first_step, run_on_ranks
+from snnfw.testing import replay_first_step, run_on_ranks, tiny_config
+from snnfw.testing.checks import assert_same_losses
 
 
 def neuron_state_and_errors(trainer):

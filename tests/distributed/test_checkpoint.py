@@ -6,12 +6,11 @@ import shutil
 
 import attrs
 import pytest
-from conftest import tiny_config
 
 import snnfw.components.checkpoint
 from snnfw.errors import CheckpointError
 from snnfw.run.loop import run_training
-from snnfw.testing import run_on_ranks
+from snnfw.testing import run_on_ranks, tiny_config
 
 TOL = 1e-5
 

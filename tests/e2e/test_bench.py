@@ -5,7 +5,8 @@ import subprocess
 import sys
 
 import pytest
-from conftest import TINY
+
+from snnfw.testing import TINY
 
 SMALL = ["--set", "data.test_samples=16", "--set", "data.batch_size=8", "--warmup", "1", "--steps", "2"]
 
@@ -126,7 +127,7 @@ def test_the_best_settings_configs_plan_as_they_say(name, precision):
     from snnfw.plan.prepare import prepare
     from snnfw.plugin.manager import Plugins
 
-    path = Path(__file__).resolve().parents[1] / "benchmark" / f"{name}.toml"
+    path = Path(__file__).resolve().parents[2] / "benchmark" / f"{name}.toml"
     config = load_config(path, ["parallel.strategy=dp", "model.flavor=tiny", "data.batch_size=8"])
     plan = prepare(config, 2, Plugins()).plan
     assert (plan.strategy, plan.config.train.precision) == ("dp", precision)

@@ -4,8 +4,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import tiny_config
-from layouts import cifar10_dvs_layout, split_layout, write_cifar10
 
 from snnfw.cli import main
 from snnfw.config import DataConfig
@@ -13,6 +11,8 @@ from snnfw.data.batches import InputSpec
 from snnfw.errors import DataError
 from snnfw.plugin.manager import Plugins
 from snnfw.run.loop import run_training
+from snnfw.testing import tiny_config
+from snnfw.testing.layouts import cifar10_dvs_layout, split_layout, write_cifar10
 
 SPEC = InputSpec(4, (2, 32, 32), 10)
 QUICKSTART = "examples/quickstart.toml"

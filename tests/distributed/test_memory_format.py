@@ -3,7 +3,6 @@
 
 import pytest
 import torch
-from conftest import tiny_config
 from torch import nn
 
 from snnfw.config import build_config
@@ -11,7 +10,7 @@ from snnfw.errors import ConfigError, PlanError
 from snnfw.plan.prepare import prepare
 from snnfw.plugin.manager import Plugins
 from snnfw.run.loop import run_training
-from snnfw.testing import run_on_ranks
+from snnfw.testing import run_on_ranks, tiny_config
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

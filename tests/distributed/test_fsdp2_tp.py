@@ -8,14 +8,13 @@ spike by step 3 (6e-4 in the loss). With SGD the losses are bit-identical.
 
 import pytest
 import torch
-from conftest import tiny_config
-from test_equivalence import assert_same_losses
 
 from snnfw.errors import PlanError
 from snnfw.plan.prepare import prepare
 from snnfw.plugin.manager import Plugins
 from snnfw.run.loop import run_training
-from snnfw.testing import full_parameters, run_on_ranks
+from snnfw.testing import full_parameters, run_on_ranks, tiny_config
+from snnfw.testing.checks import assert_same_losses
 
 
 def parameters_and_state(trainer):

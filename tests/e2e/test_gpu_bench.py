@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-GPU = runpy.run_path(str(Path(__file__).parents[1] / "benchmark" / "gpu.py"), run_name="gpu")
+GPU = runpy.run_path(str(Path(__file__).parents[2] / "benchmark" / "gpu.py"), run_name="gpu")
 
 
 def test_cases_fit_the_gpu_count():

@@ -1,7 +1,6 @@
 """The auto planner: every strategy proposes with an estimate, the preference ranks, refusals say why."""
 
 import pytest
-from conftest import tiny_config
 
 from snnfw import hookimpl
 from snnfw.errors import PlanError
@@ -9,6 +8,7 @@ from snnfw.plan.estimate import estimate
 from snnfw.plan.layout import Proposal
 from snnfw.plan.prepare import prepare
 from snnfw.plugin.manager import Plugins
+from snnfw.testing import tiny_config
 
 
 @pytest.fixture(scope="module")

@@ -10,7 +10,6 @@ import json
 import os
 import subprocess
 import sys
-import textwrap
 from pathlib import Path
 
 import pytest
@@ -24,7 +23,7 @@ from snnfw.plugin.manager import Plugins
 from snnfw.run.loop import run_training
 from snnfw.testing import RankFailure, run_on_ranks
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "train_own_model.py"
 OWN = {"builder": f"{EXAMPLE}:build", "input_shape": [2, 16, 16], "num_classes": 10, "input_layout": "TN"}
 TIMEOUT_S = 240

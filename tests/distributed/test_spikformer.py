@@ -2,12 +2,12 @@
 
 import pytest
 import torch
-from conftest import tiny_config
-from test_equivalence import assert_dp_matches_none
 
 from snnfw.model.analysis import analyze
 from snnfw.plugin.manager import Plugins
 from snnfw.run.loop import run_training
+from snnfw.testing import tiny_config
+from snnfw.testing.checks import assert_dp_matches_none
 
 FIRING_RATE = (0.01, 0.5)
 ATTENTION_NEURONS = ("qkv_lif", "attn_lif", "proj_lif")

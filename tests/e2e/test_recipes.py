@@ -3,13 +3,13 @@
 from pathlib import Path
 
 import pytest
-from layouts import cifar10_dvs_layout, split_layout, write_cifar10
 
 from snnfw.config import load_config
 from snnfw.plan.prepare import prepare
 from snnfw.plugin.manager import Plugins
+from snnfw.testing.layouts import cifar10_dvs_layout, split_layout, write_cifar10
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 RECIPES = sorted((ROOT / "examples" / "recipes").glob("*.toml"))
 
 
