@@ -41,7 +41,8 @@ def _pieces(grad: torch.Tensor, sliced_over) -> tuple[torch.Tensor, int]:
 
 def global_grad_norm(model: torch.nn.Module, plan) -> float:
     """The L2 norm of the whole model's gradient (a collective over the world)."""
-    holders = plan.world_size // plan.size(plan.stage_dims)  # ranks that hold any one parameter
+    stages = math.prod(dict(plan.mesh)[dim] for dim in plan.stage_dims)  # ranks holding different parameters
+    holders = plan.world_size // stages  # ranks that hold any one parameter
     by_weight: dict[tuple[float, torch.dtype], list[torch.Tensor]] = {}  # (pieces / holders, dtype) -> local gradients
     for module in model.modules():
         slices = module.__dict__.get(SLICES, {})
