@@ -149,6 +149,9 @@ def _measure(args, config, plugins) -> int:
 
 
 def _cmd_train(args) -> int:
+    import contextlib
+
+    from snnfw import rundir
     from snnfw.components.checkpoint import check_run_dir
     from snnfw.config import load_config
     from snnfw.errors import ConfigError
@@ -162,6 +165,8 @@ def _cmd_train(args) -> int:
         raise ConfigError(f"--node-rank must be from 0 to {args.nnodes - 1}, got {args.node_rank}")
     if args.resume and not args.run_dir:
         raise ConfigError("--resume continues the run in --run-dir; name it")
+    if args.max_restarts < 0:
+        raise ConfigError(f"--max-restarts counts restarts after a rank dies: 0 or more, got {args.max_restarts}")
     if args.resume and args.overwrite:
         raise ConfigError("--resume continues the run in --run-dir and --overwrite replaces it; pass one of them")
     config = load_config(args.config, args.overrides)
@@ -172,12 +177,14 @@ def _cmd_train(args) -> int:
     model = re.sub(r"\W+", "_", prepared.analysis.family.rpartition("/")[2]).strip("_")
     run_dir = Path(args.run_dir or f"runs/{model}-{config.parallel.strategy}-{time.strftime('%Y%m%d-%H%M%S')}")
     check_run_dir(run_dir, args.resume, args.overwrite)
-    return launch(
-        args.config, args.nproc, run_dir, args.overrides, config.parallel.timeout_s, nnodes=args.nnodes,
-        node_rank=args.node_rank, rdzv_endpoint=args.rdzv_endpoint, max_restarts=args.max_restarts, resume=args.resume,
-        extra=["--overwrite"] if args.overwrite else [],
-        decision=prepared.decision.to_json() if prepared.decision else None,
-    )
+    owner = rundir.locked(run_dir) if args.node_rank == 0 else contextlib.nullcontext()  # node 0 holds the shared one
+    with owner:
+        return launch(
+            args.config, args.nproc, run_dir, args.overrides, config.parallel.timeout_s, nnodes=args.nnodes,
+            node_rank=args.node_rank, rdzv_endpoint=args.rdzv_endpoint, max_restarts=args.max_restarts,
+            resume=args.resume, extra=["--overwrite"] if args.overwrite else [],
+            decision=prepared.decision.to_json() if prepared.decision else None,
+        )
 
 
 def _cmd_bench(args) -> int:

@@ -1,13 +1,22 @@
 """Everything a run directory holds, by name: what the worker, the launcher and the tools agree on.
 
-A run directory holds the results of one run (the files below) and the
+A run directory holds the results of one run (the files below), the
 ``.ranks`` folder of markers through which the ranks tell the launcher how
-they ended.
+they ended, and the lock of the run that owns it. Every file is written whole
+or not at all (:func:`written_whole`).
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
+import os
+import socket
+import sys
 from pathlib import Path
+from typing import Iterator
+
+from snnfw.errors import CheckpointError
 
 METRICS = "metrics.jsonl"  # one JSON object per optimizer step
 SUMMARY = "summary.json"  # the run's outcome, written by rank 0 at the end
@@ -57,3 +66,65 @@ def clear_markers(run_dir: Path) -> None:
     if folder.exists():
         for marker in folder.iterdir():
             marker.unlink()
+
+
+# One rule for every file a run writes: a temporary name in the same folder (readers skip names that start with
+# TEMP), flushed to disk, then renamed over the final name, so a file is whole or absent, never cut.
+TEMP = ".tmp-"
+LOCK = ".lock"  # held by the run that owns the directory: the launcher of node 0, or rank 0 under plain torchrun
+
+
+@contextlib.contextmanager
+def written_whole(path: Path) -> Iterator[Path]:
+    """A temporary path beside ``path`` to write to; once the block ends, it is synced and renamed to ``path``
+    (on an exception, removed)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    temp = path.with_name(f"{TEMP}{path.name}.{os.getpid()}")
+    try:
+        yield temp
+        with open(temp, "rb+") as written:
+            os.fsync(written.fileno())
+        os.replace(temp, path)
+    finally:
+        temp.unlink(missing_ok=True)
+
+
+def write_text(path: Path, text: str) -> None:
+    """Writes ``text`` to ``path`` whole (:func:`written_whole`)."""
+    with written_whole(path) as temp:
+        temp.write_text(text)
+
+
+@contextlib.contextmanager
+def locked(run_dir: Path) -> Iterator[None]:
+    """Holds the run directory's advisory lock while the block runs.
+
+    A second run into the same directory is refused in one line naming the owner; the lock of an owner that died
+    (the kernel lets go of a dead process's lock) is taken over with a note.
+    """
+    run_dir = Path(run_dir)
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        fd = os.open(run_dir / LOCK, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as err:
+        raise CheckpointError(f"--run-dir {run_dir} cannot be written ({err.strerror}); choose a folder you can write") from None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        owner = os.pread(fd, 256, 0).decode(errors="replace").strip() or "another process"
+        os.close(fd)
+        raise CheckpointError(
+            f"{run_dir} belongs to a run in progress ({owner}); wait for it to end, or choose another --run-dir"
+        ) from None
+    if stale := os.pread(fd, 256, 0).decode(errors="replace").strip():
+        print(f"[snnfw] note: {run_dir} was locked by {stale}, which is no longer running; this run takes it over",
+              file=sys.stderr, flush=True)
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"pid {os.getpid()} on {socket.gethostname()}\n".encode(), 0)
+    try:
+        yield
+    finally:
+        os.ftruncate(fd, 0)
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        os.close(fd)

@@ -10,6 +10,7 @@ restart would only repeat.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 from pathlib import Path
 
@@ -53,7 +54,9 @@ def main(argv: list[str] | None = None) -> int:
             check_run_dir(run_dir, args.resume, args.overwrite)
             if args.overwrite and rank == 0:
                 clear_run_dir(run_dir)
-        summary = run_training(config, run_dir, resume=args.resume or restarted)
+        owner = rundir.locked(run_dir) if rank == 0 and not os.environ.get(rundir.LAUNCHED) else contextlib.nullcontext()
+        with owner:  # under plain torchrun rank 0 holds the run directory; under snnfw train its launcher does
+            summary = run_training(config, run_dir, resume=args.resume or restarted)
     except UserError as err:
         if not os.environ.get(rundir.LAUNCHED):
             print(f"snnfw: error: {explain(err)}", file=sys.stderr)

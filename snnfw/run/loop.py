@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
+from snnfw import rundir
 from snnfw.components.metrics import MetricsLog
 from snnfw.components.precision import precision_notes
 from snnfw.components.weights import read_weights
@@ -95,7 +96,7 @@ def run_training(
         faults.delay_results(run.env.rank)
         if is_main and run_dir is not None:
             public = {k: v for k, v in summary.items() if k != "inspect"}
-            (run_dir / SUMMARY).write_text(json.dumps(public, indent=2) + "\n")
+            rundir.write_text(run_dir / SUMMARY, json.dumps(public, indent=2) + "\n")
         barrier()  # no rank leaves before rank 0 has written the run's results
     return summary
 
@@ -120,10 +121,8 @@ def run_evaluation(config: Config, weights: str | Path, run_dir: str | Path | No
         rows = run.predict() if predict is not None else None
         if run.env.rank == 0:
             if run_dir is not None:
-                Path(run_dir).mkdir(parents=True, exist_ok=True)
-                (Path(run_dir) / EVAL).write_text(json.dumps(result, indent=2) + "\n")
+                rundir.write_text(Path(run_dir) / EVAL, json.dumps(result, indent=2) + "\n")
             if rows is not None:
-                Path(predict).parent.mkdir(parents=True, exist_ok=True)
-                Path(predict).write_text("".join(json.dumps(row) + "\n" for row in rows))
+                rundir.write_text(Path(predict), "".join(json.dumps(row) + "\n" for row in rows))
         barrier()
     return result

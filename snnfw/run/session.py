@@ -41,7 +41,7 @@ from snnfw.plan.auto import Decision
 from snnfw.plan.prepare import prepare
 from snnfw.plugin.manager import Plugins, check_same_plugins_on_all_ranks
 from snnfw.run.trainer import Trainer
-from snnfw.rundir import AUTO_DECISION
+from snnfw.rundir import AUTO_DECISION, written_whole
 
 
 def as_config(config: Config | dict | str | Path | None) -> Config:
@@ -138,14 +138,15 @@ class Session:
         return {name: state[name] for name in sorted(state)}
 
     def export(self, path: str | Path) -> Path:
-        """Saves :meth:`state_dict` with ``torch.save`` (rank 0 writes; a collective); returns the path.
+        """Saves :meth:`state_dict` with ``torch.save`` (rank 0 writes it whole or not at all; a collective); returns
+        the path.
 
         The family's or your own module loads it with ``load_state_dict(torch.load(path, weights_only=True))``.
         """
         state, path = self.state_dict(), Path(path)
         if self.env.rank == 0:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            torch.save(state, path)
+            with written_whole(path) as temp:
+                torch.save(state, temp)
         return path
 
     def close(self) -> None:

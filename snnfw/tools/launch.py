@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import os
 import sys
 import uuid
@@ -54,6 +55,7 @@ def launch(
     ``decision``: ``auto``'s choice as the launcher made it (JSON), which every rank then applies.
     """
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.elastic.rendezvous.api import RendezvousTimeoutError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
     rundir.clear_markers(run_dir)
@@ -66,7 +68,7 @@ def launch(
         run_id="snnfw" if rdzv_endpoint else f"snnfw-{uuid.uuid4().hex[:8]}",
         rdzv_backend="c10d",
         rdzv_endpoint=rdzv_endpoint or "localhost:0",
-        rdzv_configs={"is_host": node_rank == 0} if rdzv_endpoint else {},
+        rdzv_configs={"is_host": node_rank == 0, "join_timeout": math.ceil(timeout_s)} if rdzv_endpoint else {},
         rdzv_timeout=int(timeout_s),
         max_restarts=max_restarts,
         monitor_interval=0.1,
@@ -81,6 +83,11 @@ def launch(
     try:
         with _environment({LAUNCHED: "1", AUTO_DECISION: decision}):
             elastic_launch(config, entrypoint=sys.executable)(*args)
+    except RendezvousTimeoutError:
+        print(f"snnfw: error: the {nnodes} nodes did not all reach the rendezvous at {rdzv_endpoint} within "
+              f"{timeout_s:g} s (parallel.timeout_s); start snnfw train on every node with the same --rdzv-endpoint "
+              "and --nnodes", file=sys.stderr)
+        return 2
     except ChildFailedError as err:
         if stopped.exists():
             print(f"snnfw: error: {stopped.read_text().strip()}", file=sys.stderr)

@@ -1,0 +1,116 @@
+"""Nothing lost, nothing half-written: the run directory's lock, files written whole, a cut metrics line on resume,
+and the launcher's refusals and timeouts, each in one line."""
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from snnfw import rundir
+from snnfw.errors import CheckpointError
+from snnfw.run.loop import run_training
+from snnfw.testing import TINY, tiny_config
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def tiny_toml(folder: Path) -> Path:
+    """The tiny VGG config as a TOML file, for the command line."""
+    lines = []
+    for section, table in {**TINY, "parallel": {"strategy": "dp", "device": "cpu"}}.items():
+        lines.append(f"[{section}]")
+        lines += [f"{key} = {json.dumps(value)}" for key, value in table.items()]
+    path = folder / "tiny.toml"
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def snnfw(*args, timeout=300):
+    started = time.monotonic()
+    result = subprocess.run([sys.executable, "-m", "snnfw", *map(str, args)], cwd=ROOT, capture_output=True, text=True,
+                            timeout=timeout)
+    return result, time.monotonic() - started
+
+
+def one_error_line(result) -> str:
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("snnfw: error: "), result.stderr
+    return lines[0]
+
+
+def test_a_run_directory_in_use_is_refused_naming_its_owner(tmp_path):
+    run = tmp_path / "run"
+    with rundir.locked(run):
+        result, _ = snnfw("train", tiny_toml(tmp_path), "--nproc", 2, "--run-dir", run)
+    assert result.returncode == 2
+    line = one_error_line(result)
+    assert f"pid {os.getpid()} on {socket.gethostname()}" in line and "choose another --run-dir" in line
+    assert not (run / rundir.METRICS).exists()
+
+
+def test_one_process_cannot_hold_the_lock_twice_and_lets_go_of_it(tmp_path):
+    with rundir.locked(tmp_path):
+        with pytest.raises(CheckpointError, match="belongs to a run in progress"):
+            with rundir.locked(tmp_path):
+                pass
+    with rundir.locked(tmp_path):  # released at the end of the first
+        pass
+    assert (tmp_path / rundir.LOCK).read_text() == ""
+
+
+def test_the_lock_of_an_owner_that_died_is_taken_over_with_a_note(tmp_path, capsys):
+    (tmp_path / rundir.LOCK).write_text("pid 4194304 on a-node-that-crashed\n")  # written, never unlocked
+    with rundir.locked(tmp_path):
+        assert (tmp_path / rundir.LOCK).read_text().startswith(f"pid {os.getpid()} ")
+    assert "locked by pid 4194304 on a-node-that-crashed, which is no longer running" in capsys.readouterr().err
+
+
+def test_negative_max_restarts_is_refused_before_launch(tmp_path):
+    result, _ = snnfw("train", tiny_toml(tmp_path), "--nproc", 2, "--run-dir", tmp_path / "run", "--max-restarts", -1)
+    assert result.returncode == 2
+    assert "--max-restarts counts restarts" in one_error_line(result)
+
+
+def test_the_rendezvous_ends_within_the_timeout_when_a_node_is_missing(tmp_path):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    result, took = snnfw("train", tiny_toml(tmp_path), "--nproc", 1, "--nnodes", 2, "--node-rank", 0,
+                         "--rdzv-endpoint", f"127.0.0.1:{port}", "--run-dir", tmp_path / "run",
+                         "--set", "parallel.timeout_s=15", timeout=240)
+    assert result.returncode == 2, result.stderr
+    assert "Traceback" not in result.stderr
+    assert "did not all reach the rendezvous" in result.stderr.strip().splitlines()[-1]
+    assert took < 15 + 60, f"ended after {took:.0f} s"  # the timeout, and the config's checks before launch
+
+
+def test_a_result_file_is_whole_or_absent(tmp_path, monkeypatch):
+    """A run killed while it writes its best model leaves no file at all, not a cut one that eval would pick."""
+
+    def killed_while_writing(obj, path, *args, **kwargs):
+        Path(path).write_bytes(b"PK\x03\x04 the first bytes of a zip")
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(torch, "save", killed_while_writing)
+    with pytest.raises(KeyboardInterrupt):
+        run_training(tiny_config("none", eval={"every": 1}), tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [rundir.METRICS]
+
+
+def test_resume_drops_a_cut_last_line_of_the_metrics(tmp_path, capsys):
+    config = tiny_config("none", checkpoint={"every": 2})
+    whole = run_training(config, tmp_path)
+    metrics = tmp_path / rundir.METRICS
+    lines = metrics.read_text().splitlines()
+    metrics.write_text("\n".join(lines[:2]) + "\n" + lines[2][: len(lines[2]) // 2])  # cut while writing step 3
+    resumed = run_training(config, tmp_path, resume=True)
+    assert "the last line of" in capsys.readouterr().err
+    records = [json.loads(line) for line in metrics.read_text().splitlines()]
+    assert [r["step"] for r in records] == [1, 2, 3]
+    assert resumed["losses"] == whole["losses"][2:]
