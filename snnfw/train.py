@@ -18,7 +18,7 @@ from snnfw import rundir
 from snnfw.components.checkpoint import check_run_dir, clear_run_dir
 from snnfw.config import load_config
 from snnfw.errors import UserError, explain
-from snnfw.run import faults
+from snnfw.plugin.manager import Plugins
 from snnfw.run.loop import run_evaluation, run_training
 
 
@@ -42,8 +42,9 @@ def main(argv: list[str] | None = None) -> int:
     rundir.done_marker(run_dir, rank).unlink(missing_ok=True)  # an earlier attempt's
     try:
         config = load_config(args.config, args.overrides)
+        plugins = Plugins()
         if args.evaluate:
-            result = run_evaluation(config, args.evaluate, run_dir, args.predict)
+            result = run_evaluation(config, args.evaluate, run_dir, args.predict, plugins)
             if rank == 0:
                 print(f"[snnfw] {args.evaluate}: test accuracy {result['eval_acc']:.1%}, loss {result['eval_loss']:.4f}"
                       f"; {run_dir / rundir.EVAL}" + (f", predictions in {args.predict}" if args.predict else ""),
@@ -56,7 +57,7 @@ def main(argv: list[str] | None = None) -> int:
                 clear_run_dir(run_dir)
         owner = rundir.locked(run_dir) if rank == 0 and not os.environ.get(rundir.LAUNCHED) else contextlib.nullcontext()
         with owner:  # under plain torchrun rank 0 holds the run directory; under snnfw train its launcher does
-            summary = run_training(config, run_dir, resume=args.resume or restarted)
+            summary = run_training(config, run_dir, plugins, resume=args.resume or restarted)
     except UserError as err:
         if not os.environ.get(rundir.LAUNCHED):
             print(f"snnfw: error: {explain(err)}", file=sys.stderr)
@@ -71,7 +72,7 @@ def main(argv: list[str] | None = None) -> int:
     rundir.mark_done(run_dir, rank)
     sys.stdout.flush()
     sys.stderr.flush()
-    faults.inject_at_end(rank)
+    plugins.rank_done(rank)
     return 0
 
 

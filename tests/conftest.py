@@ -18,6 +18,13 @@ def pytest_collection_modifyitems(items):
 
 
 @pytest.fixture
+def faults(monkeypatch):
+    """Loads the fault plugin (snnfw.testing.faults) in this process and every rank it starts; the SNNFW_TEST_*
+    variables a test sets then say which fault."""
+    monkeypatch.setenv("SNNFW_PLUGINS", "snnfw.testing.faults")
+
+
+@pytest.fixture
 def tiny():
     return tiny_config
 

@@ -177,6 +177,21 @@ def snnfw_step_metrics(plan):
 
 
 @hookspec
+def snnfw_step_start(step, rank):
+    """Called on every rank before training step ``step`` (counted from 1); ``rank`` is this rank's number."""
+
+
+@hookspec
+def snnfw_results_due(rank):
+    """Called on every rank after training and its last evaluation, before rank 0 writes the run's results."""
+
+
+@hookspec
+def snnfw_rank_done(rank):
+    """Called in each rank of ``python -m snnfw.train`` once its work is complete and marked done, as it exits."""
+
+
+@hookspec
 def snnfw_summary(plan):
     """Return a dict of extra numbers for ``summary.json`` (seconds spent optimising, ...) or None.
 

@@ -2,7 +2,8 @@
 
 Plugins are found through the ``snnfw`` entry-point group. snnfw's own are
 always loaded; third-party ones too unless ``SNNFW_DISABLE_PLUGIN_AUTOLOAD=1``.
-``SNNFW_BLOCK_PLUGINS=name,other`` keeps the named entry points from loading.
+``SNNFW_BLOCK_PLUGINS=name,other`` keeps the named entry points from loading;
+``SNNFW_PLUGINS=module,other`` loads modules as plugins without an entry point.
 Plugin names are entry-point names: two entry points of one name fail to
 load, naming both. A plugin whose every registered name another plugin
 overrides (``register(..., overrides=True)``) is unloaded. An exception that
@@ -12,6 +13,7 @@ escapes a hook carries a note naming the plugin and distribution it came from.
 from __future__ import annotations
 
 import copy
+import importlib
 import os
 from importlib import metadata
 from typing import Any
@@ -27,6 +29,7 @@ from snnfw.plugin.strategy import Strategy
 GROUP = "snnfw"
 ENV_DISABLE_AUTOLOAD = "SNNFW_DISABLE_PLUGIN_AUTOLOAD"
 ENV_BLOCK = "SNNFW_BLOCK_PLUGINS"
+ENV_PLUGINS = "SNNFW_PLUGINS"
 
 _REGISTRATION_HOOKS = {
     "strategy": "snnfw_register_strategies",
@@ -65,6 +68,18 @@ def _is_builtin(ep: metadata.EntryPoint) -> bool:
 def _describe_entry_point(ep: metadata.EntryPoint) -> str:
     dist = f"{ep.dist.name} {ep.dist.version}" if ep.dist is not None else "no distribution"
     return f"{ep.value} ({dist})"
+
+
+def _named_plugins() -> list[tuple[str, Any]]:
+    """The modules that ``SNNFW_PLUGINS`` names (comma-separated, as ``PYTEST_PLUGINS``), imported as plugins."""
+    plugins = []
+    for name in filter(None, (part.strip() for part in os.environ.get(ENV_PLUGINS, "").split(","))):
+        try:
+            plugins.append((name, importlib.import_module(name)))
+        except Exception as err:
+            raise PluginError(f"{ENV_PLUGINS} names module {name!r}, which failed to import ({err!r}); "
+                              f"fix it or take it out of {ENV_PLUGINS}") from err
+    return plugins
 
 
 def _load_entry_points(pm: pluggy.PluginManager) -> dict[str, metadata.Distribution]:
@@ -130,7 +145,7 @@ class Plugins:
                 "snnfw's built-in plugins are not registered; install the package "
                 "(bash scripts/install.sh, or pip install -e .) so its entry points exist"
             )
-        for name, plugin in extra:
+        for name, plugin in (*_named_plugins(), *extra):
             self.pm.register(plugin, name=name)
         try:
             self.pm.check_pending()
@@ -284,6 +299,15 @@ class Plugins:
         for part in self.hook.snnfw_step_metrics(plan=plan):
             merged.update(part)
         return merged
+
+    def step_start(self, step: int, rank: int) -> None:
+        self.hook.snnfw_step_start(step=step, rank=rank)
+
+    def results_due(self, rank: int) -> None:
+        self.hook.snnfw_results_due(rank=rank)
+
+    def rank_done(self, rank: int) -> None:
+        self.hook.snnfw_rank_done(rank=rank)
 
     def summary(self, plan) -> dict[str, float]:
         merged: dict[str, float] = {}

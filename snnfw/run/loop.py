@@ -16,7 +16,6 @@ from snnfw.components.weights import read_weights
 from snnfw.config import Config
 from snnfw.distributed.collectives import all_reduce, barrier
 from snnfw.plugin.manager import Plugins
-from snnfw.run import faults
 from snnfw.run.session import start
 from snnfw.run.trainer import Trainer
 from snnfw.rundir import BEST_MODEL, EVAL, FINAL_MODEL, SUMMARY
@@ -47,7 +46,7 @@ def run_training(
             print(f"[snnfw] note: {note}", file=sys.stderr, flush=True)
         best, evaluations = None, []  # (eval_acc, step) of the best validation; every validation with its step
         for step in range(run.start_step, config.train.steps):
-            faults.inject(step + 1, run.env.rank)
+            run.trainer.plugins.step_start(step + 1, run.env.rank)
             record = run.step(step)
             if step + 1 == config.train.steps or (config.eval.every and (step + 1) % config.eval.every == 0):
                 evaluated = run.evaluate()
@@ -93,7 +92,7 @@ def run_training(
         summary.update(zip(extra, all_reduce(list(extra.values()), op="max")))
         if on_finish is not None:
             summary["inspect"] = on_finish(run.trainer)
-        faults.delay_results(run.env.rank)
+        run.trainer.plugins.results_due(run.env.rank)
         if is_main and run_dir is not None:
             public = {k: v for k, v in summary.items() if k != "inspect"}
             rundir.write_text(run_dir / SUMMARY, json.dumps(public, indent=2) + "\n")

@@ -19,7 +19,7 @@ TINY = ["data.batch_size=8", "data.train_samples=64", "data.test_samples=16", "t
 QUICKSTART = "examples/quickstart.toml"
 
 
-pytestmark = pytest.mark.usefixtures("one_thread")
+pytestmark = pytest.mark.usefixtures("one_thread", "faults")
 
 
 def overrides(*extra):

@@ -277,7 +277,7 @@ def test_resumed_in_warmup_continues_the_curve(tmp_path, monkeypatch, one_thread
     assert lrs[0] == lrs[1] and lrs[0] == pytest.approx([0.002, 0.004, 0.006, 0.008, 0.01, 0.005], rel=1e-12)
 
 
-def test_zero_killed_in_warmup_resumes_under_none(tmp_path, one_thread):
+def test_zero_killed_in_warmup_resumes_under_none(tmp_path, one_thread, faults):
     """ZeRO's sharded state of two param groups, saved in warm-up, continues as one process on the same curve."""
     keys = {"steps": 5, "optimizer": "adamw", "weight_decay": 0.05, "no_decay": ["norm", "bias"],
             "lr_schedule": "cosine", "warmup_steps": 3}

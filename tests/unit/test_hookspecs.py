@@ -10,7 +10,7 @@ from snnfw.plugin import hookspecs
 
 ROOT = Path(__file__).resolve().parents[2]
 HOOKS = [name for name, fn in inspect.getmembers(hookspecs, inspect.isfunction) if name.startswith("snnfw_")]
-SOURCES = [p.read_text() for folder in ("plugins", "tests", "examples") for p in (ROOT / folder).rglob("*.py")]
+SOURCES = [p.read_text() for folder in ("plugins", "tests", "examples", "snnfw/testing") for p in (ROOT / folder).rglob("*.py")]
 
 
 @pytest.mark.parametrize("hook", HOOKS)

@@ -1,4 +1,5 @@
-"""Faults on purpose, for testing restarts and timeouts; set through environment variables.
+"""Faults on purpose, for testing restarts and timeouts: a plugin that a test loads with
+``SNNFW_PLUGINS=snnfw.testing.faults``, and environment variables that say which fault.
 
 - ``SNNFW_TEST_CRASH_AT_STEP=k``: before step k, rank ``SNNFW_TEST_FAULT_RANK``
   (default 1) exits with status 1, on the launcher's first attempt only
@@ -16,13 +17,15 @@ import os
 import sys
 import time
 
+from snnfw import hookimpl
+
 
 def _first_attempt() -> bool:
     return os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0"
 
 
-def inject(step: int, rank: int) -> None:
-    """Called by every rank before each step (counted from 1)."""
+@hookimpl
+def snnfw_step_start(step: int, rank: int) -> None:
     env = os.environ
     if rank != int(env.get("SNNFW_TEST_FAULT_RANK", "1")):
         return
@@ -34,8 +37,8 @@ def inject(step: int, rank: int) -> None:
         time.sleep(3600)
 
 
-def inject_at_end(rank: int) -> None:
-    """Called by every rank of ``python -m snnfw.train`` once it has marked itself done."""
+@hookimpl
+def snnfw_rank_done(rank: int) -> None:
     how = os.environ.get("SNNFW_TEST_EXIT_AT_END")
     if how is None or rank != int(os.environ.get("SNNFW_TEST_FAULT_RANK", "1")) or not _first_attempt():
         return
@@ -46,7 +49,7 @@ def inject_at_end(rank: int) -> None:
     os._exit(int(how))
 
 
-def delay_results(rank: int) -> None:
-    """Called by every rank of a training run before rank 0 writes the summary."""
+@hookimpl
+def snnfw_results_due(rank: int) -> None:
     if rank == 0 and "SNNFW_TEST_SLOW_RESULTS" in os.environ:
         time.sleep(float(os.environ["SNNFW_TEST_SLOW_RESULTS"]))
