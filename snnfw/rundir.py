@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import json
 import os
 import socket
 import sys
@@ -31,6 +32,24 @@ RANKS = ".ranks"  # the ranks' markers for the launcher
 STOPPED = "stopped"  # in RANKS: the user error that stopped a rank, one line
 LAUNCHED = "SNNFW_LAUNCHED"  # environment: set by ``snnfw train``, which reports a rank's user error itself, once
 AUTO_DECISION = "SNNFW_AUTO_DECISION"  # environment: the launcher's ``auto`` choice (JSON), which every rank applies
+
+
+def read_metrics(path: Path) -> list[dict]:
+    """The records of a ``metrics.jsonl``; a last line cut off when its run stopped is dropped with a note, any
+    other line that is not a JSON record refused."""
+    lines = [line for line in Path(path).read_text(errors="replace").splitlines() if line.strip()]
+    records = []
+    for number, line in enumerate(lines, start=1):
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError:
+            if number == len(lines):
+                print(f"[snnfw] note: the last line of {path} was cut off when its run stopped; it is left out",
+                      file=sys.stderr, flush=True)
+                break
+            raise CheckpointError(f"{path} line {number} is not a JSON record; restore the file, or start the run "
+                                  "over with --overwrite") from None
+    return records
 
 
 def done_marker(run_dir: Path, rank: int) -> Path:
@@ -108,7 +127,8 @@ def locked(run_dir: Path) -> Iterator[None]:
         run_dir.mkdir(parents=True, exist_ok=True)
         fd = os.open(run_dir / LOCK, os.O_RDWR | os.O_CREAT, 0o644)
     except OSError as err:
-        raise CheckpointError(f"--run-dir {run_dir} cannot be written ({err.strerror}); choose a folder you can write") from None
+        what = "is a file, not a folder" if run_dir.is_file() else f"cannot be written ({err.strerror})"
+        raise CheckpointError(f"--run-dir {run_dir} {what}; choose a folder you can write") from None
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:

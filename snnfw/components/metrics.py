@@ -14,7 +14,6 @@ import torch
 from torch import nn
 
 from snnfw import rundir
-from snnfw.errors import CheckpointError
 
 NEURON_SHARD = "snnfw_shard"  # set by tensor-parallel strategies on a neuron module whose state they shard
 
@@ -100,26 +99,6 @@ def peak_memory_mb(device: torch.device) -> float:
 
 
 
-def _records_until(path: Path, step: int) -> list[str]:
-    """The lines of ``path`` up to ``step``; a last line cut off (by a run stopped while writing it) is dropped
-    with a note, any other line that is not JSON refused."""
-    lines = path.read_text().splitlines()
-    kept = []
-    for number, line in enumerate(lines, start=1):
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError:
-            if number == len(lines):
-                print(f"[snnfw] note: the last line of {path} was cut off when its run stopped; it is dropped",
-                      file=sys.stderr, flush=True)
-                break
-            raise CheckpointError(f"{path} line {number} is not a JSON record; restore the file, or start over with "
-                                  "--overwrite") from None
-        if record["step"] <= step:
-            kept.append(line)
-    return kept
-
-
 def board_tag(key: str) -> str:
     """The TensorBoard tag of a metrics key: ``eval_acc`` -> ``eval/acc``, ``loss`` -> ``train/loss``."""
     return f"eval/{key[5:]}" if key.startswith("eval_") else f"train/{key}"
@@ -143,8 +122,8 @@ class MetricsLog:
         if self.enabled:
             run_dir.mkdir(parents=True, exist_ok=True)
             path = run_dir / rundir.METRICS
-            kept = _records_until(path, start) if start and path.exists() else []
-            rundir.write_text(path, "".join(line + "\n" for line in kept))
+            kept = [r for r in rundir.read_metrics(path) if r["step"] <= start] if start and path.exists() else []
+            rundir.write_text(path, "".join(json.dumps(record) + "\n" for record in kept))
             self._file = open(path, "a")
 
     def write(self, record: dict[str, Any], show: bool) -> None:

@@ -102,6 +102,9 @@ def bench(
     baseline: bool = False,
 ) -> int:
     """Runs and records one benchmark; ``baseline`` times the plain PyTorch loop (snnfw.tools.baseline) instead."""
+    if steps < 1 or warmup < 0:
+        raise UserError(f"snnfw bench times --steps 1 or more after --warmup 0 or more steps; got --steps {steps} "
+                        f"--warmup {warmup}")
     if regime not in REGIMES:
         raise UserError(f"unknown benchmark regime {regime!r}; regimes: {', '.join(REGIMES)}")
     overrides = [*overrides, f"train.steps={warmup + steps}", f"train.log_every={warmup + steps}"]

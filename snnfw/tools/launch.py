@@ -54,6 +54,7 @@ def launch(
 
     ``decision``: ``auto``'s choice as the launcher made it (JSON), which every rank then applies.
     """
+    from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.elastic.rendezvous.api import RendezvousTimeoutError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
@@ -83,6 +84,10 @@ def launch(
     try:
         with _environment({LAUNCHED: "1", AUTO_DECISION: decision}):
             elastic_launch(config, entrypoint=sys.executable)(*args)
+    except SignalException as err:
+        print(f"snnfw: error: stopped by {err.sigval.name}; continue from the newest checkpoint in {run_dir} with "
+              "the same command and --resume (checkpoint.every sets how often one is written)", file=sys.stderr)
+        return 128 + err.sigval
     except RendezvousTimeoutError:
         print(f"snnfw: error: the {nnodes} nodes did not all reach the rendezvous at {rdzv_endpoint} within "
               f"{timeout_s:g} s (parallel.timeout_s); start snnfw train on every node with the same --rdzv-endpoint "

@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from snnfw.errors import ConfigError
-from snnfw.rundir import METRICS
+from snnfw.rundir import METRICS, read_metrics
 
 PANELS = (("loss", "training loss"), ("train_acc", "training accuracy"), ("eval_acc", "test accuracy"),
           ("lr", "learning rate"), ("spike_rate", "firing rate"), ("step_ms", "step time (ms)"))
@@ -16,7 +15,7 @@ def records(run_dir: Path) -> list[dict]:
     path = Path(run_dir) / METRICS
     if not path.is_file():
         raise ConfigError(f"{run_dir} has no metrics.jsonl; name run directories that snnfw train wrote")
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return read_metrics(path)
 
 
 def plot(run_dirs: list[str | Path], out: str | Path) -> Path:

@@ -3,6 +3,7 @@ and the launcher's refusals and timeouts, each in one line."""
 
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -114,3 +115,40 @@ def test_resume_drops_a_cut_last_line_of_the_metrics(tmp_path, capsys):
     records = [json.loads(line) for line in metrics.read_text().splitlines()]
     assert [r["step"] for r in records] == [1, 2, 3]
     assert resumed["losses"] == whole["losses"][2:]
+
+
+def test_a_signal_to_the_launcher_ends_in_one_line_that_says_how_to_resume(tmp_path):
+    run = tmp_path / "run"
+    args = ["train", tiny_toml(tmp_path), "--nproc", 2, "--run-dir", run, "--set", "train.steps=400"]
+    launcher = subprocess.Popen([sys.executable, "-m", "snnfw", *map(str, args)], cwd=ROOT, stderr=subprocess.PIPE,
+                                text=True)
+    deadline = time.monotonic() + 180
+    while not (run / rundir.METRICS).exists() or not (run / rundir.METRICS).read_text():
+        assert launcher.poll() is None and time.monotonic() < deadline, "the run did not start its steps"
+        time.sleep(0.5)
+    launcher.send_signal(signal.SIGTERM)
+    _, stderr = launcher.communicate(timeout=120)
+    assert launcher.returncode == 128 + signal.SIGTERM
+    assert "Traceback" not in stderr
+    last = stderr.strip().splitlines()[-1]
+    assert last.startswith("snnfw: error: stopped by SIGTERM") and "--resume" in last
+
+
+def test_a_run_directory_that_is_a_file_is_refused_before_launch(tmp_path):
+    (tmp_path / "taken").write_text("not a folder")
+    result, _ = snnfw("train", tiny_toml(tmp_path), "--nproc", 2, "--run-dir", tmp_path / "taken")
+    assert result.returncode == 2
+    assert "is a file, not a folder" in one_error_line(result)
+
+
+def test_bench_refuses_zero_timed_steps(tmp_path):
+    result, _ = snnfw("bench", tiny_toml(tmp_path), "--nproc", 2, "--steps", 0, "--results", tmp_path / "b.jsonl")
+    assert result.returncode == 2
+    assert "--steps 1 or more" in one_error_line(result)
+
+
+def test_plot_leaves_out_a_cut_last_line(tmp_path):
+    (tmp_path / rundir.METRICS).write_text('{"step": 1, "loss": 2.3, "lr": 0.01}\n{"step": 2, "lo')
+    result, _ = snnfw("plot", tmp_path, "--out", tmp_path / "run.png")
+    assert result.returncode == 0, result.stderr
+    assert (tmp_path / "run.png").stat().st_size > 0 and "cut off" in result.stderr
