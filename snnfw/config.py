@@ -9,6 +9,7 @@ key, with the value read as TOML (so ``--set train.lr=0.01`` is a float and
 
 from __future__ import annotations
 
+import math
 import re
 import tomllib
 import typing
@@ -21,6 +22,18 @@ from attrs import validators as v
 from snnfw.errors import ConfigError
 
 _positive = [v.instance_of(int), v.gt(0)]
+SEED_RANGE = 2**32  # what every generator a run seeds takes (numpy's the narrowest)
+MAX_TIMEOUT_S = 7 * 24 * 3600  # a week: a collective's timeout must fit torch's timedelta
+
+
+def _finite(instance, attribute, value) -> None:
+    if value is not None and not math.isfinite(value):
+        raise ValueError(f"'{attribute.name}' must be a finite number, got {value!r}")
+
+
+def _fractions(instance, attribute, value) -> None:
+    if value is not None and not all(0 <= x < 1 for x in value):
+        raise ValueError(f"'{attribute.name}' must hold numbers from 0 up to (not including) 1, got {list(value)!r}")
 
 
 def _mesh(value: Any) -> tuple[tuple[str, int], ...] | None:
@@ -89,7 +102,7 @@ class ModelConfig:
     memory_format: str = attrs.field(default="contiguous", validator=v.in_(("contiguous", "channels_last", "auto")))
     builder: str | None = attrs.field(default=None, validator=v.optional(v.instance_of(str)))
     input_shape: tuple[int, int, int] | None = attrs.field(default=None, converter=_input_shape)
-    num_classes: int | None = attrs.field(default=None, validator=v.optional(_positive))
+    num_classes: int | None = attrs.field(default=None, validator=v.optional([v.instance_of(int), v.ge(2)]))
     input_layout: str = attrs.field(default="NT", validator=v.in_(INPUT_LAYOUTS))
     blocks: tuple[str, ...] | None = attrs.field(default=None, converter=_names("blocks"))
     stage_units: tuple[str, ...] | None = attrs.field(default=None, converter=_names("stage_units"))
@@ -126,7 +139,7 @@ class ParallelConfig:
     strategy: str = attrs.field(default="none", validator=v.instance_of(str))
     mesh: tuple[tuple[str, int], ...] | None = attrs.field(default=None, converter=_mesh)
     device: str = attrs.field(default="auto", validator=v.in_(("auto", "cpu", "cuda")))
-    timeout_s: float = attrs.field(default=300.0, converter=float, validator=v.gt(0))
+    timeout_s: float = attrs.field(default=300.0, converter=float, validator=[v.gt(0), v.le(MAX_TIMEOUT_S)])
     zero: bool = attrs.field(default=False, validator=v.instance_of(bool))
     reshard_after_forward: bool = attrs.field(default=True, validator=v.instance_of(bool))
     mixed_precision: str = attrs.field(default="none", validator=v.in_(("none", "bf16")))
@@ -183,8 +196,8 @@ def _optional_float(value: Any) -> float | None:
 class TrainConfig:
     steps: int = attrs.field(default=20, validator=_positive)
     epochs: int | None = attrs.field(default=None, validator=v.optional(_positive))  # instead of steps
-    lr: float = attrs.field(default=1e-3, converter=float, validator=v.gt(0))
-    seed: int = attrs.field(default=0, validator=v.instance_of(int))
+    lr: float = attrs.field(default=1e-3, converter=float, validator=[v.gt(0), _finite])
+    seed: int = attrs.field(default=0, validator=[v.instance_of(int), v.ge(0), v.lt(SEED_RANGE)])
     microbatches: int | None = attrs.field(default=None, validator=v.optional(_positive))
     optimizer: str = attrs.field(default="adam", validator=v.instance_of(str))
     optimizer_impl: str = attrs.field(default="auto", validator=v.in_(("auto", "fused", "foreach", "for_loop")))
@@ -193,22 +206,25 @@ class TrainConfig:
         default=None, converter=_optional_float, validator=v.optional([v.ge(0), v.lt(1)])
     )
     tet_lambda: float | None = attrs.field(default=None, converter=_optional_float, validator=v.optional([v.ge(0), v.le(1)]))
-    weight_decay: float | None = attrs.field(default=None, converter=_optional_float, validator=v.optional(v.ge(0)))
-    betas: tuple[float, float] | None = attrs.field(default=None, converter=_numbers("betas", float, 2, "[0.9, 0.999]"))
-    momentum: float | None = attrs.field(default=None, converter=_optional_float, validator=v.optional(v.ge(0)))
+    weight_decay: float | None = attrs.field(default=None, converter=_optional_float, validator=v.optional([v.ge(0), _finite]))
+    betas: tuple[float, float] | None = attrs.field(default=None, converter=_numbers("betas", float, 2, "[0.9, 0.999]"),
+                                                    validator=_fractions)
+    momentum: float | None = attrs.field(default=None, converter=_optional_float, validator=v.optional([v.ge(0), v.lt(1)]))
     nesterov: bool | None = attrs.field(default=None, validator=v.optional(v.instance_of(bool)))
     no_decay: tuple[str, ...] = attrs.field(default=(), converter=_no_decay)
     lr_schedule: str = attrs.field(default="constant", validator=v.instance_of(str))
     warmup_steps: int = attrs.field(default=0, validator=[v.instance_of(int), v.ge(0)])
     warmup_epochs: int = attrs.field(default=0, validator=[v.instance_of(int), v.ge(0)])  # with epochs, instead
-    min_lr: float | None = attrs.field(default=None, converter=_optional_float, validator=v.optional(v.ge(0)))
+    min_lr: float | None = attrs.field(default=None, converter=_optional_float, validator=v.optional([v.ge(0), _finite]))
     step_size: int | None = attrs.field(default=None, validator=v.optional(_positive))
     milestones: tuple[int, ...] | None = attrs.field(default=None, converter=_numbers("milestones", int, example="[10, 15]"))
-    gamma: float | None = attrs.field(default=None, converter=_optional_float, validator=v.optional(v.gt(0)))
-    clip_grad_norm: float | None = attrs.field(default=None, converter=_optional_float, validator=v.optional(v.gt(0)))
+    gamma: float | None = attrs.field(default=None, converter=_optional_float, validator=v.optional([v.gt(0), _finite]))
+    clip_grad_norm: float | None = attrs.field(default=None, converter=_optional_float,
+                                               validator=v.optional([v.gt(0), _finite]))
     log_every: int = attrs.field(default=1, validator=_positive)
     precision: str = attrs.field(default="fp32", validator=v.in_(("fp32", "bf16", "fp16")))
-    loss_scale: float | None = attrs.field(default=None, converter=_optional_float, validator=v.optional(v.gt(0)))  # fp16's first
+    loss_scale: float | None = attrs.field(default=None, converter=_optional_float,
+                                           validator=v.optional([v.gt(0), _finite]))  # fp16's first
     dtype: str = attrs.field(default="float32", validator=v.in_(("float32", "float64")))
 
     @property
@@ -364,6 +380,12 @@ def build_config(data: dict[str, Any], overrides: list[str] = ()) -> Config:
         except (TypeError, ValueError) as err:
             reason = err.args[0] if err.args else err
             raise ConfigError(f"invalid value in [{section}]: {reason}") from None
+    every, steps = sections["checkpoint"].every, sections["train"].steps
+    if every > steps and sections["train"].epochs is None:
+        raise ConfigError(
+            f"checkpoint.every = {every} is more than train.steps = {steps}, so no checkpoint would be written; "
+            "lower checkpoint.every, or set it to 0 for none"
+        )
     if "checkpoint.keep" in explicit and sections["checkpoint"].every == 0:
         raise ConfigError(
             "checkpoint.keep applies only when checkpoints are written (checkpoint.every > 0, 0 writes none); "
@@ -392,7 +414,9 @@ def load_config(path: str | Path | None, overrides: list[str] = ()) -> Config:
         if not path.is_file():
             raise ConfigError(f"config file {path} does not exist; pass a TOML file such as examples/quickstart.toml")
         try:
-            data = tomllib.loads(path.read_text())
+            data = tomllib.loads(path.read_text(encoding="utf-8"))
         except tomllib.TOMLDecodeError as err:
             raise ConfigError(f"{path} is not valid TOML: {err}") from None
+        except UnicodeDecodeError:
+            raise ConfigError(f"{path} is not UTF-8 text, which TOML files are; save it as UTF-8") from None
     return build_config(data, list(overrides))

@@ -18,13 +18,23 @@ def read_weights(source: str | Path) -> dict[str, torch.Tensor]:
     source = Path(source)
     if source.is_dir() and (source / FINAL_MODEL).is_file():
         source = source / FINAL_MODEL
-    if source.is_file():
+    if not source.is_file():
+        return export.model_state(export.find(source))[0]
+    try:
         if source.name.endswith(export.SAFETENSORS):
             from safetensors.torch import load_file
 
-            return load_file(source)
-        return torch.load(source, weights_only=True, map_location="cpu")
-    return export.model_state(export.find(source))[0]
+            weights = load_file(source)
+        else:
+            weights = torch.load(source, weights_only=True, map_location="cpu")
+    except Exception as err:  # truncated, empty, not a torch file, or holding what weights_only refuses
+        reason = str(err).strip().splitlines()[0][:200] if str(err).strip() else type(err).__name__
+        raise CheckpointError(f"{source} cannot be read as a state dict ({reason}); give a file that torch.save or "
+                              "snnfw export wrote, a run directory or a checkpoint") from None
+    if not isinstance(weights, dict) or not all(isinstance(k, str) and isinstance(t, torch.Tensor) for k, t in weights.items()):
+        raise CheckpointError(f"{source} holds {type(weights).__name__}, not a state dict of parameter names to tensors; "
+                              "give what model.state_dict() or snnfw export wrote")
+    return weights
 
 
 def load_weights(model: torch.nn.Module, weights: dict[str, torch.Tensor]) -> None:
@@ -36,4 +46,14 @@ def load_weights(model: torch.nn.Module, weights: dict[str, torch.Tensor]) -> No
             f"the weights do not fit the model: missing {', '.join(missing[:3]) or 'none'}, unknown "
             f"{', '.join(unknown[:3]) or 'none'}; give the weights of this model (model.family, flavor or builder)"
         )
+    for name, tensor in own.items():
+        if weights[name].shape != tensor.shape:
+            raise CheckpointError(
+                f"the weights do not fit the model: {name} is {tuple(weights[name].shape)} in the weights and "
+                f"{tuple(tensor.shape)} in the model; give the weights of this model (model.family, flavor, "
+                "num_classes or builder)"
+            )
+        if weights[name].is_floating_point() and not torch.isfinite(weights[name]).all():
+            raise CheckpointError(f"the weights hold NaN or infinite values in {name}; give weights of a run that "
+                                  "did not diverge")
     model.load_state_dict({name: weights[name].to(own[name].dtype) for name in own})

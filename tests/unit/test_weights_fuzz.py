@@ -1,0 +1,55 @@
+"""A fuzz of weights files: a real state dict cut short, bit-flipped, emptied, replaced by text, another type,
+wrong shapes or NaN is either loaded or refused with a user error, never another exception."""
+
+import math
+import random
+
+import pytest
+import torch
+
+from snnfw.components.weights import load_weights, read_weights
+from snnfw.errors import UserError
+from snnfw.plan.prepare import build_model
+from snnfw.plugin.manager import Plugins
+from snnfw.testing import tiny_config
+
+TRIES = 120
+
+
+def _mutations(state: dict, data: bytes, rng: random.Random):
+    name = rng.choice(sorted(state))
+    flips = bytearray(data)
+    for _ in range(rng.randint(1, 8)):
+        flips[rng.randrange(len(flips))] ^= 1 << rng.randrange(8)
+    shape = dict(state)
+    shape[name] = torch.zeros(*[n + 1 for n in state[name].shape]) if state[name].dim() else torch.zeros(2)
+    nan = dict(state)
+    nan[name] = torch.full_like(state[name], math.nan) if state[name].is_floating_point() else state[name]
+    return rng.choice([
+        ("cut", data[: rng.randrange(len(data))]), ("bits", bytes(flips)), ("empty", b""), ("text", b"weights = 1\n"),
+        ("list", list(state.values())), ("not tensors", {k: 1.0 for k in state}), ("shape", shape), ("nan", nan),
+    ])
+
+
+def test_mutated_weights_files_load_or_are_refused_with_a_user_error(tmp_path, one_thread):
+    model, _ = build_model(tiny_config(), Plugins())
+    state = model.state_dict()
+    path = tmp_path / "whole.pt"
+    torch.save(state, path)
+    data, rng, outcomes = path.read_bytes(), random.Random(0), {"loaded": 0, "refused": 0}
+    for attempt in range(TRIES):
+        kind, mutated = _mutations(state, data, rng)
+        target = tmp_path / f"{attempt}.pt"
+        if isinstance(mutated, bytes):
+            target.write_bytes(mutated)
+        else:
+            torch.save(mutated, target)
+        try:
+            load_weights(model, read_weights(target))
+            outcomes["loaded"] += 1
+        except UserError:
+            outcomes["refused"] += 1
+        except Exception as err:
+            pytest.fail(f"{kind} mutation raised {type(err).__name__}: {err}")
+    print(f"weights fuzz: {TRIES} mutated files, {outcomes}")
+    assert outcomes["refused"] > TRIES / 2
