@@ -1,7 +1,10 @@
 """Assertions that tests of snnfw and its plugins share: losses and states against ``none``'s, firing neurons."""
 
+from typing import Any, Callable
+
 import torch
 
+from snnfw.errors import UserError
 from snnfw.run.loop import run_training
 from snnfw.testing import local_parameters, run_on_ranks
 
@@ -49,3 +52,15 @@ def assert_close(name, got, want, rel_tol=1e-9):
     scale = want.abs().max().item() if torch.is_tensor(want) else abs(want)
     diff = (got - want).abs().max().item() if torch.is_tensor(want) else abs(got - want)
     assert diff <= rel_tol * max(scale, 1e-12), f"{name}: differs from none by {diff:.3g} (scale {scale:.3g})"
+
+
+def user_outcome(action: Callable[[], Any], what: str) -> str:
+    """What a user sees of ``action()``: ``"done"``, or ``"refused"`` for a user error (one line at the command
+    line); any other exception, which would be a traceback there, fails with ``what`` named."""
+    try:
+        action()
+    except UserError:
+        return "refused"
+    except Exception as err:
+        raise AssertionError(f"{what} raised {type(err).__name__}: {err}") from err
+    return "done"
