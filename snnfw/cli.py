@@ -213,13 +213,13 @@ def _cmd_export(args) -> int:
 def _cmd_eval(args) -> int:
     """``snnfw eval`` and ``snnfw predict``: score weights under any strategy on N local ranks."""
     from snnfw.components.weights import load_weights, read_weights
-    from snnfw.config import load_config
+    from snnfw.config import for_evaluation, load_config
     from snnfw.plan.prepare import prepare
     from snnfw.plugin.manager import Plugins
     from snnfw.run.loop import check_predictions_file
     from snnfw.tools.launch import launch
 
-    config = load_config(args.config, args.overrides)
+    config = for_evaluation(load_config(args.config, args.overrides))
     prepared = prepare(config, args.nproc, Plugins(), local_ranks=args.nproc)  # refuse a bad config before any process
     load_weights(prepared.model, read_weights(args.weights))  # and weights that are not there or do not fit
     predict = getattr(args, "out", None)

@@ -394,6 +394,15 @@ def build_config(data: dict[str, Any], overrides: list[str] = ()) -> Config:
     return Config(**sections, explicit=explicit)
 
 
+def for_evaluation(config: Config) -> Config:
+    """``config`` as scoring weights reads it: what only training uses (checkpoints, the microbatches of a training
+    step) back at its defaults, so a training config scores under any strategy and world size."""
+    return attrs.evolve(
+        config, checkpoint=CheckpointConfig(), train=attrs.evolve(config.train, microbatches=None),
+        explicit=config.explicit - {"checkpoint.every", "checkpoint.keep", "train.microbatches"},
+    )
+
+
 def with_settings(config: Config, settings: dict[str, Any]) -> tuple[Config, list[str]]:
     """Applies ``{"section.key": value}`` to the keys the user did not set; returns what changed."""
     changed = []

@@ -13,7 +13,7 @@ from snnfw import rundir
 from snnfw.components.metrics import MetricsLog
 from snnfw.components.precision import precision_notes
 from snnfw.components.weights import read_weights
-from snnfw.config import Config
+from snnfw.config import Config, for_evaluation
 from snnfw.distributed.collectives import all_reduce, barrier
 from snnfw.plugin.manager import Plugins
 from snnfw.run.session import start
@@ -115,7 +115,7 @@ def run_evaluation(config: Config, weights: str | Path, run_dir: str | Path | No
     ``predict``, one JSON line per test sample (index, label, predicted, logits) into that file."""
     check_predictions_file(predict)
     state = read_weights(weights)
-    with start(config, weights=state, plugins=plugins) as run:
+    with start(for_evaluation(config), weights=state, plugins=plugins) as run:
         result = {"weights": str(weights), **run.evaluate(), "plan": run.plan.to_dict()}
         rows = run.predict() if predict is not None else None
         if run.env.rank == 0:

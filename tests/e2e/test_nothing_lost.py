@@ -152,3 +152,17 @@ def test_plot_leaves_out_a_cut_last_line(tmp_path):
     result, _ = snnfw("plot", tmp_path, "--out", tmp_path / "run.png")
     assert result.returncode == 0, result.stderr
     assert (tmp_path / "run.png").stat().st_size > 0 and "cut off" in result.stderr
+
+
+def test_a_training_config_scores_weights_under_another_strategy(tmp_path):
+    """eval takes what it needs of a training config: its checkpoints and training microbatches do not apply."""
+    from snnfw.plan.prepare import build_model
+    from snnfw.plugin.manager import Plugins
+
+    model, _ = build_model(tiny_config(), Plugins())
+    torch.save(model.state_dict(), tmp_path / "net.pt")
+    training = ["--set", "train.microbatches=8", "--set", "checkpoint.every=2"]  # 8 samples in 8 microbatches
+    result, _ = snnfw("eval", tiny_toml(tmp_path), "--weights", tmp_path / "net.pt", "--nproc", 2, *training,
+                      "--run-dir", tmp_path / "scored")
+    assert result.returncode == 0, result.stderr
+    assert json.loads((tmp_path / "scored" / rundir.EVAL).read_text())["plan"]["strategy"] == "dp"
