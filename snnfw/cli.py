@@ -54,7 +54,7 @@ def _cmd_plan(args) -> int:
 
     config = load_config(args.config, args.overrides)
     plugins = Plugins()
-    if args.measure:
+    if args.measure is not None:
         return _measure(args, config, plugins)
     if args.dry_run or args.device_memory:
         return _dry_run(args, config, plugins)
@@ -135,6 +135,8 @@ def _measure(args, config, plugins) -> int:
 
     if config.parallel.strategy != AUTO:
         raise ConfigError("--measure compares auto's candidates; set parallel.strategy = \"auto\"")
+    if args.measure < 1:
+        raise ConfigError(f"--measure K times the top K candidates, K 1 or more; got {args.measure}")
     ranked = auto_candidates(config, args.world_size, plugins)
     print(f"timing the top {min(args.measure, len(ranked))} candidates, a few steps each in a temporary folder (their "
           f"'done' lines score {args.world_size} test samples: only the step times count)", file=sys.stderr, flush=True)

@@ -166,3 +166,18 @@ def test_a_training_config_scores_weights_under_another_strategy(tmp_path):
                       "--run-dir", tmp_path / "scored")
     assert result.returncode == 0, result.stderr
     assert json.loads((tmp_path / "scored" / rundir.EVAL).read_text())["plan"]["strategy"] == "dp"
+
+
+def test_export_refuses_a_folder_as_its_output(tmp_path):
+    run_training(tiny_config("none", checkpoint={"every": 3}), tmp_path / "run")
+    result, _ = snnfw("export", tmp_path / "run", "--out", tmp_path)
+    assert result.returncode == 2
+    assert "is a folder; name the file to write" in one_error_line(result)
+    result, _ = snnfw("export", tmp_path / "run", "--out", tmp_path / "net.pt")
+    assert result.returncode == 0 and torch.load(tmp_path / "net.pt", weights_only=True)
+
+
+def test_measure_refuses_zero_candidates(tmp_path):
+    result, _ = snnfw("plan", tiny_toml(tmp_path), "--world-size", 2, "--set", "parallel.strategy='auto'", "--measure", 0)
+    assert result.returncode == 2
+    assert "--measure K" in one_error_line(result)
