@@ -67,12 +67,9 @@ def any_done(run_dir: Path) -> bool:
     return any((Path(run_dir) / RANKS).glob("rank*.done"))
 
 
-def mark_stopped(run_dir: Path, rank: int, message: str) -> None:
-    """Records the user error that stopped this rank; written whole (a rename), since every rank may write it."""
-    (Path(run_dir) / RANKS).mkdir(parents=True, exist_ok=True)
-    part = Path(run_dir) / RANKS / f"{STOPPED}.rank{rank}"
-    part.write_text(f"{message}\n")
-    part.replace(stopped_marker(run_dir))
+def mark_stopped(run_dir: Path, message: str) -> None:
+    """Records the user error that stopped this rank; written whole, since every rank may write it."""
+    write_text(stopped_marker(run_dir), f"{message}\n")
 
 
 def stopped_marker(run_dir: Path) -> Path:

@@ -61,7 +61,7 @@ def main(argv: list[str] | None = None) -> int:
     except UserError as err:
         if not os.environ.get(rundir.LAUNCHED):
             print(f"snnfw: error: {explain(err)}", file=sys.stderr)
-        rundir.mark_stopped(run_dir, rank, explain(err))
+        rundir.mark_stopped(run_dir, explain(err))
         return 2
     if rank == 0:
         print(

@@ -34,14 +34,13 @@ from torch.distributed.checkpoint.metadata import StorageMeta, TensorStorageMeta
 from snnfw.components.optim import resume_scheduler
 from snnfw.distributed.collectives import barrier
 from snnfw.errors import CheckpointError, DivergedError
-from snnfw.rundir import CHECKPOINTS, METRICS, RUN_FILES
+from snnfw.rundir import CHECKPOINTS, METRICS, RUN_FILES, TEMP
 
 FIXED = (  # what a resumed run must share: the model, the optimizer and what fixes the data order
     "model.family", "model.flavor", "model.time_steps", "data.name", "data.root", "data.train_samples", "data.batch_size",
     "train.seed", "train.optimizer", "train.no_decay", "train.dtype",
 )
 PREFIX = "step-"
-TEMP = ".tmp-"
 META = "meta.json"
 
 

@@ -18,7 +18,7 @@ import torch
 
 from snnfw.components import checkpoint as ckpt
 from snnfw.errors import CheckpointError
-from snnfw.rundir import CHECKPOINTS, written_whole
+from snnfw.rundir import CHECKPOINTS, TEMP, written_whole
 
 SAFETENSORS = ".safetensors"
 
@@ -52,7 +52,7 @@ def find(source: str | Path) -> Path:
         raise CheckpointError(f"{source} does not exist; name a run directory or one of its checkpoints/step-K folders")
     if (source / ckpt.META).is_file() and (source / ".metadata").is_file():
         return source
-    if source.name.startswith(ckpt.PREFIX) or source.name.startswith(ckpt.TEMP):
+    if source.name.startswith(ckpt.PREFIX) or source.name.startswith(TEMP):
         raise CheckpointError(f"{source} is not a complete checkpoint (it has no {ckpt.META}); export a complete one")
     root = source if source.name == CHECKPOINTS else source / CHECKPOINTS
     done = ckpt.complete(root)
