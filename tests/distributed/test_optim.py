@@ -11,7 +11,7 @@ import torch
 from spikingjelly.activation_based import neuron
 from torch import nn
 
-import snnfw.run.loop
+from snnfw import hookimpl
 from snnfw.components.optim import (
     OptimizerSpec,
     build_optimizer,
@@ -253,23 +253,21 @@ class Killed(BaseException):
     pass
 
 
-def test_resumed_in_warmup_continues_the_curve(tmp_path, monkeypatch, one_thread):
+def test_resumed_in_warmup_continues_the_curve(tmp_path, one_thread):
     """Killed after step 3 of a 4-step warm-up (checkpoint at step 2): the resumed run's losses and
     learning rates (warm-up, then the cosine) equal the uninterrupted run's."""
     config = tiny_config(train={"steps": 6, "optimizer": "adamw", "lr_schedule": "cosine", "warmup_steps": 4},
                          checkpoint={"every": 2})
     whole = run_training(config, tmp_path / "whole")
-    inject = snnfw.run.loop.faults.inject
 
-    def kill_at_4(step, rank):
-        if step == 4:
-            raise Killed
-        inject(step, rank)
+    class KillAt4:
+        @hookimpl
+        def snnfw_step_start(self, step, rank):
+            if step == 4:
+                raise Killed
 
-    monkeypatch.setattr(snnfw.run.loop.faults, "inject", kill_at_4)
     with pytest.raises(Killed):
-        run_training(config, tmp_path / "cut")
-    monkeypatch.undo()
+        run_training(config, tmp_path / "cut", plugins=Plugins(extra=(("kill_at_4", KillAt4()),)))
     resumed = run_training(config, tmp_path / "cut", resume=True)
     assert resumed["resumed_from"] == 2 and resumed["losses"] == whole["losses"][2:]
     lrs = [[json.loads(line)["lr"] for line in (tmp_path / run / "metrics.jsonl").read_text().splitlines()]
