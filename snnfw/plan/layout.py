@@ -143,8 +143,7 @@ class Plan:
 
     @property
     def dp_size(self) -> int:
-        sizes = dict(self.mesh)
-        return math.prod(sizes[d] for d in self.dp_dims)
+        return self.size(self.dp_dims)
 
     def size(self, dims: tuple[str, ...]) -> int:
         """How many ranks the mesh dimensions ``dims`` span together."""
