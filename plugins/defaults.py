@@ -1,5 +1,5 @@
 """Fallbacks every run needs: the optimizers and learning-rate schedules by name, the plain optimizer,
-SpikingJelly's state reset, whole-tensor checkpoint state, and the microbatch loop of every strategy
+SpikingJelly's state reset, checkpoint state as each rank holds it, and the microbatch loop of every strategy
 that does not bring its own (pipelines do)."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from snnfw.components.losses import LossSpec, cross_entropy, mse_rate, tet, trai
 from snnfw.components.optim import LrScheduleSpec, OptimizerSpec, build_optimizer
 from snnfw.components.precision import autocast
 from snnfw.components.step import StepOutput, count_correct, scored
-from snnfw.errors import CheckpointError, ConfigError
+from snnfw.errors import ConfigError
 
 if TYPE_CHECKING:
     import torch
@@ -112,36 +112,19 @@ def state_name(name: str) -> str:
     return ".".join(part for part in name.split(".") if part not in WRAPPER_NAMES)
 
 
-def full_state(model, optimizer) -> dict:
-    """Model and optimizer state as whole tensors by parameter name, DTensors gathered (a collective)."""
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, get_optimizer_state_dict
+def held_state(model, optimizer) -> dict:
+    """Model and optimizer state by parameter name as this rank holds it: FSDP2's shards stay DTensors."""
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
 
-    options = StateDictOptions(full_state_dict=True)
-    return {
-        "model": get_model_state_dict(model, options=options),
-        "optimizer": get_optimizer_state_dict(model, optimizer, options=options),
-    }
+    return {"model": get_model_state_dict(model), "optimizer": get_optimizer_state_dict(model, optimizer)}
 
 
-def load_full_state(model, optimizer, state) -> None:
-    """Loads whole tensors by name; a model holding part of the whole takes the names it has."""
-    from torch.distributed.checkpoint.state_dict import (
-        StateDictOptions,
-        get_model_state_dict,
-        set_model_state_dict,
-        set_optimizer_state_dict,
-    )
+def load_held_state(model, optimizer, state) -> None:
+    """Loads ``state`` as :func:`held_state` shapes it (a checkpoint is read into that shape, resharded)."""
+    from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_optimizer_state_dict
 
-    own = get_model_state_dict(model)
-    missing = [name for name in own if name not in state["model"]]
-    if missing:
-        raise CheckpointError(
-            f"the checkpoint has no model state named {', '.join(missing[:3])}; a strategy that renames the "
-            "model's state must implement snnfw_load_state_dict"
-        )
-    options = StateDictOptions(full_state_dict=True)
-    set_model_state_dict(model, {name: state["model"][name] for name in own}, options=options)
-    set_optimizer_state_dict(model, optimizer, state["optimizer"], options=options)
+    set_model_state_dict(model, state["model"])
+    set_optimizer_state_dict(model, optimizer, state["optimizer"])
 
 
 def merge_optimizer_states(parts: list[dict]) -> dict:
@@ -155,12 +138,12 @@ def merge_optimizer_states(parts: list[dict]) -> dict:
 
 @hookimpl(trylast=True)
 def snnfw_state_dict(model, optimizer, plan):
-    return full_state(model, optimizer)
+    return held_state(model, optimizer)
 
 
 @hookimpl(trylast=True)
 def snnfw_load_state_dict(model, optimizer, plan, state):
-    load_full_state(model, optimizer, state)
+    load_held_state(model, optimizer, state)
     return True
 
 

@@ -239,6 +239,7 @@ class TrainConfig:
 class CheckpointConfig:
     every: int = attrs.field(default=0, validator=[v.instance_of(int), v.ge(0)])
     keep: int = attrs.field(default=2, validator=_positive)
+    async_save: bool = attrs.field(default=False, validator=v.instance_of(bool))  # written while training goes on
 
 
 @attrs.frozen
@@ -272,6 +273,7 @@ class LogConfig:
     """Where metrics go besides ``metrics.jsonl``: TensorBoard scalars under ``RUN_DIR/tensorboard``."""
 
     tensorboard: bool = attrs.field(default=False, validator=v.instance_of(bool))
+    phase_times: bool = attrs.field(default=False, validator=v.instance_of(bool))  # data_ms, forward_ms, ... per step
 
 
 EXPLICIT = "explicit"  # the top-level entry of Config.to_dict that lists the keys the user set
@@ -386,11 +388,12 @@ def build_config(data: dict[str, Any], overrides: list[str] = ()) -> Config:
             f"checkpoint.every = {every} is more than train.steps = {steps}, so no checkpoint would be written; "
             "lower checkpoint.every, or set it to 0 for none"
         )
-    if "checkpoint.keep" in explicit and sections["checkpoint"].every == 0:
-        raise ConfigError(
-            "checkpoint.keep applies only when checkpoints are written (checkpoint.every > 0, 0 writes none); "
-            "set checkpoint.every, or remove checkpoint.keep"
-        )
+    for key in ("checkpoint.keep", "checkpoint.async_save"):
+        if key in explicit and sections["checkpoint"].every == 0:
+            raise ConfigError(
+                f"{key} applies only when checkpoints are written (checkpoint.every > 0, 0 writes none); "
+                f"set checkpoint.every, or remove {key}"
+            )
     return Config(**sections, explicit=explicit)
 
 
@@ -399,7 +402,7 @@ def for_evaluation(config: Config) -> Config:
     step) back at its defaults, so a training config scores under any strategy and world size."""
     return attrs.evolve(
         config, checkpoint=CheckpointConfig(), train=attrs.evolve(config.train, microbatches=None),
-        explicit=config.explicit - {"checkpoint.every", "checkpoint.keep", "train.microbatches"},
+        explicit=config.explicit - {"checkpoint.every", "checkpoint.keep", "checkpoint.async_save", "train.microbatches"},
     )
 
 

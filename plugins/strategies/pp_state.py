@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import torch
 import torch.distributed as dist
+from torch.distributed.checkpoint.state_dict import _init_optim_state
 
 from snnfw_plugins.defaults import merge_optimizer_states, state_name
 from snnfw_plugins.strategies.pp_model import PipelineModel
@@ -31,6 +32,7 @@ def _parameter_names(pipeline: PipelineModel, optimizer) -> list[str]:
 
 def named_state(model: PipelineModel, optimizer) -> dict:
     """This rank's stage state under the model's names, param groups listing every pp rank's parameters."""
+    _init_optim_state(optimizer)  # a fresh optimizer's state, for a checkpoint to load into
     tensors = {model.model_names[raw]: tensor.detach() for raw, tensor in model.state_dict(keep_vars=True).items()}
     own, params = optimizer.state_dict(), _parameter_names(model, optimizer)
     groups = [{**group, "params": [params[i] for i in group["params"]]} for group in own["param_groups"]]

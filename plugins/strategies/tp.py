@@ -116,12 +116,12 @@ def snnfw_shard_neuron(module, placement, mesh):
 
 @hookimpl
 def snnfw_state_dict(model, optimizer, plan):
-    """Whole tensors for the checkpoint: the slices of ``tp`` and ``fsdp2_tp`` gathered (``tp_state``)."""
+    """The slices of ``tp`` and ``fsdp2_tp`` as pieces of the whole tensors (``tp_state``)."""
     if NAME not in dict(plan.mesh):
         return None
-    from snnfw_plugins.strategies.tp_state import gathered_state
+    from snnfw_plugins.strategies.tp_state import sliced_state
 
-    return gathered_state(model, optimizer)
+    return sliced_state(model, optimizer)
 
 
 @hookimpl

@@ -1,16 +1,19 @@
 """Checkpoint state of models sharded by the tp styles (``tp``, ``fsdp2_tp``).
 
-The styles note every sliced tensor (``tp_styles.SLICES``). Saving all-gathers
-the slices over their tp group into whole tensors (parameters, BatchNorm
-statistics, and the optimizer state shaped like its parameter); loading keeps
-this rank's entries. The rest, FSDP2 over dp included, goes through the
+The styles note every sliced tensor (``tp_styles.SLICES``): which entries of
+one dimension of the whole it holds, possibly several blocks (the q, k and v
+rows of some heads). Saving writes each rank's slices as :class:`Chunked`
+pieces of the whole tensor (and the optimizer state shaped like its
+parameter), nothing gathered; loading reads this rank's pieces of any
+checkpoint in place. The rest, FSDP2 over dp included, goes through the
 defaults, so a checkpoint moves between tensor parallel and any other strategy.
 """
 
 import torch
 import torch.distributed as dist
 
-from snnfw_plugins.defaults import full_state, load_full_state, state_name
+from snnfw.distributed.chunks import Chunked, pieces
+from snnfw_plugins.defaults import held_state, load_held_state, state_name
 from snnfw_plugins.strategies.tp_styles import SLICES
 
 
@@ -22,19 +25,32 @@ def _slices(model) -> dict:
     }
 
 
-def _gather(local: torch.Tensor, piece) -> torch.Tensor:
-    size = dist.get_world_size(piece.group)
-    index = piece.index.to(local.device)
-    parts, indices = [torch.empty_like(local) for _ in range(size)], [torch.empty_like(index) for _ in range(size)]
-    dist.all_gather(parts, local.contiguous(), group=piece.group)
-    dist.all_gather(indices, index, group=piece.group)
-    shape = list(local.shape)
-    shape[piece.dim] *= size
-    return local.new_empty(shape).index_copy_(piece.dim, torch.cat(indices), torch.cat(parts, piece.dim))
+def _runs(index: torch.Tensor) -> list[tuple[int, int, int]]:
+    """``(local start, whole start, length)`` of each run of consecutive entries of ``index``."""
+    runs, values = [], index.tolist()
+    for local, value in enumerate(values):
+        if runs and value == runs[-1][1] + runs[-1][2]:
+            runs[-1][2] += 1
+        else:
+            runs.append([local, value, 1])
+    return [tuple(run) for run in runs]
 
 
-def _select(whole: torch.Tensor, piece) -> torch.Tensor:
-    return whole.index_select(piece.dim, piece.index.to(whole.device))
+def _chunked(value, piece) -> Chunked:
+    """``value`` (a tensor, or FSDP2's DTensor of one) as pieces of the whole tensor it slices."""
+    dim, runs = piece.dim, _runs(piece.index)
+    shape = list(value.shape)
+    shape[dim] = len(piece.index) * dist.get_world_size(piece.group)
+    out = []
+    for at, local in pieces(value):
+        held = range(at[dim], at[dim] + local.shape[dim])
+        for start, whole_start, length in runs:
+            low, high = max(held.start, start), min(held.stop, start + length)
+            if low < high:
+                offsets = list(at)
+                offsets[dim] = whole_start + low - start
+                out.append((tuple(offsets), local.narrow(dim, low - held.start, high - low)))
+    return Chunked(shape, out, source=value)
 
 
 def _convert(state: dict, slices: dict, convert) -> dict:
@@ -45,7 +61,8 @@ def _convert(state: dict, slices: dict, convert) -> dict:
         if name not in slices:
             return values
         shape = model[name].shape
-        return {key: convert(v, slices[name]) if torch.is_tensor(v) and v.shape == shape else v for key, v in values.items()}
+        return {key: convert(v, slices[name]) if isinstance(v, (torch.Tensor, Chunked)) and v.shape == shape else v
+                for key, v in values.items()}
 
     optimizer = state["optimizer"]
     return {
@@ -55,16 +72,17 @@ def _convert(state: dict, slices: dict, convert) -> dict:
     }
 
 
-def gathered_state(model, optimizer) -> dict | None:
-    """The whole training state, slices gathered; None when ``model`` holds no slices."""
+def sliced_state(model, optimizer) -> dict | None:
+    """This rank's training state, its slices as pieces of the whole tensors; None when ``model`` holds none."""
     slices = _slices(model)
-    return _convert(full_state(model, optimizer), slices, _gather) if slices else None
+    return _convert(held_state(model, optimizer), slices, _chunked) if slices else None
 
 
 def load_sliced_state(model, optimizer, state) -> bool:
-    """Loads this rank's slices of the whole ``state``; False when ``model`` holds no slices."""
+    """Loads ``state`` as :func:`sliced_state` shapes it (its pieces read in place); False when ``model`` holds
+    no slices."""
     slices = _slices(model)
     if not slices:
         return False
-    load_full_state(model, optimizer, _convert(state, slices, _select))
+    load_held_state(model, optimizer, _convert(state, slices, lambda chunked, piece: chunked.source))
     return True

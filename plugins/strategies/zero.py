@@ -3,14 +3,15 @@
 ``strategy = "zero"`` is DDP plus the sharded optimizer; ``parallel.zero =
 true`` adds the sharded optimizer to ``dp``. Strategies that already shard
 optimizer state, or whose ranks hold different parameters, refuse it, and
-``zero`` refuses ``parallel.zero = false``. Checkpoints
-gather the optimizer shards into one whole state, so they resume under any strategy.
+``zero`` refuses ``parallel.zero = false``. Each rank checkpoints its own
+partition of the optimizer state by parameter name, so a checkpoint resumes
+under any strategy.
 """
 
 from snnfw import hookimpl
 from snnfw.components.optim import optimizer_options, parameter_groups, trainable
 from snnfw.plan.layout import Proposal, refuse_others
-from snnfw_plugins.defaults import load_full_state, merge_optimizer_states
+from snnfw_plugins.defaults import held_state, load_held_state, merge_optimizer_states
 from snnfw_plugins.strategies.dp import Replicas, propose_replicas, wrap_ddp
 
 NAME = "zero"
@@ -73,24 +74,22 @@ def snnfw_build_optimizer(model, plan, mesh, hooks):
 
 @hookimpl
 def snnfw_state_dict(model, optimizer, plan):
+    """The replicated model and this rank's partition of the optimizer state, the param groups naming every
+    rank's parameters."""
     if not _wanted(plan):
         return None
-    import torch
     import torch.distributed as dist
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, get_optimizer_state_dict
-    from torch.utils._pytree import tree_map_only
 
-    options = StateDictOptions(full_state_dict=True)
-    local = get_optimizer_state_dict(model, optimizer.optim, options=options)
-    local = tree_map_only(torch.Tensor, lambda tensor: tensor.cpu(), local)  # a pickled CUDA tensor opens on its GPU
+    held = held_state(model, optimizer.optim)
     parts = [None] * dist.get_world_size(optimizer.process_group)
-    dist.all_gather_object(parts, local, group=optimizer.process_group)
-    return {"model": get_model_state_dict(model, options=options), "optimizer": merge_optimizer_states(parts)}
+    dist.all_gather_object(parts, {"param_groups": held["optimizer"]["param_groups"]}, group=optimizer.process_group)
+    groups = merge_optimizer_states([{"state": {}, **part} for part in parts])["param_groups"]
+    return {"model": held["model"], "optimizer": {**held["optimizer"], "param_groups": groups}}
 
 
 @hookimpl
 def snnfw_load_state_dict(model, optimizer, plan, state):
     if not _wanted(plan):
         return None
-    load_full_state(model, optimizer.optim, state)
+    load_held_state(model, optimizer.optim, state)
     return True

@@ -1,37 +1,51 @@
 """Checkpoints: the whole training state every ``checkpoint.every`` steps, and resuming from the newest.
 
-``RUN_DIR/checkpoints/step-N`` is a torch.distributed.checkpoint (DCP) folder
-with the unsharded model (BatchNorm buffers included) and optimizer state keyed
-by the model's parameter and buffer names (``snnfw_state_dict``), the
-learning-rate scheduler's state, every rank's RNG state, and ``meta.json``
-(step, loss, and the ``FIXED`` settings). The step is the data position, since
-the data order is a function of step, seed, global batch and the data set
-(name, folder, size, time steps); on resuming, the optimizer's hyperparameters
-are the config's, and the learning rate is the config's schedule at the
-checkpoint's step. Every rank writes into ``.tmp-step-N``; after a
-barrier rank 0 renames it, so a checkpoint is whole or absent. Unsharded, it resumes under any strategy and world size, each strategy
-taking its part (``snnfw_load_state_dict``). Loading runs no code from the
-files: DCP's metadata is unpickled through an allowlist and its other values
-through ``torch.load(weights_only=True)``.
+``RUN_DIR/checkpoints/step-N`` is a torch.distributed.checkpoint (DCP) folder.
+Every rank writes the state it holds (``snnfw_state_dict``): FSDP2's shards,
+tensor-parallel slices, its pipeline stages, its ZeRO partition of the
+optimizer, replicated tensors once; nothing is gathered whole. Entries are
+keyed by the model's own parameter and buffer names, so a checkpoint resumes
+under any strategy and world size: each rank reads what it holds there and
+DCP reshards. Beside them: the learning-rate scheduler's state, every rank's
+RNG state, and ``meta.json`` (step, loss, and the ``FIXED`` settings). The
+step is the data position, since the data order is a function of step, seed,
+global batch and the data set (name, folder, size, time steps); on resuming,
+the optimizer's hyperparameters are the config's, and the learning rate is
+the config's schedule at the checkpoint's step.
+
+Every rank writes into ``.tmp-step-N``; after a barrier rank 0 renames it, so
+a checkpoint is whole or absent. With ``checkpoint.async_save`` the state is
+staged to CPU and written in the background while training goes on; it is
+renamed when the next save begins or the run ends, and a run that dies before
+leaves the previous checkpoint. Loading runs no code from the files: DCP's
+metadata is unpickled through an allowlist and its other values through
+``torch.load(weights_only=True)``.
 """
 
 from __future__ import annotations
 
 import contextlib
+import copy
 import json
 import pickle
 import shutil
 import sys
 import warnings
+from concurrent.futures import Future
 from pathlib import Path
 from typing import Callable
 
+import attrs
 import torch
 import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint import DefaultLoadPlanner, FileSystemReader, FileSystemWriter
+from torch.distributed.checkpoint import DefaultLoadPlanner, DefaultSavePlanner, FileSystemReader, FileSystemWriter
+from torch.distributed.checkpoint._nested_dict import flatten_state_dict
+from torch.distributed.checkpoint._traverse import set_element
 from torch.distributed.checkpoint.metadata import StorageMeta, TensorStorageMetadata
+from torch.distributed.checkpoint.staging import AsyncStager
 
 from snnfw.components.optim import resume_scheduler
+from snnfw.distributed.chunks import Chunked, leaves, whole_shape
 from snnfw.distributed.collectives import barrier
 from snnfw.errors import CheckpointError, DivergedError
 from snnfw.rundir import CHECKPOINTS, METRICS, RUN_FILES, TEMP
@@ -77,6 +91,36 @@ class _SafePlanner(DefaultLoadPlanner):
 
     def load_bytes(self, read_item, value):
         self.original_state_dict[read_item.dest_index.fqn] = torch.load(value, weights_only=True)
+
+
+class _HeldSavePlanner(DefaultSavePlanner):
+    """DCP's save planner, which also writes the pieces of :class:`Chunked` values."""
+
+    def lookup_object(self, index):
+        value = self.state_dict[index.fqn]
+        if isinstance(value, Chunked):
+            return value.piece_at(index.offset).contiguous()
+        return super().lookup_object(index)
+
+
+class _HeldLoadPlanner(DefaultLoadPlanner):
+    """Reads a checkpoint into the state a rank holds (:class:`Chunked` pieces in place), non-tensor values with
+    ``weights_only=True``."""
+
+    def set_up_planner(self, state_dict, metadata=None, is_coordinator=False):
+        """As DefaultLoadPlanner's, without its making of meta tensors (there are none), which drops Chunked."""
+        self.original_state_dict = state_dict
+        self.state_dict, self.mappings = flatten_state_dict(state_dict)
+        self.metadata, self.is_coordinator = metadata, is_coordinator
+
+    def lookup_tensor(self, index):
+        value = self.state_dict[index.fqn]
+        if isinstance(value, Chunked):
+            return value.piece_at(index.offset)
+        return super().lookup_tensor(index)
+
+    def load_bytes(self, read_item, value):
+        set_element(self.original_state_dict, self.mappings[read_item.dest_index.fqn], torch.load(value, weights_only=True))
 
 
 def _nest(flat: dict, paths: dict) -> dict:
@@ -190,12 +234,51 @@ def clear_run_dir(run_dir: Path) -> None:
             path.unlink()
 
 
+def _staged(state):
+    """A copy of ``state`` on the CPU that training cannot change: DTensors stay DTensors, :class:`Chunked`
+    stays :class:`Chunked`."""
+    from torch.distributed.tensor import DTensor
+
+    if isinstance(state, dict):
+        return {key: _staged(value) for key, value in state.items()}
+    if isinstance(state, Chunked):
+        return state.staged()
+    if isinstance(state, DTensor):
+        local = state.to_local().detach().to("cpu", copy=True)
+        return DTensor.from_local(local, state.device_mesh, state.placements, run_check=False, shape=state.shape,
+                                  stride=state.stride())
+    if isinstance(state, torch.Tensor):
+        return state.detach().to("cpu", copy=True)
+    return copy.deepcopy(state)
+
+
+class _CpuStager(AsyncStager):
+    """Stages the state for a background write with :func:`_staged`, before ``async_save`` returns."""
+
+    _synchronize_after_execute = False
+
+    def stage(self, state_dict):
+        return _staged(state_dict)
+
+
+@attrs.frozen
+class _Pending:
+    """A save whose files are still being written: renamed into place by :meth:`Checkpoints.finish`."""
+
+    written: Future | None
+    temp: Path
+    final: Path
+    meta: dict
+
+
 class Checkpoints:
-    """The checkpoints of one run directory; ``save`` and ``load`` are collectives."""
+    """The checkpoints of one run directory; ``save``, ``finish`` and ``load`` are collectives."""
 
     def __init__(self, run_dir: Path | None, config, rank: int):
         self.root = Path(run_dir) / CHECKPOINTS if run_dir is not None else None
         self.config, self.rank = config, rank
+        self.pending: _Pending | None = None
+        self._writers = None  # the process group of background writes, apart from the training's collectives
         if config.checkpoint.every and self.root is None:
             raise CheckpointError("checkpoint.every needs a run directory to write into; pass --run-dir")
 
@@ -213,6 +296,7 @@ class Checkpoints:
         The checkpoint of the step before holds the parameters that gave that
         loss, so it is removed; older ones are kept.
         """
+        self.finish()
         if self.root is not None and self.rank == 0:
             shutil.rmtree(self.root / f"{PREFIX}{step - 1}", ignore_errors=True)
         barrier()
@@ -238,7 +322,9 @@ class Checkpoints:
         return meta
 
     def save(self, trainer, step: int, loss: float) -> None:
-        """Writes ``step-N`` (all ranks into a temporary folder, then rank 0 renames it) and prunes old ones."""
+        """Writes ``step-N``: every rank its part into a temporary folder, renamed by rank 0 when all are written
+        (at once, or with ``checkpoint.async_save`` at the next save or :meth:`finish`); prunes old ones."""
+        self.finish()
         final, temp = self.root / f"{PREFIX}{step}", self.root / f"{TEMP}{PREFIX}{step}"
         if self.rank == 0:
             for stale in self.root.glob(f"{TEMP}*"):
@@ -252,27 +338,48 @@ class Checkpoints:
                 f"strategy {trainer.plan.strategy!r} names model state the model does not have ({', '.join(foreign[:3])}, ...); "
                 "its plugin must implement snnfw_state_dict to name the state by the model's own parameter names"
             )
+        state = {**state, "scheduler": trainer.scheduler.state_dict(), "rng": {f"rank{self.rank}": _rng_state()}}
+        meta = {"step": step, "loss": loss, "fixed": _fixed(self.config), "strategy": trainer.plan.strategy,
+                "world_size": trainer.plan.world_size, "loss_scale": trainer.run.loss_scale.state_dict()}
+        writer, planner = FileSystemWriter(temp), _HeldSavePlanner()
+        if self.config.checkpoint.async_save:
+            with _quiet():
+                written = dcp.async_save(state, storage_writer=writer, planner=planner, async_stager=_CpuStager(),
+                                         process_group=self._background_group())
+            self.pending = _Pending(written, temp, final, meta)
+            return
         with _quiet():
-            dcp.save(
-                {**state, "scheduler": trainer.scheduler.state_dict(), "rng": {f"rank{self.rank}": _rng_state()}},
-                storage_writer=FileSystemWriter(temp),
-            )
+            dcp.save(state, storage_writer=writer, planner=planner)
+        self.pending = _Pending(None, temp, final, meta)
+        self.finish()
+
+    def _background_group(self):
+        if self._writers is None and torch.distributed.is_initialized():
+            self._writers = torch.distributed.new_group(backend="gloo")
+        return self._writers
+
+    def finish(self) -> None:
+        """Waits for the save in progress, if any, and renames it into place (a collective)."""
+        pending, self.pending = self.pending, None
+        if pending is None:
+            return
+        if pending.written is not None:
+            pending.written.result()
         barrier()
         if self.rank == 0:
-            meta = {"step": step, "loss": loss, "fixed": _fixed(self.config),
-                    "strategy": trainer.plan.strategy, "world_size": trainer.plan.world_size,
-                    "loss_scale": trainer.run.loss_scale.state_dict()}
-            (temp / META).write_text(json.dumps(meta) + "\n")
-            if final.exists():
-                shutil.rmtree(final)
-            temp.rename(final)
+            (pending.temp / META).write_text(json.dumps(pending.meta) + "\n")
+            if pending.final.exists():
+                shutil.rmtree(pending.final)
+            pending.temp.rename(pending.final)
             for old in self.complete()[: -self.config.checkpoint.keep]:
                 shutil.rmtree(old)
         barrier()
 
     def load(self, trainer, path: Path) -> dict:
         """Restores model, optimizer (with the config's hyperparameters), the learning-rate scheduler at its step
-        (on the curve of the config's ``train.lr``) and this rank's RNG from ``path``; returns its meta."""
+        (on the curve of the config's ``train.lr``) and this rank's RNG from ``path``; returns its meta.
+
+        Each rank reads only what it holds under its strategy (``snnfw_state_dict`` gives the shapes)."""
         meta = json.loads((path / META).read_text())
         mine = _fixed(self.config)
         changed = [
@@ -284,21 +391,52 @@ class Checkpoints:
                 f"{path} cannot be resumed: {'; '.join(changed)}; resuming needs the same model, optimizer, dtype and "
                 "data order, so set them as the checkpoint has them or choose another --run-dir"
             )
-        state = read(path)
-        missing = sorted(trainer.state_names - set(state.get("model", {})))
-        if missing:
-            raise CheckpointError(f"checkpoint {path} lacks model state {', '.join(missing[:3])}: it is of another model")
+        held = trainer.plugins.state_dict(trainer.model, trainer.optimizer, trainer.plan)
+        wanted = {"model": held["model"], "optimizer": {"state": held["optimizer"]["state"]}}
+        reader = _SafeReader(path)
+        try:
+            _check_fits(path, reader.read_metadata(), wanted)
+            with _quiet():
+                dcp.load(wanted, storage_reader=reader, planner=_HeldLoadPlanner())
+        except (OSError, pickle.UnpicklingError, dcp.CheckpointException) as err:
+            raise CheckpointError(f"checkpoint {path} cannot be read: {err}") from None
         configured = [{k: v for k, v in group.items() if k != "params"} for group in trainer.optimizer.param_groups]
-        trainer.plugins.load_state_dict(trainer.model, trainer.optimizer, trainer.plan, state)
+        trainer.plugins.load_state_dict(trainer.model, trainer.optimizer, trainer.plan, held)
         for group, settings in zip(trainer.optimizer.param_groups, configured):
             group.update(settings)  # the config's hyperparameters, not the checkpoint's
-        resume_scheduler(trainer.scheduler, state["scheduler"], self.config.train.lr)
+        small = read(path, lambda keys: keys[0] == "scheduler" or keys[:2] == ("rng", f"rank{self.rank}"))
+        resume_scheduler(trainer.scheduler, small["scheduler"], self.config.train.lr)
         loss_scale = trainer.run.loss_scale
         if loss_scale.enabled and meta.get("loss_scale", {}).get("enabled"):  # else fp16 starts its scale afresh
             loss_scale.load_state_dict(meta["loss_scale"])
-        rng = state.get("rng", {}).get(f"rank{self.rank}", {})
+        rng = small.get("rng", {}).get(f"rank{self.rank}", {})
         if "cpu" in rng:
             torch.set_rng_state(rng["cpu"])
         if "cuda" in rng and torch.cuda.is_available():
             torch.cuda.set_rng_state(rng["cuda"])
         return meta
+
+
+def _check_fits(path: Path, metadata, wanted: dict) -> None:
+    """Refuses, in one line, a checkpoint that lacks what this rank holds or holds it in another shape."""
+    saved = {tuple(keys): metadata.state_dict_metadata[key] for key, keys in (metadata.planner_data or {}).items()}
+    missing, reshaped = [], []
+    for keys, value in leaves(wanted):
+        found = saved.get(keys)
+        if found is None:
+            missing.append(keys)
+        elif isinstance(found, TensorStorageMetadata) and tuple(found.size) != tuple(whole_shape(value)):
+            reshaped.append(f"{keys[1]} is {list(found.size)} there and {list(whole_shape(value))} here")
+    if reshaped:
+        raise CheckpointError(
+            f"checkpoint {path} holds another model: {'; '.join(reshaped[:2])}; resume with the model settings "
+            "(model.*) it was written with, or choose another --run-dir"
+        )
+    names = sorted({keys[1] if keys[0] == "model" else keys[2] for keys in missing})
+    if any(keys[0] == "model" for keys in missing):
+        raise CheckpointError(f"checkpoint {path} lacks model state {', '.join(names[:3])}: it is of another model")
+    if missing:
+        raise CheckpointError(
+            f"checkpoint {path} lacks optimizer state of {', '.join(names[:3])}; resume with the train.* settings "
+            "it was written with, or choose another --run-dir"
+        )

@@ -63,6 +63,7 @@ def run_training(
                 raise run.checkpoints.diverged(step + 1, record["loss"])
             if run.checkpoints.due(step + 1):
                 run.save(step + 1, record["loss"])
+        run.checkpoints.finish()  # an async save still being written
         log.close()
         final = evaluated if evaluations else run.evaluate()  # the last step's, unless resumed after it
         accuracy = final["eval_acc"]

@@ -30,12 +30,12 @@ from pathlib import Path
 from typing import Any, Iterator
 
 import torch
-import torch.distributed as dist
 
 from snnfw.components.checkpoint import Checkpoints
 from snnfw.components.metrics import peak_memory_mb
 from snnfw.config import Config, build_config, load_config
 from snnfw.distributed import cpu_allocator
+from snnfw.distributed.chunks import gather_whole
 from snnfw.distributed.collectives import RankEnv, all_reduce, decided_once, device_for, process_group, set_cpu_threads
 from snnfw.plan.auto import Decision
 from snnfw.plan.prepare import prepare
@@ -123,19 +123,16 @@ class Session:
             raise CheckpointError("Session.save writes into the run directory; pass run_dir to snnfw.start")
         self.checkpoints.save(self.trainer, step, loss)
 
-    def state_dict(self) -> dict[str, torch.Tensor]:
-        """The whole model's parameters and buffers by the model's own names, on CPU (a collective).
+    def state_dict(self, everywhere: bool = False) -> dict[str, torch.Tensor]:
+        """The whole model's parameters and buffers by the model's own names, on CPU, on rank 0 (every rank with
+        ``everywhere``; the others get ``{}``). A collective.
 
-        Tensor-parallel shards and FSDP2 shards are gathered; pipeline stages are merged across ranks.
+        Shards are gathered one tensor at a time, so no rank but the receiver holds more than its part and one
+        tensor; pipeline stages are merged across ranks.
         """
         trainer = self.trainer
         state = trainer.plugins.state_dict(trainer.model, trainer.optimizer, trainer.plan)["model"]
-        state = {name: tensor.detach().cpu() for name, tensor in state.items()}
-        if dist.is_initialized() and self.plan.world_size > 1:
-            parts: list = [None] * self.plan.world_size
-            dist.all_gather_object(parts, state)
-            state = {name: tensor for part in parts for name, tensor in part.items()}
-        return {name: state[name] for name in sorted(state)}
+        return gather_whole(state, dst=None if everywhere else 0)
 
     def export(self, path: str | Path) -> Path:
         """Saves :meth:`state_dict` with ``torch.save`` (rank 0 writes it whole or not at all; a collective); returns
@@ -216,5 +213,6 @@ def start(
         del trainer
         try:
             yield session
+            session.checkpoints.finish()  # an async save still being written
         finally:
             session.close()

@@ -4,6 +4,8 @@ from typing import Any, Callable
 
 import torch
 
+from snnfw.distributed.chunks import gather_whole
+
 from snnfw.errors import UserError
 from snnfw.run.loop import run_training
 from snnfw.testing import local_parameters, run_on_ranks
@@ -44,7 +46,7 @@ def assert_dp_matches_none(make_config, tmp_path):
 def final_state(trainer):
     """The whole model state by the model's own names (every strategy's checkpoint view), and the optimizer's step."""
     state = trainer.plugins.state_dict(trainer.model, trainer.optimizer, trainer.plan)["model"]
-    return {name: tensor.detach().cpu().clone() for name, tensor in state.items()}
+    return {name: tensor.clone() for name, tensor in gather_whole(state, dst=None).items()}
 
 
 def assert_close(name, got, want, rel_tol=1e-9):
