@@ -14,6 +14,7 @@ from snnfw.plan.prepare import build_datasets, build_model
 from snnfw.plugin.manager import Plugins
 from snnfw.run.loop import run_evaluation
 from snnfw.testing import run_on_ranks
+from snnfw.testing.checks import final_state
 
 STEPS = 3
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -29,16 +30,10 @@ def config(strategy, microbatches=1, every=STEPS):
     })
 
 
-def model_state(trainer):
-    """The model state this rank holds at the end, by the model's own names (a collective under tp)."""
-    state = trainer.plugins.state_dict(trainer.model, trainer.optimizer, trainer.plan)["model"]
-    return {name: t.detach().cpu().clone() for name, t in state.items()}
-
-
 def trained(tmp_path_factory, strategy, microbatches=1):
     run_dir = tmp_path_factory.mktemp(strategy)
-    summaries = run_on_ranks(config(strategy, microbatches), 2, run_dir, timeout_s=180, inspect=model_state)
-    final = {name: t for summary in summaries for name, t in summary["inspect"].items()}  # pp: the union of stages
+    summaries = run_on_ranks(config(strategy, microbatches), 2, run_dir, timeout_s=180, inspect=final_state)
+    final = summaries[0]["inspect"]
     return run_dir, final
 
 

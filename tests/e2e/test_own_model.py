@@ -81,7 +81,7 @@ config = {{"model": {{"input_shape": [2, 16, 16], "num_classes": 10, "input_layo
           "data": {{"batch_size": 8}}, "parallel": {{"strategy": "dp"}}, "train": {{"steps": 1}}}}
 train, test = example.datasets()
 with snnfw.start(config, model=net, train_set=train, test_set=test) as run:
-    before = run.state_dict()
+    before = run.model.state_dict()  # this rank's replica
     parts = [None, None]
     dist.all_gather_object(parts, before)
     assert all(torch.equal(parts[0][k], parts[1][k]) for k in before), "ranks start from different states"
