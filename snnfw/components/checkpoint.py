@@ -364,7 +364,14 @@ class Checkpoints:
         if pending is None:
             return
         if pending.written is not None:
-            pending.written.result()
+            try:
+                pending.written.result()
+            except dcp.CheckpointException as err:
+                failed = {rank: str(trace).strip().splitlines()[-1] for rank, trace in err.failures.items()}
+                raise CheckpointError(
+                    f"the background write of {pending.final} failed ({failed}); the checkpoints before it are kept, "
+                    "and --resume continues from the newest"
+                ) from None
         barrier()
         if self.rank == 0:
             (pending.temp / META).write_text(json.dumps(pending.meta) + "\n")

@@ -1,13 +1,16 @@
 """Checkpoints: a run resumed from one equals the uninterrupted run, under the same or another strategy."""
 
+import functools
 import json
 import pickle
 import shutil
 
 import attrs
 import pytest
+import torch
 
 import snnfw.components.checkpoint
+from snnfw.config import CheckpointConfig
 from snnfw.errors import CheckpointError
 from snnfw.run.loop import run_training
 from snnfw.testing import run_on_ranks, tiny_config
@@ -18,8 +21,9 @@ TOL = 1e-5
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 
-def config(strategy="none", steps=6, every=3, microbatches=1, **sections):
-    return tiny_config(strategy, microbatches, train={"steps": steps}, checkpoint={"every": every}, **sections)
+def config(strategy="none", steps=6, every=3, microbatches=1, train=(), checkpoint=(), **sections):
+    return tiny_config(strategy, microbatches, train={"steps": steps, **dict(train)},
+                       checkpoint={"every": every, **dict(checkpoint)}, **sections)
 
 
 @pytest.fixture(scope="module")
@@ -182,3 +186,85 @@ def test_checkpoints_of_memopt_wrapped_models_resume_under_none(tmp_path, refere
         assert_losses(reference[:3], summary["losses"])
     assert none["resumed_from"] == 3
     assert_losses(reference[3:], none["losses"])
+
+
+def test_an_async_checkpoint_resumes_bit_for_bit_in_float64(tmp_path):
+    """checkpoint.async_save writes in the background; a save is renamed into place at the next save and at the
+    end of the run, and the run resumed from it computes the uninterrupted run's losses exactly."""
+    exact = {"dtype": "float64"}
+    uninterrupted = run_on_ranks(config("dp", every=0, train=exact), 2)
+    first = run_on_ranks(config("dp", steps=4, every=2, train=exact, checkpoint={"every": 2, "async_save": True}), 2,
+                         tmp_path)
+    assert steps_in(tmp_path) == ["step-2", "step-4"]
+    resumed = run_on_ranks(config("dp", every=2, train=exact, checkpoint={"every": 2, "async_save": True}), 2, tmp_path,
+                           resume=True)
+    for rank in range(2):
+        assert first[rank]["losses"] == uninterrupted[rank]["losses"][:4]
+        assert resumed[rank]["resumed_from"] == 4 and resumed[rank]["losses"] == uninterrupted[rank]["losses"][4:]
+
+
+def test_a_crash_during_a_background_write_leaves_the_previous_checkpoint(tmp_path, reference, monkeypatch):
+    write = snnfw.components.checkpoint.FileSystemWriter.write_data
+
+    def crash_on_step_2(self, plan, planner):
+        if self.path.name.endswith("step-2"):
+            raise Killed
+        return write(self, plan, planner)
+
+    monkeypatch.setattr(snnfw.components.checkpoint.FileSystemWriter, "write_data", crash_on_step_2)
+    background = {"every": 1, "async_save": True}
+    with pytest.raises(CheckpointError, match="background write of .*step-2 failed .*Killed.* checkpoints before it are kept"):
+        run_training(config(steps=3, microbatches=2, checkpoint=background), tmp_path)
+    monkeypatch.undo()
+    assert steps_in(tmp_path) == [".tmp-step-2", "step-1"]
+    resumed = run_training(config(steps=3, microbatches=2, checkpoint=background), tmp_path, resume=True)
+    assert resumed["resumed_from"] == 1 and resumed["losses"] == reference[1:3]
+
+
+def _save_and_export_peaks(run_dir, trainer):
+    """Peak bytes of tensors allocated while this rank saves a checkpoint and while it exports the model."""
+    from torch.distributed._tools.mem_tracker import MemTracker, _MemRefType
+
+    from snnfw.components.checkpoint import Checkpoints
+    from snnfw.distributed.chunks import gather_whole, leaves, pieces, whole_shape
+
+    def peak(action):
+        """Peak bytes of new tensors: the model's and optimizer's own are known to the tracker, so views of
+        them are not counted as new."""
+        tracker = MemTracker()
+        tracker.track_external(trainer.model, trainer.optimizer)
+        with tracker:
+            action()
+        peaks = tracker.get_tracker_snapshot("peak").get(torch.device("cpu"), {})
+        return sum(peaks.get(kind, 0) for kind in (_MemRefType.ACT, _MemRefType.TEMP, _MemRefType.OTH))
+
+    state = trainer.plugins.state_dict(trainer.model, trainer.optimizer, trainer.plan)
+    tensors = [value for _, value in leaves(state) if isinstance(value, torch.Tensor) and value.dim() > 0]
+    rank = torch.distributed.get_rank()
+    written = Checkpoints(run_dir / "sync", trainer.config, rank)
+    staged = Checkpoints(run_dir / "async", attrs.evolve(trainer.config, checkpoint=CheckpointConfig(1, async_save=True)),
+                         rank)
+    return {
+        "whole": sum(whole_shape(t).numel() * t.element_size() for t in tensors),
+        "held": sum(p.numel() * p.element_size() for t in tensors for _, p in pieces(t)),
+        "largest_piece": max(p.numel() * p.element_size() for t in state["model"].values() for _, p in pieces(t)),
+        "save": peak(lambda: written.save(trainer, 1, 0.0)),
+        "async_save": peak(lambda: (staged.save(trainer, 1, 0.0), staged.finish())),
+        "export": peak(lambda: gather_whole(state["model"], dst=0)),
+    }
+
+
+def test_fsdp2_saves_and_exports_hold_a_shard_not_the_whole_state(tmp_path):
+    """On 4 ranks of the full VGG a save allocates a sliver, a save staged to CPU for a background write at most
+    the rank's quarter of the state and 10 %, and an export on ranks 1 to 3 one piece at a time (the whole model is
+    gathered on rank 0 only); gathering the whole state allocated all of it on every rank."""
+    summaries = run_on_ranks(config("fsdp2", steps=1, every=0, model={"flavor": "full"}), 4,
+                             inspect=functools.partial(_save_and_export_peaks, tmp_path),
+                             timeout_s=300)
+    for rank, summary in enumerate(summaries):
+        peaks = summary["inspect"]
+        assert peaks["held"] <= 1.1 * peaks["whole"] / 4, peaks
+        assert peaks["save"] <= 0.01 * peaks["whole"], (rank, peaks)
+        assert peaks["async_save"] <= 1.1 * peaks["whole"] / 4, (rank, peaks)
+        if rank:
+            assert peaks["export"] <= 1.1 * peaks["largest_piece"], (rank, peaks)
