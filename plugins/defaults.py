@@ -12,7 +12,7 @@ from snnfw import hookimpl
 from snnfw.components.losses import LossSpec, cross_entropy, mse_rate, tet, training_loss
 from snnfw.components.optim import LrScheduleSpec, OptimizerSpec, build_optimizer
 from snnfw.components.precision import autocast
-from snnfw.components.step import StepOutput, count_correct, scored
+from snnfw.components.step import StepOutput, hits, scored
 from snnfw.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -179,6 +179,7 @@ def gradient_sync(model: torch.nn.Module, enabled: bool):
 
 @hookimpl(trylast=True)
 def snnfw_forward_backward(model, batches, plan, hooks):
+    """Every microbatch forward and backward; their loss and hits add up on the device and are read once."""
     loss_sum, correct, samples = 0.0, 0, 0
     loss_of = training_loss(plan.config.train, hooks)
     precision = autocast(plan.config.train, plan.device_type)
@@ -193,10 +194,10 @@ def snnfw_forward_backward(model, batches, plan, hooks):
                 loss = loss_of(logits, labels)
             with phases("backward"):
                 (loss / len(batches)).backward()
-        loss_sum += float(loss.detach())
-        correct += count_correct(logits.detach(), labels)
+        loss_sum = loss_sum + loss.detach()
+        correct = correct + hits(logits.detach(), labels)
         samples += len(labels)
-    return StepOutput(loss=loss_sum / len(batches), correct=correct, samples=samples)
+    return StepOutput(loss=float(loss_sum) / len(batches), correct=int(correct), samples=samples)
 
 
 @hookimpl(trylast=True)

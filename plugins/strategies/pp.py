@@ -238,7 +238,8 @@ def snnfw_load_state_dict(model, optimizer, plan, state):
 
 @hookimpl
 def snnfw_step_metrics(plan):
-    if plan.strategy != NAME:
+    """The schedule's busy time and bubble, with log.phase_times (timing a stage waits for its device)."""
+    if plan.strategy != NAME or not plan.config.log.phase_times:
         return None
     from snnfw_plugins.strategies.pp_model import STEP_TIMES
 

@@ -72,7 +72,8 @@ def build_pipeline(model: nn.Module, plan, mesh, hooks) -> PipelineModel:
             unit.to("meta")  # frees what other ranks hold
     for stage in stages.values():
         stage.register_forward_pre_hook(lambda module, args: hooks.reset_state(module))
-    stopwatch, loss = Stopwatch(torch.device(device)), ScoredLoss(training_loss(plan.config.train, hooks))
+    stopwatch = Stopwatch(torch.device(device), enabled=plan.config.log.phase_times)
+    loss = ScoredLoss(training_loss(plan.config.train, hooks))
     torch_stages = [pipeline_stage(stages[i], i, split, device, group, stopwatch) for i in indices]
     schedule = hooks.schedule(torch_stages, plan, loss)
     if schedule is None:

@@ -8,7 +8,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from snnfw.components.step import StepOutput, count_correct, scored
+from snnfw.components.step import StepOutput, hits, scored
 
 HEADER_LENGTH = 8  # ndim and up to 7 sizes, sent before an activation in evaluation
 
@@ -20,7 +20,7 @@ class ScoredLoss:
         self.correct, self.loss_of = 0, loss_of
 
     def __call__(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        self.correct += count_correct(logits.detach(), labels)
+        self.correct = self.correct + hits(logits.detach(), labels)  # on the device, read once per step
         return self.loss_of(logits, labels)
 
 
@@ -78,7 +78,7 @@ class PipelineModel(nn.Module):
         self._average_gradients_over_replicas()
         if not self.holds_last:
             return StepOutput(loss=0.0, correct=0, samples=0)
-        return StepOutput(loss=float(torch.stack(losses).detach().mean()), correct=self.loss.correct, samples=len(labels))
+        return StepOutput(loss=float(torch.stack(losses).detach().mean()), correct=int(self.loss.correct), samples=len(labels))
 
     @torch.no_grad()
     def evaluate(self, frames: torch.Tensor, labels: torch.Tensor) -> StepOutput:

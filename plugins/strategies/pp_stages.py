@@ -67,18 +67,21 @@ class _Relayout(torch.autograd.Function):
 
 
 class Stopwatch:
-    """Adds the seconds spent inside ``with stopwatch:`` blocks to ``total``, the device's queued work included."""
+    """Adds the seconds spent inside ``with stopwatch:`` blocks to ``total``, the device's queued work included;
+    does nothing unless ``enabled`` (``log.phase_times``), since waiting for the device stalls the schedule."""
 
-    def __init__(self, device: torch.device = torch.device("cpu")):
-        self.total, self.device = 0.0, device
+    def __init__(self, device: torch.device = torch.device("cpu"), enabled: bool = True):
+        self.total, self.device, self.enabled = 0.0, device, enabled
 
     def __enter__(self):
-        finish_queued_work(self.device)
-        self._start = time.perf_counter()
+        if self.enabled:
+            finish_queued_work(self.device)
+            self._start = time.perf_counter()
 
     def __exit__(self, *exc):
-        finish_queued_work(self.device)
-        self.total += time.perf_counter() - self._start
+        if self.enabled:
+            finish_queued_work(self.device)
+            self.total += time.perf_counter() - self._start
 
 
 class TimedStage(PipelineStage):

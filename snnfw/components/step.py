@@ -39,8 +39,13 @@ class StepOutput:
     logits: torch.Tensor | None = None  # evaluation: the time-averaged logits [N, classes], on the CPU
 
 
+def hits(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """How many samples the time-averaged ``logits`` classify right, on their device (reading it waits for it)."""
+    return (logits.mean(0).argmax(1) == labels).sum()
+
+
 def count_correct(logits: torch.Tensor, labels: torch.Tensor) -> int:
-    return int((logits.mean(0).argmax(1) == labels).sum())
+    return int(hits(logits, labels))
 
 
 def scored(logits: torch.Tensor, labels: torch.Tensor, loss_of) -> StepOutput:

@@ -32,7 +32,7 @@ class Trainer:
                  weights: dict | None = None):
         started = time.perf_counter()
         self.config, self.plan, self.device = config, prepared.plan, device
-        self.run = RunState(PhaseTimes(torch.cuda.synchronize if device.type == "cuda" else None),
+        self.run = RunState(PhaseTimes(config.log.phase_times, cuda=device.type == "cuda"),
                             LossScale(config.train.precision == "fp16", config.train.loss_scale))
         self.plugins = plugins = plugins.for_run(self.run)
         self.counter = SpikeCounter(prepared.model, prepared.analysis.neurons)

@@ -109,6 +109,9 @@ def bench(
         raise UserError(f"unknown benchmark regime {regime!r}; regimes: {', '.join(REGIMES)}")
     overrides = [*overrides, f"train.steps={warmup + steps}", f"train.log_every={warmup + steps}"]
     config = load_config(config_path, overrides)
+    if "log.phase_times" not in config.explicit:  # a benchmark times the phases of a step unless told not to
+        overrides.append("log.phase_times=true")
+        config = load_config(config_path, overrides)
     if baseline:
         strategy = "baseline-ddp" if nproc > 1 else "baseline-plain"
         config = attrs.evolve(config, parallel=attrs.evolve(config.parallel, strategy="dp" if nproc > 1 else "none", mesh=None))

@@ -99,7 +99,7 @@ SCHEDULES = [("gpipe", 1), ("1f1b", 1), ("interleaved", 2), ("zero_bubble", 2), 
 
 @pytest.mark.parametrize("schedule, virtual", SCHEDULES)
 def test_vgg_schedule_matches_none(schedule, virtual, tmp_path):
-    check_pipeline_run(pp_config(schedule, virtual), 2, tmp_path)
+    check_pipeline_run(pp_config(schedule, virtual, log={"phase_times": True}), 2, tmp_path)
     record = json.loads((tmp_path / "metrics.jsonl").read_text().splitlines()[-1])
     assert record["pp_busy_ms"] > 0 and 0 <= record["pp_bubble"] < 1
 

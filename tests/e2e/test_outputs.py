@@ -32,6 +32,17 @@ def test_tensorboard_holds_the_metrics_of_every_step(tmp_path):
     assert [e.step for e in board.Scalars("eval/acc")] == [2, 4]
 
 
+def test_phase_times_are_recorded_only_when_asked(tmp_path):
+    """Timing phases waits for a GPU, so ``snnfw train`` leaves it off unless log.phase_times is set."""
+    phases = {"data_ms", "forward_backward_ms", "reset_ms", "forward_ms", "backward_ms", "grad_norm_ms", "optimizer_ms"}
+    plain = run_training(own_run(tmp_path), tmp_path / "plain")
+    timed = run_training(own_run(tmp_path, log={"phase_times": True}), tmp_path / "timed")
+    assert plain["losses"] == timed["losses"]
+    records = [json.loads(line) for line in (tmp_path / "timed" / "metrics.jsonl").read_text().splitlines()]
+    assert all(phases <= record.keys() and all(record[key] > 0 for key in phases) for record in records)
+    assert not any(phases & json.loads(line).keys() for line in (tmp_path / "plain" / "metrics.jsonl").read_text().splitlines())
+
+
 def test_tensorboard_without_the_package_is_refused_naming_the_install(monkeypatch):
     find = importlib.util.find_spec
     monkeypatch.setattr(snnfw.plan.prepare.importlib.util, "find_spec", lambda name, *a: None if name == "tensorboard" else find(name, *a))
