@@ -11,7 +11,11 @@ parameters, gradients (before the optimizer step), optimizer state and neuron
 state, and the peak bytes of tensors saved for backward during the step (T,
 batch, microbatches, memopt and precision included), and the bytes its
 collectives carry, for rank 0 and the last rank, where uneven shards end
-(under pp: the first and last stages). Where the step asks a tensor for a value (a loss to
+(under pp: the first and last stages). Beside them, what a checkpoint and an
+export need on that rank: a save writes the state the rank holds (with
+``checkpoint.async_save`` a copy of it stays on the host until written), and
+an export gathers the whole model on rank 0, one piece at a time elsewhere.
+Where the step asks a tensor for a value (a loss to
 log, a norm to clip by), a fake tensor answers 1 (True): the step takes the
 path of a finite step. A pipeline without ``pipeline.layout`` is balanced by
 the units' FLOPs (a real run times them). Under memopt the count holds what
@@ -51,6 +55,8 @@ class Footprint:
     neurons: int  # neuron state (membrane potentials) after the step's last microbatch
     activations: int  # peak of the tensors saved for backward, alive together
     communication: int = 0  # bytes the step's collectives carry (not held: outside the total)
+    save: int = 0  # bytes of the state this rank writes to a checkpoint (staged on the host with async_save)
+    export: int = 0  # peak bytes an export gathers on this rank: the whole model on rank 0, one piece elsewhere
 
     @property
     def total(self) -> int:
@@ -306,6 +312,7 @@ def dry_run(config: Config, world_size: int, plugins: Plugins) -> tuple[object, 
             names, sizes = zip(*plan.mesh)
             mesh = init_device_mesh("cpu", sizes, mesh_dim_names=names) if world_size > 1 else None
             prepared = _prepare_on_meta(config, world_size, plugins, data)
+            whole_model = _state_bytes(prepared.model, prepared.plan.config.train.torch_dtype)
             fake = FakeValues()
             make_fake(prepared.model, fake, torch.device("cpu"))
             with fake, _unchecked_ddp_shapes():
@@ -317,11 +324,21 @@ def dry_run(config: Config, world_size: int, plugins: Plugins) -> tuple[object, 
                     if isinstance(module, DistributedDataParallel):  # DDP's reducer needs its all-reduce's result
                         module.register_comm_hook(buckets, _no_communication)
                 footprint = measure_step(trainer, 0)  # DDP's all-reduces do not run: its hook counts what they carry
-            footprints.append((rank, attrs.evolve(footprint, communication=footprint.communication + sum(buckets))))
+            held = [_local(t) for t in (*trainer.model.parameters(), *trainer.model.buffers())]
+            footprints.append((rank, attrs.evolve(
+                footprint, communication=footprint.communication + sum(buckets), save=tensor_bytes(held) + footprint.optimizer,
+                export=whole_model if rank == 0 else max((tensor_bytes([t]) for t in held), default=0),
+            )))
         finally:
             if dist.is_initialized():
                 dist.destroy_process_group()
     return plan, footprints
+
+
+def _state_bytes(model: torch.nn.Module, dtype: torch.dtype) -> int:
+    """Bytes of ``model``'s whole state with its floating-point tensors in ``dtype``."""
+    size = torch.empty(0, dtype=dtype).element_size()
+    return sum(t.numel() * (size if t.is_floating_point() else t.element_size()) for t in model.state_dict().values())
 
 
 def _unchecked_ddp_shapes():
@@ -368,14 +385,15 @@ def report(plan, footprints: list[tuple[int, Footprint]], memory: int | None) ->
     lines = [f"dry run of {plan.strategy} on {plan.world_size} rank(s), mesh {mesh}, microbatch {plan.microbatch_size} "
              f"x {plan.microbatches}: each rank below {how}trained one step here"]
     columns = ["rank", "coordinates", "parameters", "gradients", "optimizer", "neurons", "activations", "total",
-               "communication"]
+               "communication", "save", "export"]
     if memory is not None:
         columns += [f"fits {size_text(memory)}", "largest microbatch"]
     rows = [columns]
     for rank, f in footprints:
         where = " ".join(f"{d}={int(i)}" for d, i in zip(names, (grid == rank).nonzero()[0]))
         row = [str(rank), where,
-               *map(size_text, (f.parameters, f.gradients, f.optimizer, f.neurons, f.activations, f.total, f.communication))]
+               *map(size_text, (f.parameters, f.gradients, f.optimizer, f.neurons, f.activations, f.total, f.communication,
+                                f.save, f.export))]
         if memory is not None:
             row += ["yes" if f.total <= memory else "no", str(largest_microbatch(f, plan.microbatch_size, memory))]
         rows.append(row)

@@ -14,6 +14,7 @@ from snnfw.errors import PlanError
 from snnfw.plan.prepare import auto_candidates, build_model
 from snnfw.plugin.manager import Plugins
 from snnfw.testing import run_on_ranks
+from snnfw.distributed.chunks import is_held_tensor, leaves, nbytes
 from snnfw.tools.dry_run import SavedTensors, dry_run, measure_step
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -39,8 +40,11 @@ def config(strategy, mesh=None, pipeline=None, memopt=0, **train):
 
 
 def footprint_of_one_more_step(trainer):
-    """After the run's 2 steps, step 1 once more, measured (Adam's state exists by then, as in the dry run's step)."""
-    return attrs.asdict(measure_step(trainer, 1))
+    """After the run's 2 steps, step 1 once more, measured (Adam's state exists by then, as in the dry run's step),
+    and the bytes of the state this rank writes to a checkpoint."""
+    held = trainer.plugins.state_dict(trainer.model, trainer.optimizer, trainer.plan)
+    saved = sum(nbytes(value) for _, value in leaves(held) if is_held_tensor(value))
+    return {**attrs.asdict(measure_step(trainer, 1)), "save": saved}
 
 
 @pytest.mark.parametrize("name", [
@@ -65,6 +69,7 @@ def test_the_dry_run_measures_what_each_rank_of_a_real_run_holds(name):
             assert getattr(footprint, key) == held[key], f"rank {rank} {key}"
         assert footprint.communication == held["communication"] > footprint.gradients, f"rank {rank}"
         assert abs(footprint.activations - held["activations"]) <= 0.1 * held["activations"], f"rank {rank}"
+        assert abs(footprint.save - held["save"]) <= 0.1 * held["save"], f"rank {rank}"  # padding is held, not written
 
 
 def test_a_model_given_by_import_path_is_dry_run_as_it_trains():
@@ -110,6 +115,10 @@ def test_sharded_state_shrinks_as_one_over_n_at_cluster_sizes():
         assert first.parameters == first.gradients == rows, ranks
         assert 2 * rows <= first.optimizer <= 2 * rows + 8 * len(list(model.parameters()))
         assert last.parameters <= first.parameters and first.activations > 0
+        buffers = sum(b.numel() * b.element_size() for b in model.buffers())  # FSDP2 leaves BatchNorm statistics whole
+        assert first.save == first.parameters + first.optimizer + buffers, ranks
+        assert first.export == sum(t.numel() * t.element_size() for t in model.state_dict().values())
+        assert last.export < first.save  # one piece at a time
     assert rows < sum(p.numel() * 4 for p in model.parameters()) / 300  # 1/374 of the model at 512: padding
 
 
@@ -151,7 +160,7 @@ def test_the_cli_marks_what_fits(capsys):
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].startswith("dry run of fsdp2 on 4 rank(s), mesh dp=4, microbatch 8 x 1")
     assert lines[1].split() == ["rank", "coordinates", "parameters", "gradients", "optimizer", "neurons", "activations",
-                                "total", "communication", "fits", "80.00", "GB", "largest", "microbatch"]
+                                "total", "communication", "save", "export", "fits", "80.00", "GB", "largest", "microbatch"]
     assert [line.split()[:2] for line in lines[2:]] == [["0", "dp=0"], ["3", "dp=3"]]
     assert all(line.split()[-2] == "yes" and int(line.split()[-1]) > 8 for line in lines[2:])
     assert main([*args, "--device-memory", "1MB"]) == 0
