@@ -202,21 +202,24 @@ def snnfw_summary(plan):
 
 @hookspec(firstresult=True)
 def snnfw_state_dict(model, optimizer, plan):
-    """Return the unsharded training state ``{"model": ..., "optimizer": ...}`` for a checkpoint.
+    """Return the training state ``{"model": ..., "optimizer": ...}`` as this rank holds it, for a checkpoint.
 
     ``"model"`` maps the unparallelized model's parameter and buffer names to
-    whole tensors; ``"optimizer"`` is keyed by parameter names as
-    ``torch.distributed.checkpoint.state_dict.get_optimizer_state_dict``
-    returns it with ``full_state_dict``. Equal on every rank that holds a
-    name. A collective: every rank calls it. Return None to decline; stops at
-    the first non-None result, the default gathering DTensors.
+    what this rank holds of them: whole tensors (replicated or owned), DTensors
+    (FSDP2's shards), or :class:`snnfw.distributed.chunks.Chunked` pieces of a
+    whole tensor at their offsets; ``"optimizer"`` is keyed by parameter names
+    as ``torch.distributed.checkpoint.state_dict.get_optimizer_state_dict``
+    returns it. Nothing is gathered: each rank writes its part, and on resuming
+    the same structure is what a checkpoint of any strategy is read into. A
+    collective: every rank calls it. Return None to decline; stops at the first
+    non-None result, the default taking the state dict API's sharded state.
     """
 
 
 @hookspec(firstresult=True)
 def snnfw_load_state_dict(model, optimizer, plan, state):
-    """Load ``state`` (as :func:`snnfw_state_dict` returns it, perhaps under another
-    strategy or world size) into ``model`` and ``optimizer``, each rank taking its part.
+    """Load ``state`` (what :func:`snnfw_state_dict` returned, read from a checkpoint that another strategy or
+    world size may have written) into ``model`` and ``optimizer``.
 
     Return True when done, or None to decline. Stops at the first non-None result.
     """

@@ -5,7 +5,6 @@ from typing import Any, Callable
 import torch
 
 from snnfw.distributed.chunks import gather_whole
-
 from snnfw.errors import UserError
 from snnfw.run.loop import run_training
 from snnfw.testing import local_parameters, run_on_ranks

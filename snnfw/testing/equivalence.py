@@ -63,6 +63,9 @@ CASES = (
     Case("pp-zbv", "pp", 2, 1, 4, _pipeline("zbv", 2)),
     Case("pp-dualpipev", "pp", 2, 1, 4, _pipeline("dualpipev", 2)),
     Case("pp-x-dp", "pp", 4, 2, 2, _pipeline("1f1b", mesh={"dp": 2, "pp": 2})),
+    Case("tsp", "tsp", 2, 1, 1),
+    Case("tsp-4", "tsp", 4, 1, 1, {"parallel": {"mesh": {"time": 4}}}),
+    Case("dp-x-tsp", "tsp", 4, 2, 1, {"parallel": {"mesh": {"dp": 2, "time": 2}}}),
 )
 
 

@@ -10,11 +10,11 @@ from torch.utils.checkpoint import checkpoint
 
 from snnfw.cli import main
 from snnfw.config import build_config, load_config
+from snnfw.distributed.chunks import is_held_tensor, leaves, nbytes
 from snnfw.errors import PlanError
 from snnfw.plan.prepare import auto_candidates, build_model
 from snnfw.plugin.manager import Plugins
 from snnfw.testing import run_on_ranks
-from snnfw.distributed.chunks import is_held_tensor, leaves, nbytes
 from snnfw.tools.dry_run import SavedTensors, dry_run, measure_step
 
 pytestmark = pytest.mark.usefixtures("one_thread")

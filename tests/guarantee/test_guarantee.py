@@ -34,7 +34,7 @@ SEPARATES = {"cifar10dvs_vgg": 0.25, "spiking_mlp": 0.2, "spikformer": 0.0, "own
 DEFAULT_RUN = {  # within the suite's time budget; -m full_matrix runs the rest
     # dp and fsdp2_tp: in float32 by tests/test_equivalence.py and tests/test_fsdp2_tp.py; zbv's V-shape by
     # tests/test_pp.py
-    "cifar10dvs_vgg": {"fsdp2", "tp", "pp-1f1b"},
+    "cifar10dvs_vgg": {"fsdp2", "tp", "pp-1f1b", "tsp"},
     "spikformer": {"tp"},
     "spiking_mlp": {"tp"},
     "own_sew": {"tp"},

@@ -1,0 +1,114 @@
+"""``tsp``: temporal parallelism, the time steps of one sample split across ranks, exactly.
+
+On ``parallel.mesh = {time = P}`` or ``{dp = D, time = P}``, the P ranks of a
+time group see the same samples and rank k runs time steps k T/P to
+(k+1) T/P - 1 of them (``tsp_ops``): per-step layers on its chunk only,
+neurons continuing the membrane potential of rank k - 1, BatchNorm over the
+whole T. Each rank holds the activations of T/P steps. Gradients are summed
+over the time group and averaged over the dp replicas (DDP over every rank,
+on process groups of their own so that they never interleave with the time
+group's messages inside backward).
+"""
+
+from snnfw import hookimpl
+from snnfw.model.analysis import submodule
+from snnfw.plan.estimate import estimate, ring_bytes
+from snnfw.plan.layout import Proposal
+from snnfw.plugin.strategy import Strategy
+
+NAME = "tsp"
+TIME_MIXING = ("RNNBase", "Conv3d", "MultiheadAttention")  # layers that mix time steps when given [T, N, ...]
+
+
+def time_mixing_layer(model) -> str | None:
+    """Why ``model`` cannot run its time steps in chunks (a layer that mixes them, a neuron that keeps more than
+    its membrane potential or runs step by step), or None."""
+    from snnfw.model.analysis import is_neuron
+
+    for name, module in model.named_modules():
+        kinds = {kind.__name__ for kind in type(module).__mro__}
+        if mixing := kinds.intersection(TIME_MIXING):
+            return f"{name} ({type(module).__name__}) mixes time steps, which a time chunk cannot see ({mixing.pop()})"
+        if is_neuron(module):
+            if getattr(module, "step_mode", "s") != "m":
+                return f"neuron {name} runs step by step (step_mode 's'); tsp chains multi-step neurons (step_mode 'm')"
+            kept = sorted(set(module._memories) - {"v"})
+            if kept:
+                return f"neuron {name} keeps state besides its membrane potential ({', '.join(kept)}), which tsp does not pass on"
+    return None
+
+
+def _mesh(request):
+    world = request.topology.world_size
+    return request.config.parallel.mesh or (("time", world),)
+
+
+@hookimpl
+def snnfw_register_strategies(register):
+    register(NAME, Strategy(), "temporal parallelism: the time steps of each sample split across ranks")
+
+
+@hookimpl
+def snnfw_plan(request):
+    if not request.asks_for(NAME):
+        return None
+    config, world = request.config, request.topology.world_size
+    if world < 2:
+        return Proposal.refuse(NAME, "it needs at least 2 ranks; launch with --nproc 2 or more, or use strategy none")
+    mesh = _mesh(request)
+    names = tuple(name for name, _ in mesh)
+    if names not in (("time",), ("dp", "time")):
+        return Proposal.refuse(NAME, f"its mesh is {{time = P}} or {{dp = D, time = P}}, got {dict(mesh)}; "
+                                     f"set parallel.mesh = {{time = {world}}}")
+    size, steps = dict(mesh)["time"], config.model.time_steps
+    if steps % size:
+        return Proposal.refuse(NAME, f"model.time_steps = {steps} does not split into {size} equal chunks; use a time "
+                                     f"size that divides it, or set model.time_steps to a multiple of {size}")
+    if config.memopt.level:
+        return Proposal.refuse(NAME, "memopt recomputes forward passes, which would pass neuron state on twice; "
+                                     "set memopt.level = 0")
+    if config.compile.enable:
+        return Proposal.refuse(NAME, "its neurons exchange state point to point inside the forward pass, which "
+                                     "torch.compile does not trace; set compile.enable = false")
+    if request.model is not None and (reason := time_mixing_layer(request.model)):
+        return Proposal.refuse(NAME, reason)
+    replicas = dict(mesh).get("dp", 1)
+    params = request.cost.parameter_bytes if request.cost else 0.0
+    cost = estimate(request, samples=config.data.batch_size / replicas, activation_shards=size, compute_shards=size,
+                    comm_bytes=ring_bytes(params, world))
+    return Proposal(
+        NAME,
+        mesh=mesh,
+        dp_dims=("dp",) if "dp" in names else (),
+        rationale=(f"{size} ranks split each sample's {steps} time steps ({steps // size} each)"
+                   + (f", {replicas} data-parallel replicas" if replicas > 1 else ""),),
+        estimate=cost,
+    )
+
+
+def _sum_over_time(state, bucket):
+    """DDP's communication: the gradients summed over every rank, divided by the dp replicas (not the world)."""
+    import torch.distributed as dist
+
+    replicas, group = state
+    buffer = bucket.buffer().div_(replicas)
+    return dist.all_reduce(buffer, group=group, async_op=True).get_future().then(lambda done: done.value()[0])
+
+
+@hookimpl
+def snnfw_parallelize(model, plan, mesh, hooks):
+    if plan.strategy != NAME:
+        return None
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+
+    from snnfw_plugins.strategies.tsp_ops import TimeGroup, split_time
+
+    time = TimeGroup(mesh.get_group("time"))
+    split_time(model, [submodule(model, name) for name in plan.analysis.neurons], time)
+    gradients = dist.new_group()  # apart from the time group's messages inside backward
+    device_ids = [next(model.parameters()).device.index] if plan.device_type == "cuda" else None
+    ddp = DistributedDataParallel(model, device_ids=device_ids, process_group=gradients, forward_sync_buffers=False,
+                                  gradient_as_bucket_view=True)
+    ddp.register_comm_hook((dict(plan.mesh).get("dp", 1), gradients), _sum_over_time)
+    return ddp

@@ -1,0 +1,170 @@
+"""What ``tsp`` changes in a model: each rank of a time group runs its chunk of the time steps, exactly.
+
+- The model's input frames ``[N, T, ...]`` are cut to this rank's time steps
+  before its forward; its logits ``[T / P, N, classes]`` are gathered along
+  time after it (:class:`GatherTime`), so every rank computes the loss of all
+  T steps as one process would, and backward hands each rank the gradient of
+  its own steps.
+- A multi-step neuron starts its chunk from the membrane potential that rank
+  k - 1 ended its chunk with (:class:`ReceiveState`) and sends its own end
+  state on (:class:`SendState`); in backward the gradient with respect to
+  that state goes from k back to k - 1.
+- BatchNorm normalizes by statistics over the whole T x N (sums all-reduced
+  over the time group, their gradients all-reduced back: SyncBatchNorm's
+  algebra), and its running statistics get the whole batch's values.
+
+Every rank's parameter gradient is then its own steps' share of the gradient
+of the loss; their sum over the time group is the whole.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+
+
+class TimeGroup:
+    """This rank's place among the ``size`` ranks that split the time steps of the same samples."""
+
+    def __init__(self, group):
+        self.group = group
+        self.rank, self.size = dist.get_rank(group), dist.get_world_size(group)
+        ranks = dist.get_process_group_ranks(group)
+        self.previous = ranks[self.rank - 1] if self.rank > 0 else None
+        self.next = ranks[self.rank + 1] if self.rank < self.size - 1 else None
+
+    def chunk(self, steps: int) -> slice:
+        length = steps // self.size
+        return slice(self.rank * length, (self.rank + 1) * length)
+
+
+class GatherTime(torch.autograd.Function):
+    """``[T / P, ...]`` on each rank -> ``[T, ...]`` in time order on every rank; backward keeps this rank's steps."""
+
+    @staticmethod
+    def forward(ctx, local: torch.Tensor, time: TimeGroup) -> torch.Tensor:
+        ctx.time, ctx.length = time, local.shape[0]
+        parts = [torch.empty_like(local) for _ in range(time.size)]
+        dist.all_gather(parts, local.contiguous(), group=time.group)
+        return torch.cat(parts)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        start = ctx.time.rank * ctx.length
+        return grad[start:start + ctx.length], None
+
+
+class SumOverTime(torch.autograd.Function):
+    """The sum of ``local`` over the time group; every rank's output depends on every rank's input, so the
+    gradient is summed over the group too."""
+
+    @staticmethod
+    def forward(ctx, local: torch.Tensor, time: TimeGroup) -> torch.Tensor:
+        ctx.time = time
+        total = local.clone()
+        dist.all_reduce(total, group=time.group)
+        return total
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        total = grad.clone()
+        dist.all_reduce(total, group=ctx.time.group)
+        return total, None
+
+
+class ReceiveState(torch.autograd.Function):
+    """The neuron state rank k - 1 ended its chunk with, shaped like ``like``; backward sends its gradient back."""
+
+    @staticmethod
+    def forward(ctx, like: torch.Tensor, time: TimeGroup) -> torch.Tensor:
+        ctx.time = time
+        state = torch.empty_like(like)
+        dist.recv(state, src=time.previous, group=time.group)
+        return state
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        dist.send(grad.contiguous(), dst=ctx.time.previous, group=ctx.time.group)
+        return None, None
+
+
+class SendState(torch.autograd.Function):
+    """Sends ``state`` (a neuron's at the end of this rank's chunk) on to rank k + 1 and returns ``out`` as it is;
+    backward receives the state's gradient from rank k + 1."""
+
+    @staticmethod
+    def forward(ctx, out: torch.Tensor, state: torch.Tensor, time: TimeGroup) -> torch.Tensor:
+        ctx.time, ctx.like = time, (state.shape, state.dtype, state.device)
+        dist.send(state.detach().contiguous(), dst=time.next, group=time.group)
+        return out.view_as(out)
+
+    @staticmethod
+    def backward(ctx, grad_out: torch.Tensor):
+        shape, dtype, device = ctx.like
+        grad_state = torch.empty(shape, dtype=dtype, device=device)
+        dist.recv(grad_state, src=ctx.time.next, group=ctx.time.group)
+        return grad_out, grad_state, None
+
+
+def chain_neuron(neuron: nn.Module, time: TimeGroup) -> None:
+    """Makes ``neuron`` (a SpikingJelly multi-step neuron) continue the membrane potential of the rank before."""
+    own = neuron.multi_step_forward
+
+    def multi_step_forward(x_seq: torch.Tensor, *args, **kwargs):
+        if time.previous is not None:
+            neuron.v = ReceiveState.apply(x_seq[0], time)
+        out = own(x_seq, *args, **kwargs)
+        if time.next is not None:
+            out = SendState.apply(out, neuron.v, time)
+        return out
+
+    neuron.multi_step_forward = multi_step_forward
+
+
+def _time_synced_batch_norm(norm: nn.modules.batchnorm._BatchNorm, time: TimeGroup):
+    """A forward for ``norm`` whose training statistics are over every rank's time steps."""
+
+    def normalize(x: torch.Tensor) -> torch.Tensor:
+        if not norm.training:
+            return F.batch_norm(x, norm.running_mean, norm.running_var, norm.weight, norm.bias, False, 0.0, norm.eps)
+        dims = [d for d in range(x.dim()) if d != 1]
+        shape = [1, -1] + [1] * (x.dim() - 2)
+        count = x.numel() // x.shape[1] * time.size
+        mean = SumOverTime.apply(x.sum(dims), time) / count
+        centred = x - mean.view(shape)
+        var = SumOverTime.apply((centred * centred).sum(dims), time) / count
+        if norm.track_running_stats:
+            with torch.no_grad():
+                norm.num_batches_tracked.add_(1)
+                factor = 1.0 / float(norm.num_batches_tracked) if norm.momentum is None else norm.momentum
+                norm.running_mean.mul_(1 - factor).add_(mean.detach(), alpha=factor)
+                norm.running_var.mul_(1 - factor).add_(var.detach() * count / (count - 1), alpha=factor)
+        out = centred * torch.rsqrt(var + norm.eps).view(shape)
+        if norm.weight is not None:
+            out = out * norm.weight.view(shape) + norm.bias.view(shape)
+        return out
+
+    def forward(x: torch.Tensor) -> torch.Tensor:
+        if getattr(norm, "step_mode", "s") == "m":  # SpikingJelly's multi-step BatchNorm: [T, N, C, ...]
+            return normalize(x.flatten(0, 1)).view(x.shape)
+        return normalize(x)
+
+    return forward
+
+
+def split_time(model: nn.Module, neurons: list[nn.Module], time: TimeGroup) -> None:
+    """Applies the changes the module docstring lists to ``model`` and its ``neurons``, in place."""
+    for neuron in neurons:
+        chain_neuron(neuron, time)
+    for module in model.modules():
+        if isinstance(module, nn.modules.batchnorm._BatchNorm):
+            module.forward = _time_synced_batch_norm(module, time)
+
+    def own_steps(module, args):
+        frames = args[0]  # [N, T, ...]: before a model taking [T, N, ...] transposes them
+        return (frames[:, time.chunk(frames.shape[1])], *args[1:])
+
+    model.register_forward_pre_hook(own_steps, prepend=True)
+    model.register_forward_hook(lambda module, args, logits: GatherTime.apply(logits, time))

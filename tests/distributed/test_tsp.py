@@ -1,0 +1,86 @@
+"""Temporal parallelism: the time steps of each sample split across ranks compute what one process computes.
+
+The float64 guarantee over 20 steps is in tests/guarantee (cases tsp, tsp-4, dp-x-tsp); here, that each part of
+the exchange is needed: a chunk that starts from zero instead of the membrane potential the rank before ended
+with, or a boundary state whose gradient is not sent back, trains another model; and what the plan refuses.
+"""
+
+import functools
+
+import pytest
+
+from snnfw.errors import PlanError
+from snnfw.plan.prepare import prepare
+from snnfw.plugin.manager import Plugins
+from snnfw.run.loop import run_training
+from snnfw.testing import run_on_ranks, tiny_config
+from snnfw.testing.checks import assert_close
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+STEPS = 4
+
+
+def config(strategy="tsp", **sections):
+    return tiny_config(strategy, 1, train={"steps": STEPS, "dtype": "float64", "lr": 3e-3}, **sections)
+
+
+@functools.cache
+def reference() -> list[float]:
+    return run_training(config("none"))["losses"]
+
+
+def chunks_start_from_rest(rank):
+    """The boundary state is received (the exchange stays in step) but replaced by a neuron at rest."""
+    import torch
+
+    from snnfw_plugins.strategies import tsp_ops
+
+    receive = tsp_ops.ReceiveState.forward
+    tsp_ops.ReceiveState.forward = staticmethod(lambda ctx, like, time: torch.zeros_like(receive(ctx, like, time)))
+
+
+def no_gradient_back(rank):
+    """The boundary state's gradient is sent as zeros."""
+    from snnfw_plugins.strategies import tsp_ops
+
+    send = tsp_ops.ReceiveState.backward
+    tsp_ops.ReceiveState.backward = staticmethod(lambda ctx, grad: send(ctx, grad * 0))
+
+
+@pytest.mark.parametrize("ranks", [2, 4])
+def test_tsp_matches_none_and_needs_the_boundary_state_and_its_gradient(ranks):
+    mesh = {"parallel": {"mesh": {"time": ranks}}}
+    want = reference()
+    for rank, summary in enumerate(run_on_ranks(config(**mesh), ranks, timeout_s=240)):
+        for step, (loss, ref) in enumerate(zip(summary["losses"], want), start=1):
+            assert_close(f"rank {rank} step {step} loss", loss, ref)
+    rested = run_on_ranks(config(**mesh), ranks, before=chunks_start_from_rest, timeout_s=240)[0]["losses"]
+    assert abs(rested[0] - want[0]) > 1e-6 * abs(want[0]), "a chunk started at rest gave none's first loss"
+    blind = run_on_ranks(config(**mesh), ranks, before=no_gradient_back, timeout_s=240)[0]["losses"]
+    assert_close("step 1 loss without the state's gradient", blind[0], want[0])  # the forward is whole
+    assert max(abs(got - ref) / abs(ref) for got, ref in zip(blind[1:], want[1:])) > 1e-6, \
+        "without the boundary state's gradient the updates equal none's"
+
+
+@pytest.mark.parametrize("sections, refused", [
+    ({"parallel": {"mesh": {"time": 3}}}, "does not split into 3 equal chunks"),
+    ({"model": {"time_steps": 6}}, "model.time_steps = 6 does not split into 4 equal chunks"),
+    ({"parallel": {"mesh": {"tp": 4}}}, "its mesh is {time = P} or {dp = D, time = P}"),
+    ({"memopt": {"level": 1}}, "memopt recomputes forward passes"),
+])
+def test_what_cannot_be_split_in_time_is_refused_naming_the_key(sections, refused):
+    world = 3 if sections.get("parallel", {}).get("mesh") == {"time": 3} else 4
+    with pytest.raises(PlanError, match=refused):
+        prepare(tiny_config("tsp", 1, **sections), world, Plugins())
+
+
+def test_a_layer_that_mixes_time_steps_is_refused_naming_it():
+    from snnfw_plugins.strategies.tsp import time_mixing_layer
+    from torch import nn
+
+    from snnfw.plan.prepare import build_model
+
+    model = build_model(tiny_config("none", 1), Plugins())[0]
+    assert time_mixing_layer(model) is None
+    model.features.add_module("memory", nn.GRU(4, 4))
+    assert time_mixing_layer(model) == "features.memory (GRU) mixes time steps, which a time chunk cannot see (RNNBase)"
