@@ -5,9 +5,10 @@ time group see the same samples and rank k runs time steps k T/P to
 (k+1) T/P - 1 of them (``tsp_ops``): per-step layers on its chunk only,
 neurons continuing the membrane potential of rank k - 1, BatchNorm over the
 whole T. Each rank holds the activations of T/P steps. Gradients are summed
-over the time group and averaged over the dp replicas (DDP over every rank,
-on process groups of their own so that they never interleave with the time
-group's messages inside backward).
+over the time group and averaged over the dp replicas: each rank's gradient
+is P times its steps' share, and DDP averages over every rank, on a process
+group of its own so that its all-reduces never interleave with the time
+group's messages inside backward.
 """
 
 from snnfw import hookimpl
@@ -74,7 +75,8 @@ def snnfw_plan(request):
         return Proposal.refuse(NAME, reason)
     replicas = dict(mesh).get("dp", 1)
     params = request.cost.parameter_bytes if request.cost else 0.0
-    cost = estimate(request, samples=config.data.batch_size / replicas, activation_shards=size, compute_shards=size,
+    # Activations split P ways; time is not claimed: the neurons of a layer run one rank after another.
+    cost = estimate(request, samples=config.data.batch_size / replicas, activation_shards=size,
                     comm_bytes=ring_bytes(params, world))
     return Proposal(
         NAME,
@@ -84,15 +86,6 @@ def snnfw_plan(request):
                    + (f", {replicas} data-parallel replicas" if replicas > 1 else ""),),
         estimate=cost,
     )
-
-
-def _sum_over_time(state, bucket):
-    """DDP's communication: the gradients summed over every rank, divided by the dp replicas (not the world)."""
-    import torch.distributed as dist
-
-    replicas, group = state
-    buffer = bucket.buffer().div_(replicas)
-    return dist.all_reduce(buffer, group=group, async_op=True).get_future().then(lambda done: done.value()[0])
 
 
 @hookimpl
@@ -108,7 +101,5 @@ def snnfw_parallelize(model, plan, mesh, hooks):
     split_time(model, [submodule(model, name) for name in plan.analysis.neurons], time)
     gradients = dist.new_group()  # apart from the time group's messages inside backward
     device_ids = [next(model.parameters()).device.index] if plan.device_type == "cuda" else None
-    ddp = DistributedDataParallel(model, device_ids=device_ids, process_group=gradients, forward_sync_buffers=False,
-                                  gradient_as_bucket_view=True)
-    ddp.register_comm_hook((dict(plan.mesh).get("dp", 1), gradients), _sum_over_time)
-    return ddp
+    return DistributedDataParallel(model, device_ids=device_ids, process_group=gradients, forward_sync_buffers=False,
+                                   gradient_as_bucket_view=True)

@@ -13,8 +13,8 @@
   over the time group, their gradients all-reduced back: SyncBatchNorm's
   algebra), and its running statistics get the whole batch's values.
 
-Every rank's parameter gradient is then its own steps' share of the gradient
-of the loss; their sum over the time group is the whole.
+Every rank's parameter gradient is then P times its own steps' share of the
+gradient of the loss, so that the average over the time group is the whole.
 """
 
 from __future__ import annotations
@@ -41,7 +41,8 @@ class TimeGroup:
 
 
 class GatherTime(torch.autograd.Function):
-    """``[T / P, ...]`` on each rank -> ``[T, ...]`` in time order on every rank; backward keeps this rank's steps."""
+    """``[T / P, ...]`` on each rank -> ``[T, ...]`` in time order on every rank; backward keeps this rank's steps'
+    gradient, times P: DDP's average over the P ranks of a time group is then their sum."""
 
     @staticmethod
     def forward(ctx, local: torch.Tensor, time: TimeGroup) -> torch.Tensor:
@@ -53,25 +54,7 @@ class GatherTime(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
         start = ctx.time.rank * ctx.length
-        return grad[start:start + ctx.length], None
-
-
-class SumOverTime(torch.autograd.Function):
-    """The sum of ``local`` over the time group; every rank's output depends on every rank's input, so the
-    gradient is summed over the group too."""
-
-    @staticmethod
-    def forward(ctx, local: torch.Tensor, time: TimeGroup) -> torch.Tensor:
-        ctx.time = time
-        total = local.clone()
-        dist.all_reduce(total, group=time.group)
-        return total
-
-    @staticmethod
-    def backward(ctx, grad: torch.Tensor):
-        total = grad.clone()
-        dist.all_reduce(total, group=ctx.time.group)
-        return total, None
+        return grad[start:start + ctx.length] * ctx.time.size, None
 
 
 class ReceiveState(torch.autograd.Function):
@@ -123,27 +106,64 @@ def chain_neuron(neuron: nn.Module, time: TimeGroup) -> None:
     neuron.multi_step_forward = multi_step_forward
 
 
+class TimeBatchNorm(torch.autograd.Function):
+    """Batch normalization of ``x`` ``[M, C, ...]`` by the statistics of every rank's time steps, saving what
+    torch's own kernel saves (the input, the mean and the inverse deviation); SyncBatchNorm's backward."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, time: TimeGroup, eps: float):
+        dims, shape = _reduced(x)
+        count = x.numel() // x.shape[1] * time.size
+        total = x.sum(dims)
+        dist.all_reduce(total, group=time.group)
+        mean = total / count
+        squares = ((x - mean.view(shape)) ** 2).sum(dims)
+        dist.all_reduce(squares, group=time.group)
+        var = squares / count
+        invstd = torch.rsqrt(var + eps)
+        ctx.time, ctx.count = time, count
+        ctx.save_for_backward(x, weight, mean, invstd)
+        ctx.mark_non_differentiable(mean, var)
+        out = (x - mean.view(shape)) * invstd.view(shape)
+        if weight is not None:
+            out = out * weight.view(shape) + bias.view(shape)
+        return out, mean, var
+
+    @staticmethod
+    def backward(ctx, grad, grad_mean, grad_var):
+        x, weight, mean, invstd = ctx.saved_tensors
+        dims, shape = _reduced(x)
+        normalized = (x - mean.view(shape)) * invstd.view(shape)
+        grad_bias, grad_weight = grad.sum(dims), (grad * normalized).sum(dims)
+        sums = torch.cat([grad_bias, grad_weight])
+        dist.all_reduce(sums, group=ctx.time.group)
+        mean_grad, mean_grad_normalized = (sums / ctx.count).chunk(2)
+        scale = invstd if weight is None else invstd * weight
+        grad_x = (grad - mean_grad.view(shape) - normalized * mean_grad_normalized.view(shape)) * scale.view(shape)
+        if weight is None:
+            return grad_x, None, None, None, None
+        return grad_x, grad_weight, grad_bias, None, None
+
+
+def _reduced(x: torch.Tensor) -> tuple[list[int], list[int]]:
+    """The dimensions a BatchNorm reduces over (all but channels, dim 1), and the shape a per-channel tensor takes."""
+    return [d for d in range(x.dim()) if d != 1], [1, -1] + [1] * (x.dim() - 2)
+
+
 def _time_synced_batch_norm(norm: nn.modules.batchnorm._BatchNorm, time: TimeGroup):
     """A forward for ``norm`` whose training statistics are over every rank's time steps."""
 
     def normalize(x: torch.Tensor) -> torch.Tensor:
         if not norm.training:
             return F.batch_norm(x, norm.running_mean, norm.running_var, norm.weight, norm.bias, False, 0.0, norm.eps)
-        dims = [d for d in range(x.dim()) if d != 1]
-        shape = [1, -1] + [1] * (x.dim() - 2)
-        count = x.numel() // x.shape[1] * time.size
-        mean = SumOverTime.apply(x.sum(dims), time) / count
-        centred = x - mean.view(shape)
-        var = SumOverTime.apply((centred * centred).sum(dims), time) / count
+        out, mean, var = TimeBatchNorm.apply(x, norm.weight, norm.bias, time, norm.eps)
         if norm.track_running_stats:
+            count = x.numel() // x.shape[1] * time.size
             with torch.no_grad():
                 norm.num_batches_tracked.add_(1)
                 factor = 1.0 / float(norm.num_batches_tracked) if norm.momentum is None else norm.momentum
-                norm.running_mean.mul_(1 - factor).add_(mean.detach(), alpha=factor)
-                norm.running_var.mul_(1 - factor).add_(var.detach() * count / (count - 1), alpha=factor)
-        out = centred * torch.rsqrt(var + norm.eps).view(shape)
-        if norm.weight is not None:
-            out = out * norm.weight.view(shape) + norm.bias.view(shape)
+                norm.running_mean.mul_(1 - factor).add_(mean, alpha=factor)
+                norm.running_var.mul_(1 - factor).add_(var * count / (count - 1), alpha=factor)
         return out
 
     def forward(x: torch.Tensor) -> torch.Tensor:

@@ -21,6 +21,9 @@ from snnfw.run.trainer import Trainer
 from snnfw.rundir import BEST_MODEL, EVAL, FINAL_MODEL, SUMMARY
 
 
+CHECKPOINT_MS = "checkpoint_ms"  # a step's metric: the time its checkpoint save held training up
+
+
 def run_training(
     config: Config,
     run_dir: str | Path | None = None,
@@ -56,13 +59,15 @@ def run_training(
                     best = (evaluated["eval_acc"], step + 1)
                     if run_dir is not None:
                         run.export(run_dir / BEST_MODEL)
+            if math.isfinite(record["loss"]) and run.checkpoints.due(step + 1):
+                saving = time.perf_counter()
+                run.save(step + 1, record["loss"])
+                record[CHECKPOINT_MS] = (time.perf_counter() - saving) * 1e3  # how long the save held training up
             log.write(record, show=is_main and ((step + 1) % config.train.log_every == 0 or step + 1 == config.train.steps))
             if not math.isfinite(record["loss"]):
                 log.close()
                 run.close()
                 raise run.checkpoints.diverged(step + 1, record["loss"])
-            if run.checkpoints.due(step + 1):
-                run.save(step + 1, record["loss"])
         run.checkpoints.finish()  # an async save still being written
         log.close()
         final = evaluated if evaluations else run.evaluate()  # the last step's, unless resumed after it

@@ -23,6 +23,7 @@ import attrs
 
 import snnfw
 from snnfw.config import load_config
+from snnfw.run.loop import CHECKPOINT_MS
 from snnfw.errors import UserError
 from snnfw.plan.prepare import prepare
 from snnfw.plugin.manager import Plugins
@@ -61,7 +62,9 @@ def make_record(config, plan, nproc: int, metrics: list[dict], summary: dict, wa
     timed = metrics[warmup:]
     step_ms = [r["step_ms"] for r in timed]
     peaks = [max(r["peak_mem_mb_per_rank"][i] for r in metrics) for i in range(nproc)]
-    extra = {k: statistics.fmean(r[k] for r in timed) for k in timed[0] if k not in _CORE_METRICS}
+    extra = {k: statistics.fmean(r[k] for r in timed) for k in timed[0] if k not in _CORE_METRICS and all(k in r for r in timed)}
+    if any(CHECKPOINT_MS in r for r in timed):  # the time saves held training up, spread over every step
+        extra[CHECKPOINT_MS] = statistics.fmean(r.get(CHECKPOINT_MS, 0.0) for r in timed)
     latency = statistics.median(step_ms)
     import torch
 

@@ -20,12 +20,13 @@ from snnfw.tools.dry_run import SavedTensors, dry_run, measure_step
 pytestmark = pytest.mark.usefixtures("one_thread")
 MESHES = {"hsdp": ("fsdp2", 4, {"dp_replicate": 2, "dp_shard": 2}), "fsdp2_tp": ("fsdp2_tp", 4, None),
           "dp_memopt": ("dp", 2, None), "fsdp2_tp_memopt": ("fsdp2_tp", 4, None),
-          "pp": ("pp", 2, None), "pp_dp": ("pp", 4, {"dp": 2, "pp": 2}), "pp_interleaved": ("pp", 2, None)}
+          "pp": ("pp", 2, None), "pp_dp": ("pp", 4, {"dp": 2, "pp": 2}), "pp_interleaved": ("pp", 2, None),
+          "dp_tsp": ("tsp", 4, {"dp": 2, "time": 2})}
 PIPELINES = {  # a given layout: a real run would balance by its own timings
     "pp": {"schedule": "1f1b", "layout": "4|5"}, "pp_dp": {"schedule": "1f1b", "layout": "4|5"},
     "pp_interleaved": {"schedule": "interleaved", "virtual_stages": 2, "layout": "2|2|2|3"},
 }
-DEFAULT_RUN = {"fsdp2", "tp", "pp", "dp_memopt"}  # within the suite's time budget; -m full_matrix runs the rest
+DEFAULT_RUN = {"fsdp2", "tp", "pp", "dp_memopt", "tsp"}  # within the suite's time budget; -m full_matrix runs the rest
 
 
 def config(strategy, mesh=None, pipeline=None, memopt=0, **train):
@@ -50,7 +51,7 @@ def footprint_of_one_more_step(trainer):
 @pytest.mark.parametrize("name", [
     pytest.param(name, marks=[] if name in DEFAULT_RUN else [pytest.mark.full_matrix])
     for name in ("dp", "zero", "fsdp2", "hsdp", "tp", "fsdp2_tp", "pp", "pp_dp", "pp_interleaved", "dp_memopt",
-                 "fsdp2_tp_memopt")
+                 "fsdp2_tp_memopt", "tsp", "dp_tsp")
 ])
 def test_the_dry_run_measures_what_each_rank_of_a_real_run_holds(name):
     """Ranks 0 and N-1 of a real run on 2 or 4 CPU ranks, measured from their live tensors in a training step,
@@ -70,6 +71,18 @@ def test_the_dry_run_measures_what_each_rank_of_a_real_run_holds(name):
         assert footprint.communication == held["communication"] > footprint.gradients, f"rank {rank}"
         assert abs(footprint.activations - held["activations"]) <= 0.1 * held["activations"], f"rank {rank}"
         assert abs(footprint.save - held["save"]) <= 0.1 * held["save"], f"rank {rank}"  # padding is held, not written
+
+
+def test_tsp_holds_the_activations_of_its_time_steps():
+    """Per rank, the tensors saved for backward at P = 2 and 4 are at most 0.55 and 0.30 of none's for the same
+    sample (T = 8): the activations of T/P steps, and the BatchNorm and boundary-state exchange's own."""
+    one = {"model": {"family": "cifar10dvs_vgg", "flavor": "tiny", "time_steps": 8},
+           "data": {"name": "synthetic_dvs", "batch_size": 4, "train_samples": 64}, "train": {"steps": 1}}
+    none = dry_run(build_config({**one, "parallel": {"strategy": "none", "device": "cpu"}}), 1, Plugins())[1][0][1]
+    for ranks, bound in ((2, 0.55), (4, 0.30)):
+        split = build_config({**one, "parallel": {"strategy": "tsp", "device": "cpu", "mesh": {"time": ranks}}})
+        for rank, footprint in dry_run(split, ranks, Plugins())[1]:
+            assert footprint.activations <= bound * none.activations, (ranks, rank, footprint.activations, none.activations)
 
 
 def test_a_model_given_by_import_path_is_dry_run_as_it_trains():
