@@ -35,7 +35,8 @@ def time_mixing_layer(model) -> str | None:
                 return f"neuron {name} runs step by step (step_mode 's'); tsp chains multi-step neurons (step_mode 'm')"
             kept = sorted(set(module._memories) - {"v"})
             if kept:
-                return f"neuron {name} keeps state besides its membrane potential ({', '.join(kept)}), which tsp does not pass on"
+                return (f"neuron {name} keeps state besides its membrane potential ({', '.join(kept)}), which tsp "
+                        "does not pass on")
     return None
 
 

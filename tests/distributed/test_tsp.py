@@ -48,12 +48,15 @@ def no_gradient_back(rank):
 
 
 @pytest.mark.parametrize("ranks", [2, 4])
-def test_tsp_matches_none_and_needs_the_boundary_state_and_its_gradient(ranks):
-    mesh = {"parallel": {"mesh": {"time": ranks}}}
+def test_tsp_matches_none(ranks):
     want = reference()
-    for rank, summary in enumerate(run_on_ranks(config(**mesh), ranks, timeout_s=240)):
+    for rank, summary in enumerate(run_on_ranks(config(parallel={"mesh": {"time": ranks}}), ranks, timeout_s=240)):
         for step, (loss, ref) in enumerate(zip(summary["losses"], want), start=1):
             assert_close(f"rank {rank} step {step} loss", loss, ref)
+
+
+def test_tsp_needs_the_boundary_state_and_its_gradient():
+    ranks, mesh, want = 2, {"parallel": {"mesh": {"time": 2}}}, reference()
     rested = run_on_ranks(config(**mesh), ranks, before=chunks_start_from_rest, timeout_s=240)[0]["losses"]
     assert abs(rested[0] - want[0]) > 1e-6 * abs(want[0]), "a chunk started at rest gave none's first loss"
     blind = run_on_ranks(config(**mesh), ranks, before=no_gradient_back, timeout_s=240)[0]["losses"]
@@ -75,12 +78,23 @@ def test_what_cannot_be_split_in_time_is_refused_naming_the_key(sections, refuse
 
 
 def test_a_layer_that_mixes_time_steps_is_refused_naming_it():
-    from snnfw_plugins.strategies.tsp import time_mixing_layer
     from torch import nn
 
     from snnfw.plan.prepare import build_model
+    from snnfw_plugins.strategies.tsp import time_mixing_layer
 
     model = build_model(tiny_config("none", 1), Plugins())[0]
     assert time_mixing_layer(model) is None
     model.features.add_module("memory", nn.GRU(4, 4))
     assert time_mixing_layer(model) == "features.memory (GRU) mixes time steps, which a time chunk cannot see (RNNBase)"
+
+
+def test_tets_per_step_loss_and_the_firing_rates_are_none_s():
+    """TET's loss reads every time step's logits: the gathered logits give it all of them."""
+    tet = {"train": {"steps": STEPS, "dtype": "float64", "lr": 3e-3, "loss": "tet"}}
+    want = run_training(tiny_config("none", 1, **tet))
+    for rank, got in enumerate(run_on_ranks(tiny_config("tsp", 1, **tet), 2, timeout_s=240)):
+        for step, (loss, ref) in enumerate(zip(got["losses"], want["losses"]), start=1):
+            assert_close(f"rank {rank} step {step} loss", loss, ref)
+        for step, (rate, ref) in enumerate(zip(got["spike_rates"], want["spike_rates"]), start=1):
+            assert_close(f"rank {rank} step {step} spike rate", rate, ref)
