@@ -96,11 +96,22 @@ def snnfw_parallelize(model, plan, mesh, hooks):
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel
 
-    from snnfw_plugins.strategies.tsp_ops import TimeGroup, split_time
+    from snnfw_plugins.strategies.tsp_ops import EXCHANGES, TimeGroup, split_time
 
+    EXCHANGES.enabled = plan.config.log.phase_times
     time = TimeGroup(mesh.get_group("time"))
     split_time(model, [submodule(model, name) for name in plan.analysis.neurons], time)
     gradients = dist.new_group()  # apart from the time group's messages inside backward
     device_ids = [next(model.parameters()).device.index] if plan.device_type == "cuda" else None
     return DistributedDataParallel(model, device_ids=device_ids, process_group=gradients, forward_sync_buffers=False,
                                    gradient_as_bucket_view=True)
+
+
+@hookimpl
+def snnfw_step_metrics(plan):
+    """With log.phase_times, ``tsp_exchange_ms``: the time spent in the time group's exchanges."""
+    if plan.strategy != NAME or not plan.config.log.phase_times:
+        return None
+    from snnfw_plugins.strategies.tsp_ops import EXCHANGES
+
+    return EXCHANGES.take()

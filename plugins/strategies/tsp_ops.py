@@ -19,10 +19,40 @@ gradient of the loss, so that the average over the time group is the whole.
 
 from __future__ import annotations
 
+import contextlib
+import time as clock
+
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
+
+
+class Exchanges:
+    """Host time this rank spent in the time group's messages and reductions, when ``enabled``
+    (``log.phase_times``): on CPU ranks, where a receive blocks, most of it is waiting for the rank before or
+    after, the price of running the neurons of a layer one rank after another."""
+
+    def __init__(self):
+        self.enabled, self.seconds = False, 0.0
+
+    @contextlib.contextmanager
+    def timed(self):
+        if not self.enabled:
+            yield
+            return
+        started = clock.perf_counter()
+        try:
+            yield
+        finally:
+            self.seconds += clock.perf_counter() - started
+
+    def take(self) -> dict[str, float]:
+        out, self.seconds = {"tsp_exchange_ms": self.seconds * 1e3}, 0.0
+        return out
+
+
+EXCHANGES = Exchanges()
 
 
 class TimeGroup:
@@ -48,7 +78,8 @@ class GatherTime(torch.autograd.Function):
     def forward(ctx, local: torch.Tensor, time: TimeGroup) -> torch.Tensor:
         ctx.time, ctx.length = time, local.shape[0]
         parts = [torch.empty_like(local) for _ in range(time.size)]
-        dist.all_gather(parts, local.contiguous(), group=time.group)
+        with EXCHANGES.timed():
+            dist.all_gather(parts, local.contiguous(), group=time.group)
         return torch.cat(parts)
 
     @staticmethod
@@ -64,12 +95,14 @@ class ReceiveState(torch.autograd.Function):
     def forward(ctx, like: torch.Tensor, time: TimeGroup) -> torch.Tensor:
         ctx.time = time
         state = torch.empty_like(like)
-        dist.recv(state, src=time.previous, group=time.group)
+        with EXCHANGES.timed():
+            dist.recv(state, src=time.previous, group=time.group)
         return state
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
-        dist.send(grad.contiguous(), dst=ctx.time.previous, group=ctx.time.group)
+        with EXCHANGES.timed():
+            dist.send(grad.contiguous(), dst=ctx.time.previous, group=ctx.time.group)
         return None, None
 
 
@@ -80,14 +113,16 @@ class SendState(torch.autograd.Function):
     @staticmethod
     def forward(ctx, out: torch.Tensor, state: torch.Tensor, time: TimeGroup) -> torch.Tensor:
         ctx.time, ctx.like = time, (state.shape, state.dtype, state.device)
-        dist.send(state.detach().contiguous(), dst=time.next, group=time.group)
+        with EXCHANGES.timed():
+            dist.send(state.detach().contiguous(), dst=time.next, group=time.group)
         return out.view_as(out)
 
     @staticmethod
     def backward(ctx, grad_out: torch.Tensor):
         shape, dtype, device = ctx.like
         grad_state = torch.empty(shape, dtype=dtype, device=device)
-        dist.recv(grad_state, src=ctx.time.next, group=ctx.time.group)
+        with EXCHANGES.timed():
+            dist.recv(grad_state, src=ctx.time.next, group=ctx.time.group)
         return grad_out, grad_state, None
 
 
@@ -115,10 +150,12 @@ class TimeBatchNorm(torch.autograd.Function):
         dims, shape = _reduced(x)
         count = x.numel() // x.shape[1] * time.size
         total = x.sum(dims)
-        dist.all_reduce(total, group=time.group)
+        with EXCHANGES.timed():
+            dist.all_reduce(total, group=time.group)
         mean = total / count
         squares = ((x - mean.view(shape)) ** 2).sum(dims)
-        dist.all_reduce(squares, group=time.group)
+        with EXCHANGES.timed():
+            dist.all_reduce(squares, group=time.group)
         var = squares / count
         invstd = torch.rsqrt(var + eps)
         ctx.time, ctx.count = time, count
@@ -136,7 +173,8 @@ class TimeBatchNorm(torch.autograd.Function):
         normalized = (x - mean.view(shape)) * invstd.view(shape)
         grad_bias, grad_weight = grad.sum(dims), (grad * normalized).sum(dims)
         sums = torch.cat([grad_bias, grad_weight])
-        dist.all_reduce(sums, group=ctx.time.group)
+        with EXCHANGES.timed():
+            dist.all_reduce(sums, group=ctx.time.group)
         mean_grad, mean_grad_normalized = (sums / ctx.count).chunk(2)
         scale = invstd if weight is None else invstd * weight
         grad_x = (grad - mean_grad.view(shape) - normalized * mean_grad_normalized.view(shape)) * scale.view(shape)

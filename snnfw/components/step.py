@@ -54,5 +54,5 @@ def scored(logits: torch.Tensor, labels: torch.Tensor, loss_of) -> StepOutput:
     top5 = rate.topk(min(5, rate.shape[-1]), dim=-1).indices
     return StepOutput(
         loss=float(loss_of(logits, labels)), correct=count_correct(logits, labels), samples=len(labels),
-        top5=int((top5 == labels.unsqueeze(-1)).any(-1).sum()), logits=rate.detach().float().cpu(),
+        top5=int((top5 == labels.unsqueeze(-1)).any(-1).sum()), logits=rate.detach().cpu(),
     )

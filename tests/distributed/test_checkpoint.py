@@ -86,6 +86,12 @@ class Killed(BaseException):
     pass
 
 
+def test_resuming_a_model_of_other_shapes_is_refused_naming_the_tensor(one_step):
+    with pytest.raises(CheckpointError, match=r"holds another model: classifier.0.weight is \[10, 128\] there and "
+                                              r"\[12, 128\] here; .* resume with the model settings"):
+        run_training(config(steps=2, every=1, model={"num_classes": 12}), one_step, resume=True)
+
+
 def test_a_crash_while_saving_leaves_the_previous_checkpoint(tmp_path, reference, monkeypatch):
     save = snnfw.components.checkpoint.dcp.save
 

@@ -6,6 +6,7 @@ with, or a boundary state whose gradient is not sent back, trains another model;
 """
 
 import functools
+import json
 
 import pytest
 
@@ -89,12 +90,16 @@ def test_a_layer_that_mixes_time_steps_is_refused_naming_it():
     assert time_mixing_layer(model) == "features.memory (GRU) mixes time steps, which a time chunk cannot see (RNNBase)"
 
 
-def test_tets_per_step_loss_and_the_firing_rates_are_none_s():
-    """TET's loss reads every time step's logits: the gathered logits give it all of them."""
+def test_tets_per_step_loss_and_the_firing_rates_are_none_s(tmp_path):
+    """TET's loss reads every time step's logits: the gathered logits give it all of them. With log.phase_times a
+    step records the time spent in the time group's exchanges."""
     tet = {"train": {"steps": STEPS, "dtype": "float64", "lr": 3e-3, "loss": "tet"}}
     want = run_training(tiny_config("none", 1, **tet))
-    for rank, got in enumerate(run_on_ranks(tiny_config("tsp", 1, **tet), 2, timeout_s=240)):
+    timed = tiny_config("tsp", 1, **tet, log={"phase_times": True})
+    for rank, got in enumerate(run_on_ranks(timed, 2, tmp_path, timeout_s=240)):
         for step, (loss, ref) in enumerate(zip(got["losses"], want["losses"]), start=1):
             assert_close(f"rank {rank} step {step} loss", loss, ref)
         for step, (rate, ref) in enumerate(zip(got["spike_rates"], want["spike_rates"]), start=1):
             assert_close(f"rank {rank} step {step} spike rate", rate, ref)
+    records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert all(0 < record["tsp_exchange_ms"] < record["forward_backward_ms"] for record in records), records

@@ -181,3 +181,15 @@ def test_measure_refuses_zero_candidates(tmp_path):
     result, _ = snnfw("plan", tiny_toml(tmp_path), "--world-size", 2, "--set", "parallel.strategy='auto'", "--measure", 0)
     assert result.returncode == 2
     assert "--measure K" in one_error_line(result)
+
+
+def test_predictions_of_a_float64_model_keep_float64_logits(tmp_path):
+    """Logits are written as the model computed them: after float64 training most are not float32 numbers."""
+    from snnfw.run.loop import run_evaluation
+
+    exact = tiny_config("none", train={"dtype": "float64", "steps": 2})
+    run_training(exact, tmp_path / "run")
+    run_evaluation(exact, tmp_path / "run" / rundir.FINAL_MODEL, predict=tmp_path / "rows.jsonl")
+    logits = [value for line in (tmp_path / "rows.jsonl").read_text().splitlines() for value in json.loads(line)["logits"]]
+    rounded = torch.tensor(logits, dtype=torch.float64).float().double().tolist()
+    assert sum(value != single for value, single in zip(logits, rounded)) > len(logits) / 2
