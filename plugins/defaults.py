@@ -194,7 +194,7 @@ def snnfw_forward_backward(model, batches, plan, hooks):
                 loss = loss_of(logits, labels)
             with phases("backward"):
                 (loss / len(batches)).backward()
-        loss_sum = loss_sum + loss.detach()
+        loss_sum = loss_sum + loss.detach().double()  # summed as Python floats would be
         correct = correct + hits(logits.detach(), labels)
         samples += len(labels)
     return StepOutput(loss=float(loss_sum) / len(batches), correct=int(correct), samples=samples)

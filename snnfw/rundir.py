@@ -34,9 +34,9 @@ LAUNCHED = "SNNFW_LAUNCHED"  # environment: set by ``snnfw train``, which report
 AUTO_DECISION = "SNNFW_AUTO_DECISION"  # environment: the launcher's ``auto`` choice (JSON), which every rank applies
 
 
-def read_metrics(path: Path) -> list[dict]:
-    """The records of a ``metrics.jsonl``; a last line cut off when its run stopped is dropped with a note, any
-    other line that is not a JSON record refused."""
+def read_metrics(path: Path, note: bool = True) -> list[dict]:
+    """The records of a ``metrics.jsonl``; a last line cut off when its run stopped is dropped (with a note unless
+    ``note`` is false), any other line that is not a JSON record refused."""
     lines = [line for line in Path(path).read_text(errors="replace").splitlines() if line.strip()]
     records = []
     for number, line in enumerate(lines, start=1):
@@ -44,8 +44,9 @@ def read_metrics(path: Path) -> list[dict]:
             records.append(json.loads(line))
         except json.JSONDecodeError:
             if number == len(lines):
-                print(f"[snnfw] note: the last line of {path} was cut off when its run stopped; it is left out",
-                      file=sys.stderr, flush=True)
+                if note:
+                        print(f"[snnfw] note: the last line of {path} was cut off when its run stopped; it is left out",
+                          file=sys.stderr, flush=True)
                 break
             raise CheckpointError(f"{path} line {number} is not a JSON record; restore the file, or start the run "
                                   "over with --overwrite") from None

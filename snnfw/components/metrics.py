@@ -107,13 +107,17 @@ def board_tag(key: str) -> str:
 class MetricsLog:
     """Appends one JSON object per step to ``run_dir/metrics.jsonl`` (rank 0 only).
 
-    A run resumed after step ``start`` keeps the file's records up to that step.
+    A run resumed after step ``start`` keeps the file's records up to that step; every rank reads them
+    (``earlier``), for the summary of the whole run.
     """
 
     def __init__(self, run_dir: Path | None, enabled: bool, total_steps: int, start: int = 0, tensorboard: bool = False):
         self.enabled = enabled and run_dir is not None
         self.total_steps = total_steps
         self.records: list[dict[str, Any]] = []
+        path = run_dir / rundir.METRICS if run_dir is not None else None
+        earlier = rundir.read_metrics(path, note=self.enabled) if start and path is not None and path.exists() else []
+        self.earlier = [record for record in earlier if record["step"] <= start]
         self._file = self._board = None
         if self.enabled and tensorboard:
             from torch.utils.tensorboard import SummaryWriter
@@ -121,9 +125,7 @@ class MetricsLog:
             self._board = SummaryWriter(str(run_dir / rundir.TENSORBOARD), purge_step=start + 1 if start else None)
         if self.enabled:
             run_dir.mkdir(parents=True, exist_ok=True)
-            path = run_dir / rundir.METRICS
-            kept = [r for r in rundir.read_metrics(path) if r["step"] <= start] if start and path.exists() else []
-            rundir.write_text(path, "".join(json.dumps(record) + "\n" for record in kept))
+            rundir.write_text(path, "".join(json.dumps(record) + "\n" for record in self.earlier))
             self._file = open(path, "a")
 
     def write(self, record: dict[str, Any], show: bool) -> None:

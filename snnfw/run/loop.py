@@ -47,7 +47,11 @@ def run_training(
         log = MetricsLog(run_dir, is_main, config.train.steps, run.start_step, config.log.tensorboard)
         for note in precision_notes(config, plan.device_type) if is_main else ():
             print(f"[snnfw] note: {note}", file=sys.stderr, flush=True)
-        best, evaluations = None, []  # (eval_acc, step) of the best validation; every validation with its step
+        evaluations = earlier_evaluations(log.earlier)  # every validation with its step, a resumed run's included
+        best = None  # (eval_acc, step) of the best validation
+        for earlier in evaluations:
+            if best is None or earlier["eval_acc"] > best[0]:
+                best = (earlier["eval_acc"], earlier["step"])
         for step in range(run.start_step, config.train.steps):
             run.trainer.plugins.step_start(step + 1, run.env.rank)
             record = run.step(step)
@@ -70,11 +74,13 @@ def run_training(
                 raise run.checkpoints.diverged(step + 1, record["loss"])
         run.checkpoints.finish()  # an async save still being written
         log.close()
-        final = evaluated if evaluations else run.evaluate()  # the last step's, unless resumed after it
+        last = evaluations[-1] if evaluations and evaluations[-1]["step"] == config.train.steps else None
+        final = {k: v for k, v in last.items() if k != "step"} if last else run.evaluate()
         accuracy = final["eval_acc"]
         if run_dir is not None:
             run.export(run_dir / FINAL_MODEL)
         timed = log.records[1:] or log.records
+        whole_run = log.earlier + log.records  # a resumed run's steps before the checkpoint, from its metrics.jsonl
         summary = {
             "steps": config.train.steps,
             "final_loss": log.records[-1]["loss"] if log.records else run.resumed_loss,
@@ -88,10 +94,10 @@ def run_training(
             "materialize_s": run.trainer.materialize_s,
             "plan": plan.to_dict(),
             "config": config.to_dict(),
-            "losses": [r["loss"] for r in log.records],
-            "spike_rates": [r["spike_rate"] for r in log.records],
-            "grad_norms": [r["grad_norm"] for r in log.records],
-            **({"loss_scales": [r["loss_scale"] for r in log.records]} if config.train.precision == "fp16" else {}),
+            "losses": [r["loss"] for r in whole_run],
+            "spike_rates": [r["spike_rate"] for r in whole_run],
+            "grad_norms": [r["grad_norm"] for r in whole_run],
+            **({"loss_scales": [r.get("loss_scale") for r in whole_run]} if config.train.precision == "fp16" else {}),
         }
         summary["layer_spike_rates"] = run.trainer.layer_spike_rates()
         extra = run.trainer.plugins.summary(plan)
@@ -104,6 +110,11 @@ def run_training(
             rundir.write_text(run_dir / SUMMARY, json.dumps(public, indent=2) + "\n")
         barrier()  # no rank leaves before rank 0 has written the run's results
     return summary
+
+
+def earlier_evaluations(records: list[dict]) -> list[dict]:
+    """The validations among a run's metrics records, each with its step."""
+    return [{"step": r["step"], **{k: v for k, v in r.items() if k.startswith("eval_")}} for r in records if "eval_acc" in r]
 
 
 def check_predictions_file(path: str | Path | None) -> None:

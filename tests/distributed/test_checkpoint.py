@@ -49,7 +49,7 @@ def test_none_resumed_equals_uninterrupted_and_keeps_the_last(tmp_path, referenc
     with pytest.raises(CheckpointError, match="pass --resume to continue it"):
         run_training(config(microbatches=2), tmp_path)
     resumed = run_training(config(every=1, microbatches=2), tmp_path, resume=True)
-    assert resumed["resumed_from"] == 3 and resumed["losses"] == reference[3:]
+    assert resumed["resumed_from"] == 3 and resumed["losses"] == reference  # the whole run's
     assert steps_in(tmp_path) == ["step-5", "step-6"]
     logged = [json.loads(line)["loss"] for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert logged == reference
@@ -86,6 +86,20 @@ class Killed(BaseException):
     pass
 
 
+def test_a_resumed_run_keeps_its_validations_and_its_best_model(tmp_path):
+    """The summary of a resumed run covers the whole run: the validations and losses before the checkpoint, and
+    the best validation over all of them, whose model is the uninterrupted run's."""
+    validated = {"every": 2}
+    whole = run_training(config(every=0, eval=validated), tmp_path / "whole")
+    run_training(config(steps=4, every=2, eval=validated), tmp_path / "cut")
+    resumed = run_training(config(every=2, eval=validated), tmp_path / "cut", resume=True)
+    assert [e["step"] for e in whole["evaluations"]] == [2, 4, 6]
+    for key in ("evaluations", "best_eval_acc", "best_step", "losses", "test_accuracy"):
+        assert resumed[key] == whole[key], key
+    best = [torch.load(run / "best_model.pt", weights_only=True) for run in (tmp_path / "whole", tmp_path / "cut")]
+    assert sorted(best[0]) == sorted(best[1]) and all(torch.equal(best[0][name], best[1][name]) for name in best[0])
+
+
 def test_resuming_a_model_of_other_shapes_is_refused_naming_the_tensor(one_step):
     with pytest.raises(CheckpointError, match=r"holds another model: classifier.0.weight is \[10, 128\] there and "
                                               r"\[12, 128\] here; .* resume with the model settings"):
@@ -106,7 +120,7 @@ def test_a_crash_while_saving_leaves_the_previous_checkpoint(tmp_path, reference
     monkeypatch.undo()
     assert steps_in(tmp_path) == [".tmp-step-2", "step-1"]
     resumed = run_training(config(steps=3, every=1, microbatches=2), tmp_path, resume=True)
-    assert resumed["resumed_from"] == 1 and resumed["losses"] == reference[1:3]
+    assert resumed["resumed_from"] == 1 and resumed["losses"] == reference[:3]
     assert steps_in(tmp_path) == ["step-2", "step-3"]
 
 
@@ -132,7 +146,7 @@ def test_dp_two_ranks_resumed_equals_uninterrupted(tmp_path, reference):
         assert_losses(reference[:3], summary["losses"])
     for summary in resumed:
         assert summary["resumed_from"] == 3
-        assert_losses(reference[3:], summary["losses"])
+        assert_losses(reference, summary["losses"])
 
 
 def test_fsdp2_checkpoint_resumes_under_tp_and_under_none(tmp_path):
@@ -160,8 +174,8 @@ def test_pp_checkpoint_resumes_under_pp_and_under_none(tmp_path, reference):
         assert_losses(reference[:3], summary["losses"])
     for summary in resumed:
         assert summary["resumed_from"] == 3
-        assert_losses(reference[3:], summary["losses"])
-    assert_losses(reference[3:], none["losses"])
+        assert_losses(reference, summary["losses"])
+    assert_losses(reference, none["losses"])
 
 
 def test_fsdp2_tp_checkpoint_resumes_under_none(tmp_path, reference):
@@ -171,7 +185,7 @@ def test_fsdp2_tp_checkpoint_resumes_under_none(tmp_path, reference):
     for summary in saved:
         assert_losses(reference[:3], summary["losses"])
     assert none["resumed_from"] == 3
-    assert_losses(reference[3:], none["losses"])
+    assert_losses(reference, none["losses"])
 
 
 @pytest.fixture(scope="module")
@@ -191,7 +205,7 @@ def test_checkpoints_of_memopt_wrapped_models_resume_under_none(tmp_path, refere
     for summary in saved:
         assert_losses(reference[:3], summary["losses"])
     assert none["resumed_from"] == 3
-    assert_losses(reference[3:], none["losses"])
+    assert_losses(reference, none["losses"])
 
 
 def test_an_async_checkpoint_resumes_bit_for_bit_in_float64(tmp_path):
@@ -206,7 +220,7 @@ def test_an_async_checkpoint_resumes_bit_for_bit_in_float64(tmp_path):
                            resume=True)
     for rank in range(2):
         assert first[rank]["losses"] == uninterrupted[rank]["losses"][:4]
-        assert resumed[rank]["resumed_from"] == 4 and resumed[rank]["losses"] == uninterrupted[rank]["losses"][4:]
+        assert resumed[rank]["resumed_from"] == 4 and resumed[rank]["losses"] == uninterrupted[rank]["losses"]
 
 
 def test_a_crash_during_a_background_write_leaves_the_previous_checkpoint(tmp_path, reference, monkeypatch):
@@ -224,7 +238,7 @@ def test_a_crash_during_a_background_write_leaves_the_previous_checkpoint(tmp_pa
     monkeypatch.undo()
     assert steps_in(tmp_path) == [".tmp-step-2", "step-1"]
     resumed = run_training(config(steps=3, microbatches=2, checkpoint=background), tmp_path, resume=True)
-    assert resumed["resumed_from"] == 1 and resumed["losses"] == reference[1:3]
+    assert resumed["resumed_from"] == 1 and resumed["losses"] == reference[:3]
 
 
 def _save_and_export_peaks(run_dir, trainer):

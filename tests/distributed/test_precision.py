@@ -141,8 +141,8 @@ def test_a_resumed_fp16_run_continues_with_the_loss_scale_it_stopped_at(tmp_path
     whole = run_training(config, tmp_path / "whole")
     run_training(attrs.evolve(config, train=attrs.evolve(config.train, steps=4)), tmp_path / "cut")
     resumed = run_training(config, tmp_path / "cut", resume=True)
-    assert whole["loss_scales"][4] < 2.0**22 and resumed["loss_scales"] == whole["loss_scales"][4:]
-    assert resumed["losses"] == whole["losses"][4:]
+    assert whole["loss_scales"][4] < 2.0**22 and resumed["loss_scales"] == whole["loss_scales"]
+    assert resumed["losses"] == whole["losses"]
 
 
 @pytest.mark.parametrize(
