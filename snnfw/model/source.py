@@ -17,6 +17,7 @@ With ``model.input_layout = "TN"`` the model takes SpikingJelly's
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import importlib.util
 import sys
@@ -37,6 +38,22 @@ OWN_MODEL_KEYS = ("input_shape", "input_layout", "blocks", "stage_units", "tp_pl
 DECLARABLE = ("blocks", "stage_units", "tp_plan")
 
 
+@contextlib.contextmanager
+def _importing(key: str, where: str):
+    """Turns a syntax error or an exception raised while importing the user's module into one line."""
+    try:
+        yield
+    except SyntaxError as err:
+        raise ConfigError(f"{key}: {err.filename}, line {err.lineno}: {err.msg}; correct the file") from err
+    except ModuleNotFoundError as err:
+        if where.endswith(".py"):
+            raise ConfigError(f"{key}: {where} imports {err.name!r}, which is not installed; install it") from err
+        raise
+    except Exception as err:
+        raise ConfigError(f"{key}: importing {where} raised {type(err).__name__}: {err}; correct the module "
+                          "(snnfw --debug shows the traceback)") from err
+
+
 def import_object(path: str, key: str) -> Any:
     """The object that ``"module:name"`` or ``"path/to/file.py:name"`` names; ``key`` is the config key, for messages."""
     where, sep, name = path.rpartition(":")
@@ -49,12 +66,14 @@ def import_object(path: str, key: str) -> Any:
         spec = importlib.util.spec_from_file_location(f"snnfw_user_{file.stem}", file)
         module = importlib.util.module_from_spec(spec)
         sys.modules[spec.name] = module  # pickling and dataclasses look classes up by module
-        spec.loader.exec_module(module)
+        with _importing(key, where):
+            spec.loader.exec_module(module)
     else:
         if "" not in sys.path and str(Path.cwd()) not in sys.path:
             sys.path.insert(0, str(Path.cwd()))
         try:
-            module = importlib.import_module(where)
+            with _importing(key, where):
+                module = importlib.import_module(where)
         except ModuleNotFoundError as err:
             raise ConfigError(f"{key}: cannot import {where!r} ({err}); run from the folder that holds it, or name a .py file") from None
     try:

@@ -20,7 +20,7 @@ from snnfw.config import Config
 from snnfw.data import batches as datalib
 from snnfw.data.augment import check_augment
 from snnfw.distributed import cpu_allocator
-from snnfw.errors import ConfigError
+from snnfw.errors import ConfigError, UserError
 from snnfw.model import source as models
 from snnfw.model.analysis import Analysis, analyze
 from snnfw.plan.auto import Decision, choose, measure, ranked_candidates
@@ -36,7 +36,13 @@ def build_model(config: Config, plugins: Plugins, given=None):
 
 def _build(config: Config, source: models.Source) -> torch.nn.Module:
     torch.manual_seed(config.train.seed)
-    model = source.build()
+    try:
+        model = source.build()
+    except UserError:
+        raise
+    except Exception as err:
+        raise ConfigError(f"building {source.name} raised {type(err).__name__}: {err}; correct the builder "
+                          "(snnfw --debug shows the traceback)") from err
     if not isinstance(model, torch.nn.Module):
         raise ConfigError(f"{source.name} returned {type(model).__name__}, not a torch.nn.Module; return the network")
     if config.model.input_layout == "TN":

@@ -193,3 +193,23 @@ def test_predictions_of_a_float64_model_keep_float64_logits(tmp_path):
     logits = [value for line in (tmp_path / "rows.jsonl").read_text().splitlines() for value in json.loads(line)["logits"]]
     rounded = torch.tensor(logits, dtype=torch.float64).float().double().tolist()
     assert sum(value != single for value, single in zip(logits, rounded)) > len(logits) / 2
+
+
+@pytest.mark.parametrize("body, refused", [
+    ("def build(:\n", r"model.builder: .*net.py, line 1: .*; correct the file"),
+    ("raise RuntimeError('no GPU here')\n", r"importing .*net.py raised RuntimeError: no GPU here; correct the module"),
+    ("import not_installed_anywhere\n", r"imports 'not_installed_anywhere', which is not installed"),
+    ("def build():\n    raise ValueError('bad width')\n", r"building .*net.py:build raised ValueError: bad width"),
+])
+def test_a_builder_that_fails_is_refused_in_one_line(tmp_path, body, refused):
+    from snnfw.config import build_config
+    from snnfw.errors import ConfigError
+    from snnfw.plan.prepare import build_model
+    from snnfw.plugin.manager import Plugins
+
+    (tmp_path / "net.py").write_text(body)
+    document = {section: dict(table) for section, table in TINY.items()}
+    document["model"] = {"builder": f"{tmp_path / 'net.py'}:build", "input_shape": [2, 32, 32], "num_classes": 10,
+                         "time_steps": TINY["model"]["time_steps"]}
+    with pytest.raises(ConfigError, match=refused):
+        build_model(build_config(document), Plugins())
