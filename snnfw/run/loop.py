@@ -20,7 +20,6 @@ from snnfw.run.session import start
 from snnfw.run.trainer import Trainer
 from snnfw.rundir import BEST_MODEL, EVAL, FINAL_MODEL, SUMMARY
 
-
 CHECKPOINT_MS = "checkpoint_ms"  # a step's metric: the time its checkpoint save held training up
 
 

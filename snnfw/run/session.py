@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 import torch
+import torch.distributed as dist
 
 from snnfw.components.checkpoint import Checkpoints
 from snnfw.components.metrics import peak_memory_mb
@@ -197,7 +198,13 @@ def start(
     env = RankEnv.from_environ()
     plugins = plugins or Plugins()
     datasets = (train_set, test_set) if train_set is not None else None
-    prepared = prepare(config, env.world_size, plugins, model=model, datasets=datasets, agree=_agreement(env, config))
+    started = dist.is_initialized()
+    try:
+        prepared = prepare(config, env.world_size, plugins, model=model, datasets=datasets, agree=_agreement(env, config))
+    except BaseException:
+        if dist.is_initialized() and not started:  # auto's agreement started it; nothing else will end it
+            dist.destroy_process_group()
+        raise
     config = prepared.plan.config  # as resolved: auto's choice, the preference's defaults
     device = device_for(prepared.plan, env)  # a GPU rank's device is set before its process group starts
     with process_group(prepared.plan, env, config.parallel.timeout_s) as mesh:

@@ -55,6 +55,22 @@ def assert_close(name, got, want, rel_tol=1e-9):
     assert diff <= rel_tol * max(scale, 1e-12), f"{name}: differs from none by {diff:.3g} (scale {scale:.3g})"
 
 
+def assert_steps_close(rank: int, got: dict, want: dict, series: tuple[str, ...], steps: int) -> None:
+    """Rank ``rank``'s summary ``got`` has ``steps`` steps, and each of its ``series`` (``"losses"``,
+    ``"grad_norms"``, ...) is ``want``'s within :func:`assert_close` at every step."""
+    assert len(got["losses"]) == steps, f"rank {rank}: {len(got['losses'])} steps, expected {steps}"
+    for key in series:
+        for step, (value, ref) in enumerate(zip(got[key], want[key]), start=1):
+            assert_close(f"rank {rank} step {step} {key}", value, ref)
+
+
+def assert_same_state(rank: int, state: dict, want: dict) -> None:
+    """The model state a rank returned (``final_state``) is ``want``'s within :func:`assert_close`, name by name."""
+    assert state, f"rank {rank} holds no model state"
+    for name, tensor in state.items():
+        assert_close(f"rank {rank} {name}", tensor, want[name])
+
+
 def user_outcome(action: Callable[[], Any], what: str) -> str:
     """What a user sees of ``action()``: ``"done"``, or ``"refused"`` for a user error (one line at the command
     line); any other exception, which would be a traceback there, fails with ``what`` named."""

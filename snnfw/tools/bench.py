@@ -23,10 +23,10 @@ import attrs
 
 import snnfw
 from snnfw.config import load_config
-from snnfw.run.loop import CHECKPOINT_MS
 from snnfw.errors import UserError
 from snnfw.plan.prepare import prepare
 from snnfw.plugin.manager import Plugins
+from snnfw.run.loop import CHECKPOINT_MS
 from snnfw.rundir import METRICS, SUMMARY
 from snnfw.tools.launch import launch
 

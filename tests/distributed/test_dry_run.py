@@ -195,7 +195,7 @@ def test_auto_candidates_are_dry_run_and_ranked_by_what_they_hold(capsys):
     measured = [line for line in lines if line.startswith("  parallel.strategy = ")]
     held = [int(line.split("holds ")[1].split(" bytes")[0].replace(",", "")) for line in measured]
     strategies = [line.split('"')[1] for line in measured]
-    assert {"dp", "fsdp2", "tp", "zero", "pp"} == set(strategies) and held == sorted(held)
+    assert {"dp", "fsdp2", "tp", "zero", "pp", "tsp"} == set(strategies) and held == sorted(held)
     assert all("fits 1GB: yes, largest batch" in line for line in measured)
     schedules = [line.split('pipeline.schedule = "')[1].split('"')[0] for line in measured if "pipeline.schedule" in line]
     assert {"gpipe", "1f1b", "interleaved"} <= set(schedules)

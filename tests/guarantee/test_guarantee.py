@@ -22,7 +22,7 @@ import pytest
 
 from snnfw.run.loop import run_training
 from snnfw.testing import run_on_ranks
-from snnfw.testing.checks import assert_close, final_state
+from snnfw.testing.checks import assert_close, assert_same_state, assert_steps_close, final_state
 from snnfw.testing.equivalence import CASES, FAMILIES, case_config, reference_config
 
 STEPS, EVAL_EVERY = 20, 10  # and losses, states and validations within 1e-9 relative (assert_close)
@@ -67,16 +67,9 @@ def check_case(family, case):
     config = with_validation(case_config(family, case, "float64", STEPS))
     summaries = run_on_ranks(config, case.ranks, inspect=final_state, timeout_s=300)
     for rank, got in enumerate(summaries):
-        assert len(got["losses"]) == STEPS
-        for step, (loss, ref) in enumerate(zip(got["losses"], want["losses"]), start=1):
-            assert_close(f"rank {rank} step {step} loss", loss, ref)
-        for step, (rate, ref) in enumerate(zip(got["spike_rates"], want["spike_rates"]), start=1):
-            assert_close(f"rank {rank} step {step} spike_rate", rate, ref)
+        assert_steps_close(rank, got, want, ("losses", "spike_rates"), STEPS)
         assert_same_validations(rank, got["evaluations"], want["evaluations"])
-        state = got["inspect"]
-        assert state, f"rank {rank} holds no model state"
-        for name, tensor in state.items():
-            assert_close(f"rank {rank} {name}", tensor, want["inspect"][name])
+        assert_same_state(rank, got["inspect"], want["inspect"])
     held = set().union(*(s["inspect"] for s in summaries))
     assert held == set(want["inspect"]), f"state not held by any rank: {sorted(set(want['inspect']) - held)}"
 

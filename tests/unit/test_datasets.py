@@ -111,7 +111,7 @@ def test_loader_workers_feed_the_same_microbatches_and_resume_mid_run(tmp_path):
     ahead = run_training(tiny_config("none", 2, train={"steps": 2}, data={"workers": 2}, checkpoint={"every": 2}), tmp_path)
     resumed = run_training(tiny_config("none", 2, train={"steps": 4}, data={"workers": 2}, checkpoint={"every": 2}),
                            tmp_path, resume=True)
-    assert ahead["losses"] + resumed["losses"] == plain["losses"]
+    assert ahead["losses"] == plain["losses"][:2] and resumed["losses"] == plain["losses"]  # the whole run's
 
 
 def test_a_family_takes_the_class_count_of_dvs128_gesture(tmp_path, plugins):
