@@ -40,6 +40,29 @@ def time_mixing_layer(model) -> str | None:
     return None
 
 
+def time_split_refusal(request, size: int) -> str | None:
+    """Why the time steps of ``request``'s model cannot be split ``size`` ways, or None."""
+    config, steps = request.config, request.config.model.time_steps
+    if steps % size:
+        return (f"model.time_steps = {steps} does not split into {size} equal chunks; use a time size that divides "
+                f"it, or set model.time_steps to a multiple of {size}")
+    if config.memopt.level:
+        return "memopt recomputes forward passes, which would pass neuron state on twice; set memopt.level = 0"
+    if config.compile.enable:
+        return ("its neurons exchange state point to point inside the forward pass, which torch.compile does not "
+                "trace; set compile.enable = false")
+    return time_mixing_layer(request.model) if request.model is not None else None
+
+
+def split_in_time(model, plan, mesh) -> None:
+    """Splits ``model``'s time steps over the mesh's ``time`` dimension (``tsp_ops``), exchanging on process groups
+    of their own, apart from any collective of the strategy's gradient reduction."""
+    from snnfw_plugins.strategies.tsp_ops import EXCHANGES, TimeGroup, exchange_group, split_time
+
+    EXCHANGES.enabled = plan.config.log.phase_times
+    split_time(model, [submodule(model, name) for name in plan.analysis.neurons], TimeGroup(exchange_group(mesh)))
+
+
 def _mesh(request):
     world = request.topology.world_size
     return request.config.parallel.mesh or (("time", world),)
@@ -63,16 +86,7 @@ def snnfw_plan(request):
         return Proposal.refuse(NAME, f"its mesh is {{time = P}} or {{dp = D, time = P}}, got {dict(mesh)}; "
                                      f"set parallel.mesh = {{time = {world}}}")
     size, steps = dict(mesh)["time"], config.model.time_steps
-    if steps % size:
-        return Proposal.refuse(NAME, f"model.time_steps = {steps} does not split into {size} equal chunks; use a time "
-                                     f"size that divides it, or set model.time_steps to a multiple of {size}")
-    if config.memopt.level:
-        return Proposal.refuse(NAME, "memopt recomputes forward passes, which would pass neuron state on twice; "
-                                     "set memopt.level = 0")
-    if config.compile.enable:
-        return Proposal.refuse(NAME, "its neurons exchange state point to point inside the forward pass, which "
-                                     "torch.compile does not trace; set compile.enable = false")
-    if request.model is not None and (reason := time_mixing_layer(request.model)):
+    if reason := time_split_refusal(request, size):
         return Proposal.refuse(NAME, reason)
     replicas = dict(mesh).get("dp", 1)
     params = request.cost.parameter_bytes if request.cost else 0.0
@@ -96,12 +110,8 @@ def snnfw_parallelize(model, plan, mesh, hooks):
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel
 
-    from snnfw_plugins.strategies.tsp_ops import EXCHANGES, TimeGroup, split_time
-
-    EXCHANGES.enabled = plan.config.log.phase_times
-    time = TimeGroup(mesh.get_group("time"))
-    split_time(model, [submodule(model, name) for name in plan.analysis.neurons], time)
-    gradients = dist.new_group()  # apart from the time group's messages inside backward
+    split_in_time(model, plan, mesh)
+    gradients = dist.new_group()  # DDP's all-reduces on a group of their own
     device_ids = [next(model.parameters()).device.index] if plan.device_type == "cuda" else None
     return DistributedDataParallel(model, device_ids=device_ids, process_group=gradients, forward_sync_buffers=False,
                                    gradient_as_bucket_view=True)
@@ -110,7 +120,7 @@ def snnfw_parallelize(model, plan, mesh, hooks):
 @hookimpl
 def snnfw_step_metrics(plan):
     """With log.phase_times, ``tsp_exchange_ms``: the time spent in the time group's exchanges."""
-    if plan.strategy != NAME or not plan.config.log.phase_times:
+    if "time" not in dict(plan.mesh) or not plan.config.log.phase_times:
         return None
     from snnfw_plugins.strategies.tsp_ops import EXCHANGES
 

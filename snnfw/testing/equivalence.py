@@ -66,6 +66,7 @@ CASES = (
     Case("tsp", "tsp", 2, 1, 1),
     Case("tsp-4", "tsp", 4, 1, 1, {"parallel": {"mesh": {"time": 4}}}),
     Case("dp-x-tsp", "tsp", 4, 2, 1, {"parallel": {"mesh": {"dp": 2, "time": 2}}}),
+    Case("fsdp2-x-tsp", "fsdp2_tsp", 4, 2, 1, {"parallel": {"mesh": {"time": 2, "dp": 2}}}),
 )
 
 

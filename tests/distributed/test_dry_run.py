@@ -21,7 +21,7 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 MESHES = {"hsdp": ("fsdp2", 4, {"dp_replicate": 2, "dp_shard": 2}), "fsdp2_tp": ("fsdp2_tp", 4, None),
           "dp_memopt": ("dp", 2, None), "fsdp2_tp_memopt": ("fsdp2_tp", 4, None),
           "pp": ("pp", 2, None), "pp_dp": ("pp", 4, {"dp": 2, "pp": 2}), "pp_interleaved": ("pp", 2, None),
-          "dp_tsp": ("tsp", 4, {"dp": 2, "time": 2})}
+          "dp_tsp": ("tsp", 4, {"dp": 2, "time": 2}), "fsdp2_tsp": ("fsdp2_tsp", 4, {"time": 2, "dp": 2})}
 PIPELINES = {  # a given layout: a real run would balance by its own timings
     "pp": {"schedule": "1f1b", "layout": "4|5"}, "pp_dp": {"schedule": "1f1b", "layout": "4|5"},
     "pp_interleaved": {"schedule": "interleaved", "virtual_stages": 2, "layout": "2|2|2|3"},
@@ -51,7 +51,7 @@ def footprint_of_one_more_step(trainer):
 @pytest.mark.parametrize("name", [
     pytest.param(name, marks=[] if name in DEFAULT_RUN else [pytest.mark.full_matrix])
     for name in ("dp", "zero", "fsdp2", "hsdp", "tp", "fsdp2_tp", "pp", "pp_dp", "pp_interleaved", "dp_memopt",
-                 "fsdp2_tp_memopt", "tsp", "dp_tsp")
+                 "fsdp2_tp_memopt", "tsp", "dp_tsp", "fsdp2_tsp")
 ])
 def test_the_dry_run_measures_what_each_rank_of_a_real_run_holds(name):
     """Ranks 0 and N-1 of a real run on 2 or 4 CPU ranks, measured from their live tensors in a training step,

@@ -79,6 +79,11 @@ def test_what_cannot_be_split_in_time_is_refused_naming_the_key(sections, refuse
         prepare(tiny_config("tsp", 1, **sections), world, Plugins())
 
 
+def test_fsdp2_tsp_without_data_parallelism_is_refused_naming_tsp():
+    with pytest.raises(PlanError, match="shards nothing; use strategy tsp"):
+        prepare(tiny_config("fsdp2_tsp", 1, parallel={"mesh": {"time": 2, "dp": 1}}), 2, Plugins())
+
+
 def test_a_layer_that_mixes_time_steps_is_refused_naming_it():
     from torch import nn
 
@@ -104,3 +109,25 @@ def test_tets_per_step_loss_and_the_firing_rates_are_none_s(tmp_path):
             assert_close(f"rank {rank} step {step} spike rate", rate, ref)
     records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert all(0 < record["tsp_exchange_ms"] < record["forward_backward_ms"] for record in records), records
+
+
+def held_share(trainer) -> float:
+    """The share of the model's parameter elements this rank holds."""
+    from torch.distributed.tensor import DTensor
+
+    parameters = list(trainer.model.parameters())
+    held = sum(p.to_local().numel() if isinstance(p, DTensor) else p.numel() for p in parameters)
+    return held / sum(p.numel() for p in parameters)
+
+
+def test_fsdp2_tsp_matches_none_and_shards_the_parameters_over_dp():
+    """time = 2 x dp = 2: two replicas of one microbatch each, as none's two microbatches; HSDP shards every
+    parameter over dp (about half on a rank) and replicates it over time."""
+    exact = {"steps": STEPS, "dtype": "float64", "lr": 3e-3}
+    want = run_training(tiny_config("none", 2, train=exact))["losses"]
+    split = tiny_config("fsdp2_tsp", 1, train=exact, parallel={"mesh": {"time": 2, "dp": 2}})
+    for rank, summary in enumerate(run_on_ranks(split, 4, inspect=held_share, timeout_s=240)):
+        assert summary["plan"]["mesh"] == {"time": 2, "dp": 2}
+        assert 0.45 < summary["inspect"] < 0.6, f"rank {rank} holds {summary['inspect']:.2f} of the parameters"
+        for step, (loss, ref) in enumerate(zip(summary["losses"], want), start=1):
+            assert_close(f"rank {rank} step {step} loss", loss, ref)

@@ -1,0 +1,63 @@
+"""``fsdp2_tsp``: temporal parallelism inside, FSDP2 across, on a 2-D ``time x dp`` mesh.
+
+The ranks of a time group split the time steps of the same samples (``tsp``);
+``fully_shard`` then shards the parameters over ``dp`` and replicates them over
+``time`` (HSDP), so each rank holds 1/D of the parameters, gradients and
+optimizer state and the activations of T/P steps. HSDP averages the gradients
+over time x dp, each rank's being P times its steps' share (``tsp_ops``): the
+sum over time, averaged over the dp replicas.
+"""
+
+from snnfw import hookimpl
+from snnfw.plan.estimate import estimate, ring_bytes
+from snnfw.plan.layout import Proposal
+from snnfw.plugin.strategy import Strategy
+from snnfw_plugins.strategies.fsdp2 import apply_fully_shard, fully_shard_options
+from snnfw_plugins.strategies.tsp import split_in_time, time_split_refusal
+
+NAME = "fsdp2_tsp"
+
+
+@hookimpl
+def snnfw_register_strategies(register):
+    register(NAME, Strategy(), "2-D: the time steps split over the time dimension, FSDP2 across dp")
+
+
+@hookimpl
+def snnfw_plan(request):
+    if not request.asks_for(NAME):
+        return None
+    world = request.topology.world_size
+    mesh = request.config.parallel.mesh or (("time", 2), ("dp", world // 2))
+    sizes = dict(mesh)
+    if set(sizes) != {"time", "dp"}:
+        return Proposal.refuse(NAME, f"its mesh is {{time = P, dp = D}}, got {sizes}; set parallel.mesh = "
+                                     f"{{time = 2, dp = {max(world // 2, 2)}}}")
+    if sizes["dp"] < 2:
+        return Proposal.refuse(NAME, f"time = {sizes['time']} x dp = {sizes['dp']} shards nothing; use strategy tsp on "
+                                     f"{world} ranks, or launch {2 * sizes['time']} or more so that dp is at least 2")
+    if reason := time_split_refusal(request, sizes["time"]):
+        return Proposal.refuse(NAME, reason)
+    params = request.cost.parameter_bytes if request.cost else 0.0
+    cost = estimate(request, samples=request.config.data.batch_size / sizes["dp"], parameter_shards=sizes["dp"],
+                    activation_shards=sizes["time"], comm_bytes=1.5 * ring_bytes(params, world))
+    steps = request.config.model.time_steps
+    return Proposal(
+        NAME,
+        mesh=(("time", sizes["time"]), ("dp", sizes["dp"])),
+        dp_dims=("dp",),
+        rationale=(
+            f"{sizes['time']} ranks split each sample's {steps} time steps inside each of {sizes['dp']} FSDP2 replicas",
+            "fully_shard over time x dp (HSDP: sharded over dp, replicated over time); " +
+            fully_shard_options(request.config.parallel),
+        ),
+        estimate=cost,
+    )
+
+
+@hookimpl
+def snnfw_parallelize(model, plan, mesh, hooks):
+    if plan.strategy != NAME:
+        return None
+    split_in_time(model, plan, mesh)
+    return apply_fully_shard(model, plan, mesh)
