@@ -51,8 +51,9 @@ def propose_replicas(strategy: str, request, rationale: str, shard_optimizer: bo
     return Proposal(strategy, mesh=mesh, dp_dims=("dp",), rationale=(f"{replicas} replicas, {rationale}",), estimate=cost)
 
 
-def wrap_ddp(model, plan, mesh, hooks):
-    """The model's blocks compiled (``hooks.compile``), then DistributedDataParallel over the mesh's ``dp`` dimension.
+def wrap_ddp(model, plan, mesh, hooks, group=None):
+    """The model's blocks compiled (``hooks.compile``), then DistributedDataParallel over the mesh's ``dp`` dimension
+    (or over ``group``).
 
     Buffers are not broadcast from rank 0 before each forward: snnfw's BatchNorm running statistics are equal on every
     replica already (:mod:`snnfw.distributed.running_stats`). Gradients are views of DDP's all-reduce buckets, which saves copying
@@ -61,8 +62,8 @@ def wrap_ddp(model, plan, mesh, hooks):
 
     hooks.compile(model, plan)
     device_ids = [next(model.parameters()).device.index] if plan.device_type == "cuda" else None
-    return DistributedDataParallel(model, device_ids=device_ids, process_group=mesh.get_group("dp"), forward_sync_buffers=False,
-                                   gradient_as_bucket_view=True)
+    return DistributedDataParallel(model, device_ids=device_ids, process_group=group or mesh.get_group("dp"),
+                                   forward_sync_buffers=False, gradient_as_bucket_view=True)
 
 
 @hookimpl

@@ -108,13 +108,11 @@ def snnfw_parallelize(model, plan, mesh, hooks):
     if plan.strategy != NAME:
         return None
     import torch.distributed as dist
-    from torch.nn.parallel import DistributedDataParallel
+
+    from snnfw_plugins.strategies.dp import wrap_ddp
 
     split_in_time(model, plan, mesh)
-    gradients = dist.new_group()  # DDP's all-reduces on a group of their own
-    device_ids = [next(model.parameters()).device.index] if plan.device_type == "cuda" else None
-    return DistributedDataParallel(model, device_ids=device_ids, process_group=gradients, forward_sync_buffers=False,
-                                   gradient_as_bucket_view=True)
+    return wrap_ddp(model, plan, mesh, hooks, group=dist.new_group())  # every rank, on a group of its own
 
 
 @hookimpl
