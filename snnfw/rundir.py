@@ -77,6 +77,36 @@ def stopped_marker(run_dir: Path) -> Path:
     return Path(run_dir) / RANKS / STOPPED
 
 
+def mark_started(run_dir: Path, rank: int) -> None:
+    """Records this rank's process (host and pid), so its launcher can stop it if it stops answering."""
+    write_text(Path(run_dir) / RANKS / f"rank{rank}.pid", f"{socket.gethostname()} {os.getpid()}\n")
+
+
+def local_rank_pids(run_dir: Path) -> dict[int, int]:
+    """The started ranks' processes on this host: {rank: pid}."""
+    pids = {}
+    for marker in (Path(run_dir) / RANKS).glob("rank*.pid"):
+        with contextlib.suppress(OSError, ValueError):
+            host, pid = marker.read_text().split()
+            if host == socket.gethostname():
+                pids[int(marker.name[4:-4])] = int(pid)
+    return pids
+
+
+def failure_marker(run_dir: Path, rank: int) -> Path:
+    return Path(run_dir) / RANKS / f"rank{rank}.failed"
+
+
+def mark_failed(run_dir: Path, rank: int, message: str) -> None:
+    """Records the error that ended this rank, one line, for the launcher's report."""
+    write_text(failure_marker(run_dir, rank), " ".join(message.split()) + "\n")
+
+
+def rank_failures(run_dir: Path) -> dict[int, str]:
+    """The errors that ended ranks: {rank: one line}."""
+    return {int(m.name[4:-7]): m.read_text().strip() for m in sorted((Path(run_dir) / RANKS).glob("rank*.failed"))}
+
+
 def clear_markers(run_dir: Path) -> None:
     """Removes an earlier launch's markers."""
     folder = Path(run_dir) / RANKS

@@ -39,7 +39,9 @@ def main(argv: list[str] | None = None) -> int:
     restarted = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0
     if restarted and rundir.stopped_marker(run_dir).exists():
         return 2
-    rundir.done_marker(run_dir, rank).unlink(missing_ok=True)  # an earlier attempt's
+    for earlier in rundir.done_marker(run_dir, rank), rundir.failure_marker(run_dir, rank):  # an earlier attempt's
+        earlier.unlink(missing_ok=True)
+    rundir.mark_started(run_dir, rank)
     try:
         config = load_config(args.config, args.overrides)
         plugins = Plugins()
@@ -63,6 +65,9 @@ def main(argv: list[str] | None = None) -> int:
             print(f"snnfw: error: {explain(err)}", file=sys.stderr)
         rundir.mark_stopped(run_dir, explain(err))
         return 2
+    except Exception as err:  # reported by the launcher beside the ranks that ended with it
+        rundir.mark_failed(run_dir, rank, f"{type(err).__name__}: {explain(err)}"[:400])
+        raise
     if rank == 0:
         print(
             f"[snnfw] done: {summary['steps']} steps, final loss {summary['final_loss']:.4f}, "

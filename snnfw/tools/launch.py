@@ -26,6 +26,7 @@ from pathlib import Path
 
 from snnfw import rundir
 from snnfw.rundir import AUTO_DECISION, LAUNCHED
+from snnfw.tools.watchdog import Watchdog, blame
 
 
 class _QuietOnceStopped(logging.Filter):
@@ -82,7 +83,7 @@ def launch(
     for logger in loggers:
         logger.addFilter(quiet)
     try:
-        with _environment({LAUNCHED: "1", AUTO_DECISION: decision}):
+        with _environment({LAUNCHED: "1", AUTO_DECISION: decision}), Watchdog(run_dir) as watchdog:
             elastic_launch(config, entrypoint=sys.executable)(*args)
     except SignalException as err:
         print(f"snnfw: error: stopped by {err.sigval.name}; continue from the newest checkpoint in {run_dir} with "
@@ -105,7 +106,7 @@ def launch(
         finished = rundir.any_done(run_dir)
         broken = sorted(r for r in failed if failed[r].exitcode > 0 or not finished)
         if broken:
-            print(f"snnfw: error: training failed on ranks {broken}; see the messages above", file=sys.stderr)
+            print(f"snnfw: error: {blame({r: failed[r] for r in broken}, run_dir, watchdog.unanswering, timeout_s)}", file=sys.stderr)
             return 1
         codes = ", ".join(f"rank {r}: {failed[r].signal_name()}" for r in sorted(failed))
         print(

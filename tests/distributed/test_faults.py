@@ -2,6 +2,7 @@
 
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -13,6 +14,7 @@ from snnfw import rundir, train
 from snnfw.config import load_config
 from snnfw.run.loop import run_training
 from snnfw.testing import RankFailure, run_on_ranks, tiny_config
+from snnfw.tools.watchdog import GRACE_S
 
 TINY = ["data.batch_size=8", "data.train_samples=64", "data.test_samples=16", "train.lr=0.01", "train.seed=3",
         "train.log_every=1", 'parallel.device="cpu"']
@@ -113,6 +115,25 @@ def test_a_rank_that_exits_with_a_status_after_its_work_fails_the_run(tmp_path, 
     _, err = run.communicate(timeout=180)
     assert run.returncode == status and all(message in err for message in messages), err
     assert (tmp_path / ".ranks" / "rank1.done").exists() and (tmp_path / "summary.json").exists()
+
+
+@pytest.mark.parametrize("sig, blamed", [
+    (signal.SIGSTOP, "snnfw: error: rank 1 stopped answering (frozen, or stuck outside Python): the others waited "
+                     "parallel.timeout_s = 10 s for it, then it was killed; see the messages above"),
+    (signal.SIGKILL, "snnfw: error: rank 1 was killed by SIGKILL (the kernel's out-of-memory killer sends SIGKILL); "
+                     "the other ranks stopped with it; see the messages above"),
+], ids=["frozen", "killed"])
+def test_a_stopped_or_killed_rank_is_blamed_alone_and_ends_the_run_within_the_timeout(tmp_path, sig, blamed):
+    run = snnfw_train("--nproc", "2", "--run-dir", str(tmp_path), *overrides("train.steps=2000", "parallel.timeout_s=10"))
+    metrics = tmp_path / rundir.METRICS
+    while not metrics.exists() or len(metrics.read_text().splitlines()) < 2:
+        assert run.poll() is None, run.stderr.read()
+        time.sleep(0.1)
+    started = time.monotonic()
+    os.kill(rundir.local_rank_pids(tmp_path)[1], sig)
+    _, err = run.communicate(timeout=180)
+    assert run.returncode == 1 and err.strip().splitlines()[-1] == blamed, err
+    assert time.monotonic() - started < 10 + GRACE_S + 15  # torch's agent alone waits 30 s more for a frozen rank
 
 
 def test_a_done_marker_of_an_earlier_attempt_is_removed_when_a_rank_starts(tmp_path):

@@ -1,0 +1,36 @@
+"""The launcher's account of a failed run: the rank that failed first is named, not every rank that ended."""
+
+import os
+import time
+
+from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
+
+from snnfw import rundir
+from snnfw.tools.watchdog import blame
+
+
+def failure(rank, exitcode):
+    return ProcessFailure(local_rank=rank, pid=1000 + rank, exitcode=exitcode, error_file="")
+
+
+def test_the_rank_that_raised_first_is_blamed_with_its_error(tmp_path):
+    rundir.mark_failed(tmp_path, 1, "ValueError: a bad\nbatch")
+    later = time.time() + 5
+    rundir.mark_failed(tmp_path, 0, "RuntimeError: Connection closed by peer")
+    os.utime(rundir.failure_marker(tmp_path, 0), (later, later))
+    failed = {0: failure(0, 1), 1: failure(1, 1)}
+    assert blame(failed, tmp_path, [], 10) == "rank 1 failed first, with ValueError: a bad batch; see the messages above"
+    (tmp_path / rundir.CHECKPOINTS / "step-2").mkdir(parents=True)
+    assert blame(failed, tmp_path, [], 10).endswith("; continue from its newest checkpoint with the same command and "
+                                                    "--resume")
+
+
+def test_ranks_the_agent_stopped_with_sigterm_are_not_blamed(tmp_path):
+    failed = {0: failure(0, -15), 1: failure(1, -11), 2: failure(2, -9)}
+    assert blame(failed, tmp_path, [], 10) == ("ranks [1, 2] were killed by SIGKILL, SIGSEGV (the kernel's "
+                                               "out-of-memory killer sends SIGKILL); the other ranks stopped with them;"
+                                               " see the messages above")
+
+
+def test_without_a_cause_every_failed_rank_is_named(tmp_path):
+    assert blame({3: failure(3, 1)}, tmp_path, [], 10) == "training failed on ranks [3]; see the messages above"
