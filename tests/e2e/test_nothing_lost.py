@@ -1,8 +1,10 @@
 """Nothing lost, nothing half-written: the run directory's lock, files written whole, a cut metrics line on resume,
 and the launcher's refusals and timeouts, each in one line."""
 
+import contextlib
 import json
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -213,3 +215,76 @@ def test_a_builder_that_fails_is_refused_in_one_line(tmp_path, body, refused):
                          "time_steps": TINY["model"]["time_steps"]}
     with pytest.raises(ConfigError, match=refused):
         build_model(build_config(document), Plugins())
+
+
+def assert_whole_or_absent(run: Path) -> None:
+    """Every file a run writes parses whole; only files with the temporary prefix may be cut, and the last line of
+    the metrics (which resume drops)."""
+    from torch.distributed.checkpoint import FileSystemReader
+
+    for path in sorted(run.rglob("*")):
+        if rundir.TEMP in str(path.relative_to(run)) or path.is_dir() or rundir.RANKS in path.parts:
+            continue
+        if path.name == rundir.METRICS:
+            lines = path.read_text().splitlines()
+            [json.loads(line) for line in lines[:-1]]
+        elif path.suffix == ".json":
+            json.loads(path.read_text())
+        elif path.suffix == ".pt":
+            torch.load(path, weights_only=True)
+    for step in rundir_checkpoints(run):
+        FileSystemReader(step).read_metadata()
+
+
+def rundir_checkpoints(run: Path) -> list[Path]:
+    folder = run / rundir.CHECKPOINTS
+    return [p for p in folder.iterdir() if not p.name.startswith(rundir.TEMP)] if folder.is_dir() else []
+
+
+def test_a_run_killed_at_random_moments_resumes_to_the_uninterrupted_final_model(tmp_path):
+    """The launcher and its ranks killed at once (SIGKILL, as a lost machine) at moments drawn over the steps,
+    checkpoints, validations, exports and the summary: after each kill every file is whole or absent, and the run
+    resumed each time ends with the uninterrupted run's final model, bit for bit in float64."""
+    settings = ["train.steps=12", 'train.dtype="float64"', "checkpoint.every=2", "eval.every=3"]
+    config = tiny_toml(tmp_path)
+
+    def start(run: Path, *flags):
+        args = ["train", config, "--nproc", 2, "--run-dir", run, *flags, *[a for s in settings for a in ("--set", s)]]
+        return subprocess.Popen([sys.executable, "-m", "snnfw", *map(str, args)], cwd=ROOT, stderr=subprocess.PIPE,
+                                text=True, start_new_session=True)
+
+    def steps_began(run: Path, since: float) -> bool:
+        metrics = run / rundir.METRICS
+        return metrics.exists() and metrics.stat().st_mtime > since
+
+    whole = start(tmp_path / "whole")
+    began = time.time()
+    while not steps_began(tmp_path / "whole", began) and whole.poll() is None:
+        time.sleep(0.05)
+    first_step = time.monotonic()
+    while not (tmp_path / "whole" / rundir.SUMMARY).exists() and whole.poll() is None:
+        time.sleep(0.02)
+    span = time.monotonic() - first_step  # from the first metrics line to the summary, the last file written
+    assert whole.wait(timeout=300) == 0, whole.stderr.read()
+
+    cut, draws, kills = tmp_path / "cut", random.Random(37), 0
+    while True:
+        saved = [int(p.name.split("-")[1]) for p in rundir_checkpoints(cut)]
+        flags = ["--resume"] if saved else ["--overwrite"]
+        launcher, launched = start(cut, *flags), time.time()
+        if kills == 4:
+            assert launcher.wait(timeout=300) == 0, launcher.stderr.read()
+            break
+        while not steps_began(cut, launched) and launcher.poll() is None:
+            time.sleep(0.02)
+        time.sleep(draws.uniform(0, span) * (1 - max(saved, default=0) / 12))  # a moment of the steps left
+        with contextlib.suppress(ProcessLookupError):  # the run may have ended by then
+            os.killpg(launcher.pid, signal.SIGKILL)
+        launcher.wait(timeout=60)
+        kills += 1
+        assert_whole_or_absent(cut)
+    for name in (rundir.FINAL_MODEL, rundir.BEST_MODEL):
+        expected, resumed = (torch.load(run / name, weights_only=True) for run in (tmp_path / "whole", cut))
+        assert expected.keys() == resumed.keys() and all(torch.equal(expected[k], resumed[k]) for k in expected), name
+    assert json.loads((cut / rundir.SUMMARY).read_text())["losses"] == json.loads(
+        (tmp_path / "whole" / rundir.SUMMARY).read_text())["losses"]
