@@ -13,7 +13,7 @@ pip_install() { python -m pip install --quiet --disable-pip-version-check "$@"; 
 if [ "${SNNFW_TORCH:-}" != "skip" ]; then
   python -c "import torch" 2>/dev/null || pip_install "torch==2.13.0"
 fi
-pip_install pluggy attrs pytest import-linter loguru h5py packaging tqdm numpy scipy setuptools matplotlib
+pip_install pluggy attrs pytest import-linter loguru h5py packaging tqdm numpy scipy setuptools matplotlib "tonic==1.7.0"
 python -c "import spikingjelly" 2>/dev/null || pip_install --no-deps "spikingjelly==2.0.0"
 pip_install --no-deps --no-build-isolation -e .
 extras="${SNNFW_EXTRAS:-tensorboard}"

@@ -120,6 +120,30 @@ def _augment(value: Any) -> tuple[str, ...]:
     return tuple(value)
 
 
+FRAMES_BY = ("count", "time")  # bins of equal event counts (SpikingJelly's split_by="number"), or of equal time
+
+
+@attrs.frozen
+class Frames:
+    """How raw events become ``model.time_steps`` frames (tonic's ToFrame), after tonic's Denoise when
+    ``denoise_us`` is set."""
+
+    by: str = attrs.field(default="count", validator=v.in_(FRAMES_BY))
+    denoise_us: int | None = attrs.field(default=None, validator=v.optional(_positive))
+
+
+def _frames(value: Any) -> Frames:
+    if isinstance(value, Frames):
+        return value
+    keys = [f.name for f in attrs.fields(Frames)]
+    if not isinstance(value, dict) or not set(value) <= set(keys):
+        raise ConfigError(f'data.frames must be a table like {{by = "time"}} with keys {", ".join(keys)}, got {value!r}')
+    try:
+        return Frames(**value)
+    except (TypeError, ValueError) as err:
+        raise ConfigError(f"invalid data.frames: {err.args[0] if err.args else err}") from None
+
+
 @attrs.frozen
 class DataConfig:
     name: str = attrs.field(default="synthetic_dvs", validator=v.instance_of(str))
@@ -132,6 +156,8 @@ class DataConfig:
     augment: tuple[str, ...] = attrs.field(default=(), converter=_augment)
     roll_pixels: int | None = attrs.field(default=None, validator=v.optional(_positive))
     crop_padding: int | None = attrs.field(default=None, validator=v.optional(_positive))
+    frames: Frames = attrs.field(factory=Frames, converter=_frames)  # raw event sets only
+    cache: str | None = attrs.field(default=None, validator=v.optional(v.instance_of(str)))  # their frames' folder
 
 
 @attrs.frozen

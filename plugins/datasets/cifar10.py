@@ -18,7 +18,8 @@ import numpy as np
 from snnfw import hookimpl
 from snnfw.data.batches import DatasetSpec
 from snnfw.errors import DataError
-from snnfw_plugins.datasets.neuromorphic import ON_DISK_UNREAD, resize
+from snnfw_plugins.datasets.events import RAW_ONLY, resize
+from snnfw_plugins.datasets.neuromorphic import ON_DISK_UNREAD
 
 NAME = "cifar10"
 FILES = {"train": [f"data_batch_{i}.bin" for i in range(1, 6)], "test": ["test_batch.bin"]}
@@ -72,5 +73,5 @@ def build(config, spec, split, seed):
 
 @hookimpl
 def snnfw_register_datasets(register):
-    spec = DatasetSpec(build, "CIFAR-10 images, rate-coded into spikes per time step", unread=ON_DISK_UNREAD)
+    spec = DatasetSpec(build, "CIFAR-10 images, rate-coded into spikes per time step", unread=(*ON_DISK_UNREAD, *RAW_ONLY))
     register(NAME, spec, "binary batches in data.root")

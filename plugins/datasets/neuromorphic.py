@@ -1,4 +1,5 @@
-"""``cifar10_dvs``, ``dvs128_gesture``, ``n_mnist``: event frames in SpikingJelly's on-disk layout.
+"""``cifar10_dvs``, ``dvs128_gesture``, ``n_mnist``, ``shd``: event frames in SpikingJelly's on-disk layout, or the
+raw recordings as their publishers ship them (integrated by tonic: :mod:`snnfw_plugins.datasets.events`).
 
 ``data.root`` is the ``root`` given to SpikingJelly's class (``CIFAR10DVS``,
 ``DVS128Gesture``, ``NMNIST`` in ``spikingjelly.datasets``), which, built with
@@ -16,19 +17,17 @@ area to the model's input size.
 
 from __future__ import annotations
 
-import re
 import zipfile
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import numpy as np
 
 from snnfw import hookimpl
+from snnfw.config import Frames
 from snnfw.data.batches import DatasetSpec
 from snnfw.errors import DataError
-
-if TYPE_CHECKING:
-    import torch
+from snnfw_plugins.datasets import events
+from snnfw_plugins.datasets.events import resize, tebn_split
 
 EXTENSIONS = (".npz", ".npy")
 ON_DISK_UNREAD = ("train_samples", "test_samples")  # an on-disk set has the samples its files hold
@@ -45,13 +44,6 @@ def load_frames(path: Path) -> np.ndarray:
         return np.load(path)
     with np.load(path) as archive:
         return archive["frames"]
-
-
-def resize(frames: torch.Tensor, size: tuple[int, int]) -> torch.Tensor:
-    """``[T, C, H, W]`` resized by area to ``size`` (unchanged if it already has it)."""
-    import torch.nn.functional as F
-
-    return frames if tuple(frames.shape[-2:]) == size else F.interpolate(frames, size=size, mode="area")
 
 
 class FrameFolder:
@@ -79,22 +71,12 @@ def _files(folder: Path) -> list[Path]:
     return sorted(p for p in folder.rglob("*") if p.suffix in EXTENSIONS)
 
 
-def _number(path: Path) -> tuple[int, str]:
-    match = re.search(r"(\d+)$", path.stem)
-    return (int(match.group(1)) if match else -1, path.name)
-
-
 def _samples(frames_root: Path, split: str) -> tuple[Path, list[tuple[Path, int]]]:
     """The folder read and its (file, label) pairs: a ``split`` folder, or TEBN's split of class folders."""
     if (frames_root / split).is_dir():
         folder = frames_root / split
         return folder, [(f, label) for label, c in enumerate(_classes(folder)) for f in _files(c)]
-    samples = []
-    for label, class_dir in enumerate(_classes(frames_root)):
-        files = sorted(_files(class_dir), key=_number)
-        cut = len(files) // 10
-        samples += [(f, label) for f in (files[:cut] if split == "test" else files[cut:])]
-    return frames_root, samples
+    return frames_root, tebn_split([_files(c) for c in _classes(frames_root)], split)
 
 
 def _check_first(path: Path, spec) -> None:
@@ -116,16 +98,24 @@ def builder(name: str):
 
     def build(config, spec, split, seed):
         made_by = f"spikingjelly.datasets.{class_name}(root, data_type='frame', frames_number={spec.time_steps}, split_by='number')"
+        raw = f"the raw recordings from {events.URLS[name]}" if name in events.URLS else ""
         if config.root is None:
-            raise DataError(f"data set {name} reads SpikingJelly's frames from data.root; set it to the root given to {made_by}")
+            raise DataError(f"data set {name} reads SpikingJelly's frames from data.root; set it to the root given to "
+                            f"{made_by}"
+                            + (f", or to a folder of {raw}" if raw else ""))
         root = Path(config.root)
+        if events.holds_events(name, root):
+            return events.build_raw(name, config, spec, split)
         candidates = [root / f"frames_number_{spec.time_steps}_split_by_{by}" for by in ("number", "time")]
         frames_root = next((p for p in candidates if p.is_dir()), None)
         if frames_root is None:
             raise DataError(
                 f"{candidates[0]} does not exist: data set {name} expects the frames of model.time_steps = "
-                f"{spec.time_steps} that {made_by} writes, as <split>/<class>/*.npz"
+                f"{spec.time_steps} that {made_by} writes, as <split>/<class>/*.npz" + (f"; or {raw}" if raw else "")
             )
+        if config.frames != Frames() or config.cache is not None:
+            raise DataError(f"data.frames and data.cache apply to raw recordings, and {root} holds SpikingJelly's "
+                            "frames, integrated already; remove them")
         folder, samples = _samples(frames_root, split)
         if not samples:
             raise DataError(f"{folder} holds no {split} samples: expected {split}/<class>/*.npz frame files")
@@ -141,4 +131,7 @@ def builder(name: str):
 @hookimpl
 def snnfw_register_datasets(register):
     for name, (_, description) in SETS.items():
-        register(name, DatasetSpec(builder(name), description, unread=ON_DISK_UNREAD), "SpikingJelly's frames in data.root")
+        register(name, DatasetSpec(builder(name), description, unread=ON_DISK_UNREAD),
+                 "SpikingJelly's frames or the raw recordings in data.root")
+    register("shd", DatasetSpec(events.builder("shd"), "Spiking Heidelberg Digits, 20 classes of 700-channel spike "
+                                "trains", unread=ON_DISK_UNREAD), "the raw recordings in data.root")

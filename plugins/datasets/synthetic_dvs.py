@@ -11,6 +11,7 @@ import math
 
 from snnfw import hookimpl
 from snnfw.data.batches import DatasetSpec
+from snnfw_plugins.datasets.events import RAW_ONLY
 
 NAME = "synthetic_dvs"
 NOISE = 0.02
@@ -83,4 +84,4 @@ def build(config, spec, split, seed):
 
 @hookimpl
 def snnfw_register_datasets(register):
-    register(NAME, DatasetSpec(build, "moving blobs of DVS events, one direction per class", unread=("root",)), "embedded; no download")
+    register(NAME, DatasetSpec(build, "moving blobs of DVS events, one direction per class", unread=("root", *RAW_ONLY)), "embedded; no download")

@@ -103,6 +103,8 @@ def test_data_keys_a_data_set_does_not_read_are_refused_before_launch(tmp_path, 
     assert "data.train_samples, data.test_samples are not read by data set 'n_mnist'" in err and "remove them" in err
     err = train_error(capsys, QUICKSTART, f"data.root=\"{tmp_path}\"")
     assert "data.root is not read by data set 'synthetic_dvs' (moving blobs of DVS events" in err
+    err = train_error(capsys, QUICKSTART, 'data.frames={by="time"}')
+    assert "data.frames is not read by data set 'synthetic_dvs'" in err
 
 
 def test_loader_workers_feed_the_same_microbatches_and_resume_mid_run(tmp_path):

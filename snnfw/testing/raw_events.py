@@ -1,0 +1,90 @@
+"""Tiny data sets written in their publishers' raw formats, with events a model can learn: each class fires in a
+band of its own (N-MNIST and CIFAR10-DVS: a band of rows; SHD: a band of channels).
+
+Each writer returns what it wrote: ``{split: [(events, label), ...]}`` in the order the data set lists its
+samples, the events as tonic's structured arrays (fields x, y, t, p; SHD's t, x, p)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+XYTP = np.dtype([("x", int), ("y", int), ("t", int), ("p", int)])
+TXP = np.dtype([("t", int), ("x", int), ("p", int)])
+CIFAR10_CLASSES = ("airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck")
+
+
+def class_events(label: int, classes: int, size: int, count: int, rng: np.random.Generator):
+    """``count`` events ``(x, y, t_us, p)`` whose rows (y) lie in class ``label``'s band of ``size`` rows."""
+    band = size // classes
+    x = rng.integers(0, size, count)
+    y = rng.integers(label * band, (label + 1) * band, count)
+    t = np.sort(rng.integers(0, 300_000, count))
+    p = rng.integers(0, 2, count)
+    return x, y, t, p
+
+
+def _structured(dtype: np.dtype, **fields) -> np.ndarray:
+    events = np.zeros(len(next(iter(fields.values()))), dtype=dtype)
+    for name, values in fields.items():
+        events[name] = values
+    return events
+
+
+def write_nmnist(root: Path, per_class: int = 4, classes: int = 4, events: int = 400, seed: int = 0) -> dict:
+    """``root/Train/<digit>/*.bin`` and ``root/Test/...`` in N-MNIST's 40-bit event format."""
+    rng = np.random.default_rng(seed)
+    written = {"train": [], "test": []}
+    for split in ("Train", "Test"):
+        for digit in range(classes):
+            folder = root / split / str(digit)
+            folder.mkdir(parents=True, exist_ok=True)
+            for sample in range(per_class):
+                x, y, t, p = class_events(digit, classes, 34, events, rng)
+                raw = np.stack([x, y, (p << 7) | (t >> 16 & 127), t >> 8 & 255, t & 255], axis=1).astype(np.uint8)
+                (folder / f"{sample:05d}.bin").write_bytes(raw.tobytes())
+                written[split.lower()].append((_structured(XYTP, x=x, y=y, t=t, p=p), digit))
+    return written
+
+
+def write_cifar10_dvs(root: Path, per_class: int = 10, classes: int = 4, events: int = 600, seed: int = 0) -> dict:
+    """``root/<class>/cifar10_<class>_<n>.aedat`` in AEDAT 2.0, addresses as CIFAR10-DVS's camera wrote them; the
+    first tenth of each class's samples are the test split."""
+    rng = np.random.default_rng(seed)
+    written = {"train": [], "test": []}
+    for label in range(classes):
+        folder = root / CIFAR10_CLASSES[label]
+        folder.mkdir(parents=True, exist_ok=True)
+        for sample in range(per_class):
+            x, y, t, p = class_events(label, classes, 128, events, rng)
+            raw_x, raw_y, raw_p = 127 - y, 127 - x, 1 - p  # what SpikingJelly's decoding mirrors back
+            address = (raw_x << 1) | (raw_y << 8) | raw_p
+            body = np.stack([address, t], axis=1).astype(">u4").tobytes()
+            header = b"#!AER-DAT2.0\r\n# This is a raw AE data file written for a test\r\n"
+            (folder / f"cifar10_{CIFAR10_CLASSES[label]}_{sample}.aedat").write_bytes(header + body)
+            split = "test" if sample < per_class // 10 else "train"
+            written[split].append((_structured(XYTP, x=x, y=y, t=t, p=p), label))
+    return {split: sorted(samples, key=lambda sample: sample[1]) for split, samples in written.items()}
+
+
+def write_shd(root: Path, per_class: int = 4, classes: int = 4, events: int = 300, seed: int = 0) -> dict:
+    """``root/shd_train.h5`` and ``root/shd_test.h5`` as the publisher ships them (times in seconds)."""
+    import h5py
+
+    rng = np.random.default_rng(seed)
+    root.mkdir(parents=True, exist_ok=True)
+    written = {"train": [], "test": []}
+    for split in ("train", "test"):
+        labels = [label for label in range(classes) for _ in range(per_class)]
+        with h5py.File(root / f"shd_{split}.h5", "w") as file:
+            times = file.create_dataset("spikes/times", (len(labels),), dtype=h5py.vlen_dtype(np.float32))
+            units = file.create_dataset("spikes/units", (len(labels),), dtype=h5py.vlen_dtype(np.uint16))
+            for index, label in enumerate(labels):
+                _, channel, t, _ = class_events(label, classes, 700, events, rng)
+                seconds = (t / 1e6).astype(np.float32)
+                times[index], units[index] = seconds, channel.astype(np.uint16)
+                t_us = (seconds.astype(np.float64) * 1e6).astype(int)  # as a reader in microseconds gets them
+                written[split].append((_structured(TXP, t=t_us, x=channel, p=np.ones_like(channel)), label))
+            file.create_dataset("labels", data=np.array(labels, dtype=np.uint16))
+    return written

@@ -1,0 +1,107 @@
+"""Raw event recordings: read in their publishers' formats, integrated by tonic's ToFrame, cached once."""
+
+import attrs
+import numpy as np
+import pytest
+from tonic.transforms import Denoise, ToFrame
+
+from snnfw.config import build_config
+from snnfw.data.batches import InputSpec
+from snnfw.errors import DataError
+from snnfw.testing.raw_events import write_cifar10_dvs, write_nmnist, write_shd
+from snnfw_plugins.datasets import events, neuromorphic
+
+WRITERS = {"n_mnist": write_nmnist, "cifar10_dvs": write_cifar10_dvs, "shd": write_shd}
+T = 6
+
+
+def data_config(name, root, **data):
+    return build_config({"data": {"name": name, "root": str(root), **data}}).data
+
+
+@pytest.mark.parametrize("frames", [{"by": "count"}, {"by": "time"}, {"by": "time", "denoise_us": 20000}],
+                         ids=["count", "time", "denoised"])
+@pytest.mark.parametrize("name", WRITERS)
+def test_frames_are_tonics_toframe_of_the_recorded_events(tmp_path, name, frames):
+    if name == "shd" and "denoise_us" in frames:
+        with pytest.raises(DataError, match="shd records channels, not pixels; remove it"):
+            events.cached_frames(data_config(name, tmp_path, frames=frames), name, "train", T)
+        return
+    written = WRITERS[name](tmp_path)
+    config = data_config(name, tmp_path, frames=frames)
+    sensor = events.SETS[name].sensor
+    bins = {"n_time_bins": T} if frames["by"] == "time" else {"n_event_bins": T}
+    for split in ("train", "test"):
+        cached, labels = events.cached_frames(config, name, split, T)
+        assert labels.tolist() == [label for _, label in written[split]]
+        for index, (recorded, _) in enumerate(written[split]):
+            if "denoise_us" in frames:
+                recorded = Denoise(filter_time=frames["denoise_us"])(recorded)
+            expected = ToFrame(sensor_size=sensor, **bins)(recorded)
+            assert cached[index].shape == (T, sensor[2], sensor[1], sensor[0])
+            assert np.array_equal(cached[index].reshape(expected.shape), expected), (split, index)
+
+
+def test_the_cache_is_read_without_the_raw_files_and_made_again_when_its_settings_change(tmp_path, monkeypatch):
+    write_nmnist(tmp_path)
+    first = events.cached_frames(data_config("n_mnist", tmp_path), "n_mnist", "train", T)[0].copy()
+
+    def unread(root, recording):
+        raise AssertionError(f"{recording} was read again")
+
+    monkeypatch.setitem(events.SETS, "n_mnist", attrs.evolve(events.SETS["n_mnist"], read=unread))
+    assert np.array_equal(events.cached_frames(data_config("n_mnist", tmp_path), "n_mnist", "train", T)[0], first)
+    for changed in ({"frames": {"by": "time"}}, {"frames": {"denoise_us": 5}}):
+        with pytest.raises(DataError, match="was read again"):
+            events.cached_frames(data_config("n_mnist", tmp_path, **changed), "n_mnist", "train", T)
+    with pytest.raises(DataError, match="was read again"):
+        events.cached_frames(data_config("n_mnist", tmp_path), "n_mnist", "train", T + 2)
+    (tmp_path / "Train" / "0" / "00000.bin").write_bytes(b"\x01\x02\x03\x04\x05")  # the raw set changed
+    with pytest.raises(DataError, match="was read again"):
+        events.cached_frames(data_config("n_mnist", tmp_path), "n_mnist", "train", T)
+
+
+def test_the_cache_goes_where_data_cache_says(tmp_path):
+    write_shd(tmp_path / "raw")
+    events.cached_frames(data_config("shd", tmp_path / "raw", cache=str(tmp_path / "frames")), "shd", "test", T)
+    assert [p.name.split("-")[:3] for p in (tmp_path / "frames").iterdir() if not p.name.startswith(".")] == [
+        ["shd", "test", f"T{T}"]]
+    assert not (tmp_path / "raw" / ".snnfw-frames").exists()
+
+
+def test_a_data_set_item_is_resized_float_frames_and_its_label(tmp_path):
+    write_nmnist(tmp_path)
+    spec = InputSpec(time_steps=T, shape=(2, 32, 32), num_classes=10)
+    dataset = neuromorphic.builder("n_mnist")(data_config("n_mnist", tmp_path), spec, "train", 0)
+    frames, label = dataset[5]
+    assert len(dataset) == 16 and frames.shape == (T, 2, 32, 32) and frames.dtype.is_floating_point and label == 1
+
+
+@pytest.mark.parametrize("name, setting, refusal", [
+    ("shd", {}, r"data set shd reads its raw recordings from data.root, and .* holds none; get them from "
+                r"https://zenkelab.org/datasets/ \(shd_train.h5.gz"),
+    ("n_mnist", {}, r"frames_number_6_split_by_number does not exist: .*; or the raw recordings from "
+                    r"https://www.garrickorchard.com/datasets/n-mnist"),
+])
+def test_a_missing_data_set_names_where_to_fetch_it(tmp_path, name, setting, refusal):
+    spec = InputSpec(time_steps=T, shape=(2, 32, 32), num_classes=10)
+    build = neuromorphic.builder(name) if name in neuromorphic.SETS else events.builder(name)
+    with pytest.raises(DataError, match=refusal):
+        build(data_config(name, tmp_path, **setting), spec, "train", 0)
+
+
+def test_a_cut_recording_is_refused_naming_the_file_and_the_url(tmp_path):
+    write_cifar10_dvs(tmp_path)
+    (tmp_path / "bird" / "cifar10_bird_3.aedat").write_bytes(b"#!AER-DAT2.0\r\n\x00\x00\x00")
+    with pytest.raises(DataError, match=r"cifar10_bird_3.aedat is not a cifar10_dvs recording .* get it again "
+                                        r"from https://figshare.com"):
+        events.cached_frames(data_config("cifar10_dvs", tmp_path), "cifar10_dvs", "train", T)
+
+
+def test_a_model_of_other_channels_or_fewer_classes_is_refused_naming_the_key(tmp_path):
+    write_shd(tmp_path, classes=4)
+    build = events.builder("shd")
+    with pytest.raises(DataError, match=r"shd frames have 1 channels .* set model.input_shape = \[1, H, W\]"):
+        build(data_config("shd", tmp_path), InputSpec(T, (2, 32, 32), 10), "train", 0)
+    with pytest.raises(DataError, match="shd has 4 classes, but the model has 3 outputs; set model.num_classes = 4"):
+        build(data_config("shd", tmp_path), InputSpec(T, (1, 1, 700), 3), "train", 0)
