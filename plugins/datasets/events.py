@@ -5,6 +5,8 @@
 ==============  ==================================================  =============================================
 ``n_mnist``     ``Train/<digit>/*.bin`` and ``Test/<digit>/*.bin``  :data:`URLS` (``train.zip``, ``test.zip``)
 ``cifar10_dvs`` ``<class>/*.aedat`` (the ten class zips, unpacked)  :data:`URLS`; split as TEBN splits it
+``dvs128_gesture`` ``DvsGesture/`` (``DvsGesture.tar.gz`` unpacked):   :data:`URLS`; one sample per labelled
+                ``user*.aedat``, ``*_labels.csv``, ``trials_to_*.txt``  gesture, split by the trials files
 ``shd``         ``shd_train.h5`` and ``shd_test.h5`` (gunzipped)    :data:`URLS`
 ==============  ==================================================  =============================================
 
@@ -20,9 +22,11 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import functools
 import hashlib
 import json
 import re
+import struct
 import sys
 from pathlib import Path
 from typing import Callable
@@ -37,6 +41,8 @@ URLS = {
     "n_mnist": "https://www.garrickorchard.com/datasets/n-mnist (train.zip and test.zip, unzipped into data.root)",
     "cifar10_dvs": "https://figshare.com/articles/dataset/CIFAR10-DVS_New/4724671 (the ten class zips, unzipped "
                    "into data.root)",
+    "dvs128_gesture": "https://research.ibm.com/interactive/dvsgesture/ (DvsGesture.tar.gz, unpacked into "
+                      "data.root)",
     "shd": "https://zenkelab.org/datasets/ (shd_train.h5.gz and shd_test.h5.gz, gunzipped into data.root)",
 }
 RAW_ONLY = ("frames", "cache")  # the [data] keys only raw recordings read
@@ -108,6 +114,61 @@ def _cifar10_dvs_read(root: Path, path: Path) -> np.ndarray:
     return make_structured_array(127 - y, 127 - x, t, 1 - p)
 
 
+# DVS128 Gesture: one AEDAT 3.1 file per trial (a user under a lighting), its gestures' classes and time spans in
+# a CSV beside it; trials_to_train.txt and trials_to_test.txt list the trials of each split.
+def _gesture_recordings(root: Path, split: str) -> list[tuple[tuple[Path, int, int], int]]:
+    folder = root / "DvsGesture"
+    listed = folder / f"trials_to_{split}.txt"
+    if not listed.is_file():
+        return []
+    recordings = []
+    for trial in listed.read_text().split():
+        spans = np.loadtxt(folder / trial.replace(".aedat", "_labels.csv"), dtype=np.int64, delimiter=",",
+                           skiprows=1, ndmin=2)
+        recordings += [((folder / trial, start, end), int(label) - 1) for label, start, end in spans]
+    return recordings
+
+
+@functools.lru_cache(maxsize=2)  # a trial's gestures are read one after another
+def _aedat3_polarity_events(path: Path) -> np.ndarray:
+    """The polarity events (type 1) of an AEDAT 3.1 file, decoded as SpikingJelly's ``load_aedat_v3`` does."""
+    data = path.read_bytes()
+    start = data.index(b"#!END-HEADER\r\n") + len(b"#!END-HEADER\r\n")
+    packets, offset = [], start
+    while offset < len(data):
+        (kind,), (size,) = struct.unpack_from("<H", data, offset), struct.unpack_from("<I", data, offset + 4)
+        overflow, capacity = struct.unpack_from("<II", data, offset + 12)
+        body = offset + 28
+        if body + capacity * size > len(data):
+            raise ValueError("its last event packet is cut")
+        if kind == 1:
+            words = np.frombuffer(data, "<u4", capacity * size // 4, body).reshape(capacity, size // 4)
+            packets.append((words[:, 0].astype(np.int64), words[:, 1].astype(np.int64) | int(overflow) << 31))
+        offset = body + capacity * size
+    address = np.concatenate([a for a, _ in packets]) if packets else np.zeros(0, np.int64)
+    t = np.concatenate([t for _, t in packets]) if packets else np.zeros(0, np.int64)
+    return _xytp((address >> 17) & 0x7FFF, (address >> 2) & 0x7FFF, t, (address >> 1) & 1)
+
+
+def _gesture_read(root: Path, key: tuple[Path, int, int]) -> np.ndarray:
+    path, start, end = key
+    events = _aedat3_polarity_events(path)
+    return events[(events["t"] >= start) & (events["t"] < end)]
+
+
+def _gesture_files(root: Path, split: str) -> list[Path]:
+    folder = root / "DvsGesture"
+    trials = sorted({key[0] for key, _ in _gesture_recordings(root, split)})
+    files = [folder / f"trials_to_{split}.txt", *trials, *(t.with_name(t.stem + "_labels.csv") for t in trials)]
+    return [f for f in files if f.exists()]
+
+
+def _xytp(x, y, t, p) -> np.ndarray:
+    events = np.zeros(len(t), dtype=np.dtype([("x", int), ("y", int), ("t", int), ("p", int)]))
+    events["x"], events["y"], events["t"], events["p"] = x, y, t, p
+    return events
+
+
 # SHD: one HDF5 file per split, spike times in seconds and channel numbers per sample.
 def _shd_file(root: Path, split: str) -> Path:
     return root / f"shd_{split}.h5"
@@ -140,6 +201,8 @@ SETS = {
                       lambda root, split: _file_stats([f for f, _ in _nmnist_files(root, split)], root)),
     "cifar10_dvs": RawSet(_cifar10_dvs_files, _cifar10_dvs_read, (128, 128, 2),
                           lambda root, split: _file_stats([f for f, _ in _cifar10_dvs_files(root, split)], root)),
+    "dvs128_gesture": RawSet(_gesture_recordings, _gesture_read, (128, 128, 2),
+                             lambda root, split: _file_stats(_gesture_files(root, split), root)),
     "shd": RawSet(_shd_recordings, _shd_read, (700, 1, 1),
                   lambda root, split: _file_stats([_shd_file(root, split)], root)),
 }

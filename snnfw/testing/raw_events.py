@@ -88,3 +88,34 @@ def write_shd(root: Path, per_class: int = 4, classes: int = 4, events: int = 30
                 written[split].append((_structured(TXP, t=t_us, x=channel, p=np.ones_like(channel)), label))
             file.create_dataset("labels", data=np.array(labels, dtype=np.uint16))
     return written
+
+
+def write_dvs128_gesture(root: Path, per_class: int = 2, classes: int = 4, events: int = 500, seed: int = 0) -> dict:
+    """``root/DvsGesture/``: ``per_class`` AEDAT 3.1 trials per split (a special-event packet, then polarity packets) holding one gesture of
+    each class with unlabelled events between them, their ``_labels.csv`` and the ``trials_to_*.txt`` lists."""
+    import struct
+
+    rng = np.random.default_rng(seed)
+    folder = root / "DvsGesture"
+    folder.mkdir(parents=True, exist_ok=True)
+    written = {"train": [], "test": []}
+    for split, first_user in (("train", 1), ("test", 21)):
+        names = [f"user{first_user + n:02d}_led.aedat" for n in range(per_class)]
+        for name in names:
+            packets, rows, clock = [struct.pack("<HHIIIIII", 0, 1, 8, 4, 0, 1, 1, 1) + bytes(8)], [], 1000
+            for label in rng.permutation(classes):
+                x, y, t, p = class_events(label, classes, 128, events, rng)
+                gap_x, gap_y, gap_t, gap_p = class_events(0, 1, 128, 50, rng)  # between gestures, unlabelled
+                start = clock + 400_000
+                for xs, ys, ts, ps in ((gap_x, gap_y, clock + gap_t // 2, gap_p), (x, y, start + t, p)):
+                    words = np.stack([xs << 17 | ys << 2 | ps << 1 | 1, ts], axis=1).astype("<u4")
+                    packets.append(struct.pack("<HHIIIIII", 1, 1, 8, 4, 0, len(ts), len(ts), len(ts)) + words.tobytes())
+                rows.append(f"{label + 1},{start},{start + 300_000}")
+                written[split].append((_structured(XYTP, x=x, y=y, t=start + t, p=p), int(label)))
+                clock = start + 300_000
+            header = b"#!AER-DAT3.1\r\n#Format: RAW\r\n#!END-HEADER\r\n"
+            (folder / name).write_bytes(header + b"".join(packets))
+            (folder / name.replace(".aedat", "_labels.csv")).write_text(
+                "class,startTime_usec,endTime_usec\n" + "\n".join(rows) + "\n")
+        (folder / f"trials_to_{split}.txt").write_text("\n".join(names) + "\n")
+    return written

@@ -8,10 +8,11 @@ from tonic.transforms import Denoise, ToFrame
 from snnfw.config import build_config
 from snnfw.data.batches import InputSpec
 from snnfw.errors import DataError
-from snnfw.testing.raw_events import write_cifar10_dvs, write_nmnist, write_shd
+from snnfw.testing.raw_events import write_cifar10_dvs, write_dvs128_gesture, write_nmnist, write_shd
 from snnfw_plugins.datasets import events, neuromorphic
 
-WRITERS = {"n_mnist": write_nmnist, "cifar10_dvs": write_cifar10_dvs, "shd": write_shd}
+WRITERS = {"n_mnist": write_nmnist, "cifar10_dvs": write_cifar10_dvs, "dvs128_gesture": write_dvs128_gesture,
+           "shd": write_shd}
 T = 6
 
 
