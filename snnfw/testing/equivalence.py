@@ -23,7 +23,7 @@ OWN_MODELS = {  # models of the user's own, by import path, that the matrix trai
         "input_shape": [2, 16, 16], "num_classes": 10, "input_layout": "TN",
     },
 }
-FAMILIES = ("cifar10dvs_vgg", "spikformer", "spiking_mlp", *OWN_MODELS)
+FAMILIES = ("cifar10dvs_vgg", "spikformer", "sequence_mlp", "spiking_mlp", *OWN_MODELS)
 HSDP = {"dp_replicate": 2, "dp_shard": 2}
 
 

@@ -8,6 +8,7 @@ from snnfw.config import load_config
 from snnfw.plan.prepare import prepare
 from snnfw.plugin.manager import Plugins
 from snnfw.testing.layouts import cifar10_dvs_layout, split_layout, write_cifar10
+from snnfw.testing.raw_events import write_shd
 
 ROOT = Path(__file__).resolve().parents[2]
 RECIPES = sorted((ROOT / "examples" / "recipes").glob("*.toml"))
@@ -18,6 +19,9 @@ def layout(name: str, root: Path, time_steps: int) -> tuple[Path, int]:
     matter here); the folder and its number of training samples."""
     if name == "cifar10":
         return write_cifar10(root, records=13), 65
+    if name == "shd":
+        write_shd(root, per_class=2, classes=20, events=50)
+        return root, 40
     if name == "cifar10_dvs":
         return cifar10_dvs_layout(root, samples=40, time_steps=time_steps, side=8), 72  # 36 a class to train
     classes = [str(c) for c in range(11 if name == "dvs128_gesture" else 10)]
@@ -25,7 +29,8 @@ def layout(name: str, root: Path, time_steps: int) -> tuple[Path, int]:
 
 
 def test_every_recipe_is_here():
-    assert [p.stem for p in RECIPES] == ["cifar10dvs_vgg_tet", "dvs128_gesture", "n_mnist_plif", "spikformer_cifar10"]
+    assert [p.stem for p in RECIPES] == ["cifar10dvs_vgg_tet", "dvs128_gesture", "n_mnist_plif", "shd_sequence_mlp",
+                                         "spikformer_cifar10"]
 
 
 @pytest.mark.parametrize("recipe", RECIPES, ids=lambda p: p.stem)
