@@ -30,7 +30,7 @@ FAMILY = ModelFamily(
     name=NAME,
     flavors={
         "shd": _flavor((1, 1, 700), (256, 256), 20, "SHD's 700 channels, two blocks of 256, 20 classes"),
-        "tiny": _flavor((2, 8, 8), (64, 64), 10, "2 x 8 x 8 frames as 128 channels, two blocks of 64, for tests"),
+        "tiny": _flavor((2, 8, 8), (64, 64, 64), 10, "2 x 8 x 8 frames as 128 channels, three blocks of 64, for tests"),
     },
 )
 

@@ -30,7 +30,7 @@ LAYER_RATE = (0.005, 0.7)  # every neuron layer fires, none saturates
 # After 20 steps the reference separates classes (chance is 0.1; measured 0.33-0.44 for the VGG, 0.22 for the
 # MLP, 0.20-0.33 for the SEW network of examples/train_own_model.py), so equal test accuracies compare real
 # predictions; the tiny Spikformer is still near chance at 20 steps (0.13-0.41), and so is the tiny sequence MLP
-# with one microbatch (0.11; 0.55 with four), whose BatchNorm running statistics have had 20 updates.
+# with one microbatch (0.06; 0.30 with two, 0.50 with four), whose BatchNorm running statistics have had 20 updates.
 SEPARATES = {"cifar10dvs_vgg": 0.25, "spiking_mlp": 0.2, "spikformer": 0.0, "sequence_mlp": 0.0, "own_sew": 0.2}
 DEFAULT_RUN = {  # within the suite's time budget; -m full_matrix runs the rest
     # dp and fsdp2_tp: in float32 by tests/test_equivalence.py and tests/test_fsdp2_tp.py; zbv's V-shape by
