@@ -1,5 +1,5 @@
-"""Raw N-MNIST recordings to a trained model on two ranks: events a model can learn, integrated by tonic and cached
-once for both ranks, beat chance clearly under dp and fsdp2."""
+"""Raw recordings to a trained model on two ranks: events a model can learn, integrated by tonic and cached once for
+both ranks, beat chance clearly: N-MNIST under dp and fsdp2, SHD on the sequence family under tsp."""
 
 import pytest
 
@@ -23,3 +23,18 @@ def test_raw_recordings_train_a_model_that_beats_chance(tmp_path, strategy):
     assert summaries[0]["test_accuracy"] >= 0.6, summaries[0]["test_accuracy"]
     caches = [p for p in (tmp_path / "raw" / ".snnfw-frames").iterdir() if not p.name.startswith(".")]
     assert sorted(p.name.split("-")[1] for p in caches) == ["test", "train"]  # one per split, made once
+
+
+def test_raw_shd_trains_the_sequence_family_with_its_time_steps_split_across_ranks(tmp_path):
+    from snnfw.testing.raw_events import write_shd
+
+    write_shd(tmp_path / "raw", per_class=12, classes=CLASSES)
+    config = build_config({
+        "model": {"family": "sequence_mlp", "flavor": "shd", "time_steps": 8, "num_classes": CLASSES},
+        "data": {"name": "shd", "root": str(tmp_path / "raw"), "batch_size": 8, "frames": {"by": "time"}},
+        "train": {"steps": 30, "lr": 0.003, "seed": 3},
+        "parallel": {"strategy": "tsp", "device": "cpu"},
+    })
+    summaries = run_on_ranks(config, 2, tmp_path / "run", timeout_s=300)
+    assert summaries[0]["plan"]["strategy"] == "tsp" and summaries[0]["plan"]["mesh"] == {"time": 2}
+    assert summaries[0]["test_accuracy"] >= 0.6, summaries[0]["test_accuracy"]
