@@ -295,11 +295,40 @@ class EvalConfig:
 
 
 @attrs.frozen
+class Profile:
+    """``log.profile``: the steps (first, last; counted from 1) whose torch.profiler trace the chosen ranks write."""
+
+    steps: tuple[int, int]
+    ranks: tuple[int, ...] | None = None  # None: every rank
+
+
+def _profile(value: Any) -> Profile | None:
+    """``{steps = "10-12", ranks = "all"}`` (or ``steps = 10``, ``ranks = [0, 3]``) -> :class:`Profile`."""
+    if value is None or isinstance(value, Profile):
+        return value
+    example = 'a table like {steps = "10-12", ranks = "all"} (ranks: "all" or a list such as [0, 3])'
+    if not isinstance(value, dict) or "steps" not in value or not set(value) <= {"steps", "ranks"}:
+        raise ConfigError(f"log.profile must be {example}, got {value!r}")
+    steps, ranks = value["steps"], value.get("ranks", "all")
+    match = re.fullmatch(r"\s*(\d+)\s*(?:-\s*(\d+)\s*)?", str(steps)) if not isinstance(steps, bool) else None
+    first, last = (int(match.group(1)), int(match.group(2) or match.group(1))) if match else (0, 0)
+    if not 1 <= first <= last:
+        raise ConfigError(f'log.profile.steps must be a step or a range of steps counted from 1, such as "10-12", '
+                          f"got {steps!r}")
+    if ranks != "all" and not (isinstance(ranks, list) and ranks and all(
+            isinstance(r, int) and not isinstance(r, bool) and r >= 0 for r in ranks)):
+        raise ConfigError(f'log.profile.ranks must be "all" or a list of ranks such as [0, 3], got {ranks!r}')
+    return Profile((first, last), None if ranks == "all" else tuple(sorted(set(ranks))))
+
+
+@attrs.frozen
 class LogConfig:
-    """Where metrics go besides ``metrics.jsonl``: TensorBoard scalars under ``RUN_DIR/tensorboard``."""
+    """Where metrics go besides ``metrics.jsonl``: TensorBoard scalars under ``RUN_DIR/tensorboard``; profiler
+    traces of chosen steps under ``RUN_DIR/profile``."""
 
     tensorboard: bool = attrs.field(default=False, validator=v.instance_of(bool))
     phase_times: bool = attrs.field(default=False, validator=v.instance_of(bool))  # data_ms, forward_ms, ... per step
+    profile: Profile | None = attrs.field(default=None, converter=_profile)
 
 
 EXPLICIT = "explicit"  # the top-level entry of Config.to_dict that lists the keys the user set
@@ -326,6 +355,9 @@ class Config:
             out["parallel"]["mesh"] = dict(self.parallel.mesh)
         if self.model.tp_plan is not None:
             out["model"]["tp_plan"] = dict(self.model.tp_plan)
+        if (profile := self.log.profile) is not None:
+            first, last = profile.steps
+            out["log"]["profile"] = {"steps": f"{first}-{last}", "ranks": list(profile.ranks or ()) or "all"}
         out[EXPLICIT] = sorted(self.explicit)
         return out
 
@@ -414,6 +446,10 @@ def build_config(data: dict[str, Any], overrides: list[str] = ()) -> Config:
             f"checkpoint.every = {every} is more than train.steps = {steps}, so no checkpoint would be written; "
             "lower checkpoint.every, or set it to 0 for none"
         )
+    profile = sections["log"].profile
+    if profile is not None and profile.steps[1] > steps and sections["train"].epochs is None:
+        raise ConfigError(f"log.profile.steps ends at step {profile.steps[1]}, after the run's last, train.steps = "
+                          f"{steps}; profile steps within the run")
     for key in ("checkpoint.keep", "checkpoint.async_save"):
         if key in explicit and sections["checkpoint"].every == 0:
             raise ConfigError(

@@ -26,7 +26,8 @@ FINAL_MODEL = "final_model.pt"  # the trained model, whole
 BEST_MODEL = "best_model.pt"  # the same, at the validation with the highest eval_acc
 TENSORBOARD = "tensorboard"  # the folder of TensorBoard event files (``log.tensorboard``)
 CHECKPOINTS = "checkpoints"  # the folder of ``step-N`` checkpoints
-RUN_FILES = (METRICS, SUMMARY, FINAL_MODEL, BEST_MODEL, TENSORBOARD, CHECKPOINTS)  # what a training run writes
+PROFILE = "profile"  # the folder of ``log.profile``'s traces and shares, per rank
+RUN_FILES = (METRICS, SUMMARY, FINAL_MODEL, BEST_MODEL, TENSORBOARD, CHECKPOINTS, PROFILE)  # what a training run writes
 
 RANKS = ".ranks"  # the ranks' markers for the launcher
 STOPPED = "stopped"  # in RANKS: the user error that stopped a rank, one line

@@ -1,11 +1,12 @@
-"""``snnfw plot RUN_DIR ...``: one PNG of the runs' curves from their ``metrics.jsonl``, no server needed."""
+"""``snnfw plot RUN_DIR ...``: one PNG of the runs' curves from their ``metrics.jsonl``, no server needed, and
+where each rank's profiled time went (``log.profile``: compute, communication, idle)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 from snnfw.errors import ConfigError
-from snnfw.rundir import METRICS, read_metrics
+from snnfw.rundir import METRICS, PROFILE, read_metrics
 
 PANELS = (("loss", "training loss"), ("train_acc", "training accuracy"), ("eval_acc", "test accuracy"),
           ("lr", "learning rate"), ("spike_rate", "firing rate"), ("step_ms", "step time (ms)"))
@@ -18,6 +19,14 @@ def records(run_dir: Path) -> list[dict]:
     return read_metrics(path)
 
 
+def rank_shares(run_dir: Path) -> list[dict]:
+    """The ``log.profile`` shares of each profiled rank, in rank order (none if the run was not profiled)."""
+    import json
+
+    files = [f for f in (Path(run_dir) / PROFILE).glob("rank*.json") if not f.name.endswith(".trace.json")]
+    return sorted((json.loads(f.read_text()) for f in files), key=lambda shares: shares["rank"])
+
+
 def plot(run_dirs: list[str | Path], out: str | Path) -> Path:
     """Draws each panel's metric over the steps, one line per run (``eval_acc`` at its validations)."""
     import matplotlib
@@ -26,7 +35,8 @@ def plot(run_dirs: list[str | Path], out: str | Path) -> Path:
     import matplotlib.pyplot as plt
 
     runs = {str(run_dir): records(run_dir) for run_dir in run_dirs}
-    fig, axes = plt.subplots(2, 3, figsize=(13, 6.5))
+    profiled = {Path(name).name: shares for name in runs if (shares := rank_shares(Path(name)))}
+    fig, axes = plt.subplots(3 if profiled else 2, 3, figsize=(13, 9.5 if profiled else 6.5))
     for ax, (key, title) in zip(axes.flat, PANELS):
         for name, rows in runs.items():
             points = [(r["step"], r[key]) for r in rows if key in r]
@@ -36,9 +46,27 @@ def plot(run_dirs: list[str | Path], out: str | Path) -> Path:
         ax.set_xlabel("step")
         ax.grid(alpha=0.3)
     axes.flat[0].legend(fontsize=8)
+    if profiled:
+        for ax in axes[2]:
+            ax.remove()
+        _time_per_rank(fig.add_subplot(3, 1, 3), profiled)
     fig.tight_layout()
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out, dpi=100)
     plt.close(fig)
     return out
+
+
+def _time_per_rank(ax, profiled: dict[str, list[dict]]) -> None:
+    """One stacked bar per profiled rank: its shares of compute, communication and idle time."""
+    labels = [f"{name} rank {shares['rank']}" for name, ranks in profiled.items() for shares in ranks]
+    left = [0.0] * len(labels)
+    for part in ("compute", "communication", "idle"):
+        widths = [shares[part] for ranks in profiled.values() for shares in ranks]
+        ax.barh(labels, widths, left=left, label=part)
+        left = [a + b for a, b in zip(left, widths)]
+    ax.set_title("time per rank in the profiled steps")
+    ax.set_xlim(0, 1)
+    ax.invert_yaxis()
+    ax.legend(fontsize=8, loc="lower left", bbox_to_anchor=(1.0, 0.0))

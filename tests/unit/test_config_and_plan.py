@@ -35,6 +35,12 @@ def test_quickstart_config_loads_with_overrides():
         ({"checkpoint": {"every": 0, "keep": 2}}, "set checkpoint.every, or remove checkpoint.keep"),
         ({"train": {"steps": 0}}, "'steps' must be > 0"),
         ({"parallel": {"mesh": {"dp": 0}}}, "parallel.mesh must be a table"),
+        ({"log": {"profile": {"steps": "3-2"}}}, 'log.profile.steps must be a step or a range of steps counted from 1'),
+        ({"log": {"profile": {"steps": 2, "ranks": "some"}}}, 'log.profile.ranks must be "all" or a list of ranks'),
+        ({"log": {"profile": {"ranks": [0]}}}, 'log.profile must be a table like {steps = "10-12", ranks = "all"}'),
+        ({"log": {"profile": {"steps": "9-12"}}, "train": {"steps": 10}}, "log.profile.steps ends at step 12, after"),
+        ({"data": {"frames": {"by": "events"}}}, "invalid data.frames: 'by' must be in ('count', 'time')"),
+        ({"data": {"frames": "time"}}, 'data.frames must be a table like {by = "time"} with keys by, denoise_us'),
     ],
 )
 def test_bad_config_is_refused_by_name(data, message):

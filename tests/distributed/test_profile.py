@@ -1,0 +1,41 @@
+"""``log.profile``: a trace per chosen rank, and each rank's compute, communication and idle shares from it."""
+
+import json
+
+import pytest
+
+from snnfw import rundir
+from snnfw.errors import ConfigError
+from snnfw.run.loop import run_training
+from snnfw.testing import run_on_ranks, tiny_config
+from snnfw.tools.plot import plot, rank_shares
+
+
+def profiled(strategy, ranks="all"):
+    return tiny_config(strategy, train={"steps": 4}, log={"profile": {"steps": "2-3", "ranks": ranks}})
+
+
+def test_communication_shows_under_tp_and_not_under_none(tmp_path):
+    run_training(profiled("none"), tmp_path / "none")
+    run_on_ranks(profiled("tp"), 2, tmp_path / "tp", timeout_s=180)
+    (alone,), tp = rank_shares(tmp_path / "none"), rank_shares(tmp_path / "tp")
+    assert [shares["rank"] for shares in tp] == [0, 1]
+    assert alone["communication"] == 0 and all(shares["communication"] > 0.05 for shares in tp)
+    for shares in (alone, *tp):
+        assert shares["steps"] == [2, 3] and shares["compute"] > 0
+        assert shares["compute"] + shares["communication"] + shares["idle"] == pytest.approx(1)
+        trace = tmp_path / ("none" if shares is alone else "tp") / rundir.PROFILE / f"rank{shares['rank']}.pt.trace.json"
+        assert json.loads(trace.read_text())["traceEvents"]
+    assert plot([tmp_path / "none", tmp_path / "tp"], tmp_path / "plot.png").stat().st_size > 0
+
+
+def test_only_the_chosen_ranks_profile(tmp_path):
+    run_on_ranks(profiled("dp", ranks=[1]), 2, tmp_path, timeout_s=180)
+    assert sorted(p.name for p in (tmp_path / rundir.PROFILE).iterdir()) == ["rank1.json", "rank1.pt.trace.json"]
+
+
+def test_a_profile_needs_a_run_directory_and_ranks_of_the_run(tmp_path):
+    with pytest.raises(ConfigError, match="log.profile writes its traces into the run directory"):
+        run_training(profiled("none"))
+    with pytest.raises(ConfigError, match="log.profile.ranks names rank 2, and the run has ranks 0 to 0"):
+        run_training(profiled("none", ranks=[0, 2]), tmp_path)
