@@ -73,5 +73,6 @@ def build(config, spec, split, seed):
 
 @hookimpl
 def snnfw_register_datasets(register):
-    spec = DatasetSpec(build, "CIFAR-10 images, rate-coded into spikes per time step", unread=(*ON_DISK_UNREAD, *RAW_ONLY))
+    spec = DatasetSpec(build, "CIFAR-10 images, rate-coded into spikes per time step", unread=(*ON_DISK_UNREAD, *RAW_ONLY),
+                       classes=10, frame_shape=(3, 32, 32))
     register(NAME, spec, "binary batches in data.root")

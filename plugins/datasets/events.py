@@ -315,7 +315,8 @@ def build_raw(name: str, config, spec, split: str) -> CachedFrames:
     channels = frames.shape[2]
     if channels != spec.shape[0]:
         raise DataError(f"{name} frames have {channels} channels (its sensor's polarities) and the model takes "
-                        f"{spec.shape[0]}; set model.input_shape = [{channels}, H, W]")
+                        f"{spec.shape[0]}; choose a model that takes {channels} (a model of your own: "
+                        f"model.input_shape = [{channels}, H, W])")
     if (classes := int(labels.max()) + 1) > spec.num_classes:
         raise DataError(f"{name} has {classes} classes, but the model has {spec.num_classes} outputs; set "
                         f"model.num_classes = {classes}")

@@ -31,10 +31,10 @@ from snnfw_plugins.datasets.events import resize, tebn_split
 
 EXTENSIONS = (".npz", ".npy")
 ON_DISK_UNREAD = ("train_samples", "test_samples")  # an on-disk set has the samples its files hold
-SETS = {
-    "cifar10_dvs": ("CIFAR10DVS", "CIFAR10-DVS, 10 classes of 128x128 event frames"),
-    "dvs128_gesture": ("DVS128Gesture", "DVS128 Gesture, 11 classes of 128x128 event frames"),
-    "n_mnist": ("NMNIST", "N-MNIST, 10 classes of 34x34 event frames"),
+SETS = {  # SpikingJelly's class, description, classes, one time step's (C, H, W)
+    "cifar10_dvs": ("CIFAR10DVS", "CIFAR10-DVS, 10 classes of 128x128 event frames", 10, (2, 128, 128)),
+    "dvs128_gesture": ("DVS128Gesture", "DVS128 Gesture, 11 classes of 128x128 event frames", 11, (2, 128, 128)),
+    "n_mnist": ("NMNIST", "N-MNIST, 10 classes of 34x34 event frames", 10, (2, 34, 34)),
 }
 
 
@@ -130,8 +130,8 @@ def builder(name: str):
 
 @hookimpl
 def snnfw_register_datasets(register):
-    for name, (_, description) in SETS.items():
-        register(name, DatasetSpec(builder(name), description, unread=ON_DISK_UNREAD),
+    for name, (_, description, classes, shape) in SETS.items():
+        register(name, DatasetSpec(builder(name), description, ON_DISK_UNREAD, classes, shape),
                  "SpikingJelly's frames or the raw recordings in data.root")
     register("shd", DatasetSpec(events.builder("shd"), "Spiking Heidelberg Digits, 20 classes of 700-channel spike "
-                                "trains", unread=ON_DISK_UNREAD), "the raw recordings in data.root")
+                                "trains", ON_DISK_UNREAD, 20, (1, 1, 700)), "the raw recordings in data.root")

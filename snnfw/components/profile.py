@@ -28,6 +28,7 @@ class StepProfiler:
 
     def __init__(self, setting: Profile | None, rank: int, world_size: int, run_dir: Path | None, cuda: bool):
         self.setting, self.rank, self.cuda = setting, rank, cuda
+        self._profiler, self._started = None, 0.0
         if setting is None:
             self.active = False
             return
@@ -39,7 +40,6 @@ class StepProfiler:
                               f"{world_size - 1}; name ranks of this run")
         self.active = setting.ranks is None or rank in setting.ranks
         self.folder = Path(run_dir) / rundir.PROFILE
-        self._profiler, self._started = None, 0.0
 
     def step_start(self, step: int) -> None:
         """Before step ``step`` (counted from 1)."""

@@ -37,11 +37,15 @@ class DatasetSpec:
     Items are ``(frames [T, C, H, W] float, label int)``; ``split`` is "train" or "test".
     ``unread`` names the ``[data]`` keys the set does not read (``root`` for a generated
     set, ``train_samples`` and ``test_samples`` for one on disk), which are refused when set.
+    ``classes`` and ``frame_shape`` (one time step's ``(C, H, W)`` as recorded), where the set has them, let
+    the plan fit a family's classes to the set's and say how frames are resized.
     """
 
     build: Callable[[DataConfig, InputSpec, str, int], Dataset]
     description: str = ""
     unread: tuple[str, ...] = ()
+    classes: int | None = None
+    frame_shape: tuple[int, int, int] | None = None
 
 
 def check_keys(config: Config, spec: DatasetSpec) -> None:

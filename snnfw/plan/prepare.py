@@ -76,6 +76,27 @@ def check_data(config: Config, plugins: Plugins, own_data: bool) -> None:
         datalib.check_keys(config, plugins.datasets.get(config.data.name))
 
 
+def follow_data(config: Config, plugins: Plugins) -> tuple[Config, tuple[str, ...]]:
+    """A family's classes fitted to a registered data set that declares its own (unless model.num_classes is
+    set), and what the plan says of it and of resized frames."""
+    if config.data.builder is not None or config.model.builder is not None:
+        return config, ()
+    dataset = plugins.datasets.get(config.data.name)
+    flavor = plugins.families.get(config.model.family).flavor(config.model.flavor)
+    notes = []
+    if dataset.classes and "model.num_classes" not in config.explicit and flavor.with_classes is not None \
+            and dataset.classes != flavor.num_classes:
+        model = attrs.evolve(config.model, num_classes=dataset.classes)
+        config = attrs.evolve(config, model=model)
+        notes.append(f"model.num_classes = {dataset.classes}: data set {config.data.name}'s classes (flavor "
+                     f"{config.model.flavor} has {flavor.num_classes}; set model.num_classes to choose)")
+    if dataset.frame_shape and tuple(dataset.frame_shape[1:]) != tuple(flavor.input_shape[1:]):
+        (height, width), (h, w) = dataset.frame_shape[1:], flavor.input_shape[1:]
+        notes.append(f"frames of data set {config.data.name} resized by area from {height}x{width} to the model's "
+                     f"{h}x{w}")
+    return config, tuple(notes)
+
+
 def with_epochs(config: Config, train_samples: int) -> Config:
     """``config`` with ``train.steps`` from ``train.epochs`` (that many passes of whole global batches),
     ``train.warmup_steps`` from ``train.warmup_epochs`` and ``eval.every`` from ``eval.every_epochs``."""
@@ -140,6 +161,7 @@ def prepare(config: Config, world_size: int, plugins: Plugins, local_ranks: int 
     of a job pass one that takes rank 0's, or the launcher's).
     """
     check_data(config, plugins, datasets is not None)
+    config, data_notes = follow_data(config, plugins) if model is None and datasets is None else (config, ())
     source = models.source(config, plugins, model)
     built_data = None
     if datasets is None and _counts_epochs(config):
@@ -161,7 +183,7 @@ def prepare(config: Config, world_size: int, plugins: Plugins, local_ranks: int 
     allocator = cpu_allocator.resolve(config.parallel.cpu_allocator, topology.device_type)
     notes = precision_notes(config, topology.device_type) + (
         ("cpu_allocator retain: each rank's malloc keeps freed blocks for the next step",) if allocator == "retain" else ())
-    plan = attrs.evolve(plan, rationale=topology.rationale + plan.rationale + notes)
+    plan = attrs.evolve(plan, rationale=topology.rationale + plan.rationale + data_notes + notes)
     return Prepared(plan, built, source.spec, analysis, given_instance=isinstance(model, torch.nn.Module),
                     datasets=built_data, decision=decision)
 
@@ -170,6 +192,7 @@ def auto_candidates(config: Config, world_size: int, plugins: Plugins, device_me
     """``auto``'s runnable candidates for ``config`` on ``world_size`` ranks, best first; starts no process.
     ``device_memory``: the bytes a rank may use (default: this machine's, shared by its ranks)."""
     check_data(config, plugins, own_data=False)
+    config, _ = follow_data(config, plugins)
     source = models.source(config, plugins)
     config = _resolved(config, plugins, source, None)
     model = _build(config, source)

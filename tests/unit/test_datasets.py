@@ -120,8 +120,8 @@ def test_a_family_takes_the_class_count_of_dvs128_gesture(tmp_path, plugins):
     classes = tuple(str(c) for c in range(11))
     root = split_layout(tmp_path / "gesture", classes=classes, per_class=1)
     data = {"name": "dvs128_gesture", "root": str(root), "batch_size": 4}
-    with pytest.raises(DataError, match="11 classes, but the model has 10 outputs"):
-        run_training(tiny_config(data=data, train={"steps": 1}))
-    summary = run_training(tiny_config(data=data, model={"num_classes": 11}, train={"steps": 2}), tmp_path / "run")
+    with pytest.raises(DataError, match="11 classes, but the model has 10 outputs"):  # set by the user: kept
+        run_training(tiny_config(data=data, model={"num_classes": 10}, train={"steps": 1}))
+    summary = run_training(tiny_config(data=data, train={"steps": 2}), tmp_path / "run")  # the plan follows the data
     model = torch.load(tmp_path / "run" / "final_model.pt", weights_only=True)
     assert model["classifier.0.weight"].shape[0] == 11 and len(summary["losses"]) == 2

@@ -102,7 +102,23 @@ def test_a_cut_recording_is_refused_naming_the_file_and_the_url(tmp_path):
 def test_a_model_of_other_channels_or_fewer_classes_is_refused_naming_the_key(tmp_path):
     write_shd(tmp_path, classes=4)
     build = events.builder("shd")
-    with pytest.raises(DataError, match=r"shd frames have 1 channels .* set model.input_shape = \[1, H, W\]"):
+    with pytest.raises(DataError, match=r"shd frames have 1 channels .* model.input_shape = \[1, H, W\]\)"):
         build(data_config("shd", tmp_path), InputSpec(T, (2, 32, 32), 10), "train", 0)
     with pytest.raises(DataError, match="shd has 4 classes, but the model has 3 outputs; set model.num_classes = 4"):
         build(data_config("shd", tmp_path), InputSpec(T, (1, 1, 700), 3), "train", 0)
+
+
+def test_the_plan_fits_a_familys_classes_to_the_data_set_and_says_how_frames_are_resized(tmp_path):
+    from snnfw.plan.prepare import prepare
+    from snnfw.plugin.manager import Plugins
+
+    write_dvs128_gesture(tmp_path)
+    settings = {"data": {"name": "dvs128_gesture", "root": str(tmp_path), "batch_size": 2}, "train": {"epochs": 1}}
+    prepared = prepare(build_config({**settings, "model": {"time_steps": T}}), 1, Plugins())
+    assert prepared.plan.config.model.num_classes == 11 and prepared.spec.num_classes == 11
+    said = " | ".join(prepared.plan.rationale)
+    assert "model.num_classes = 11: data set dvs128_gesture's classes (flavor tiny has 10" in said
+    assert "frames of data set dvs128_gesture resized by area from 128x128 to the model's 32x32" in said
+    assert len(prepared.datasets[0]) == 8  # two trials of four gestures
+    chosen = prepare(build_config({**settings, "model": {"time_steps": T, "num_classes": 12}}), 1, Plugins())
+    assert chosen.plan.config.model.num_classes == 12 and "model.num_classes = 11" not in " ".join(chosen.plan.rationale)
