@@ -27,7 +27,8 @@ BEST_MODEL = "best_model.pt"  # the same, at the validation with the highest eva
 TENSORBOARD = "tensorboard"  # the folder of TensorBoard event files (``log.tensorboard``)
 CHECKPOINTS = "checkpoints"  # the folder of ``step-N`` checkpoints
 PROFILE = "profile"  # the folder of ``log.profile``'s traces and shares, per rank
-RUN_FILES = (METRICS, SUMMARY, FINAL_MODEL, BEST_MODEL, TENSORBOARD, CHECKPOINTS, PROFILE)  # what a training run writes
+MEMORY = "memory"  # the folder of ``log.memory_snapshot``'s records, per rank
+RUN_FILES = (METRICS, SUMMARY, FINAL_MODEL, BEST_MODEL, TENSORBOARD, CHECKPOINTS, PROFILE, MEMORY)  # a run's files
 
 RANKS = ".ranks"  # the ranks' markers for the launcher
 STOPPED = "stopped"  # in RANKS: the user error that stopped a rank, one line

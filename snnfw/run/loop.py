@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from snnfw import rundir
+from snnfw.components.memory import MemorySnapshot
 from snnfw.components.metrics import MetricsLog
 from snnfw.components.precision import precision_notes
 from snnfw.components.profile import StepProfiler
@@ -45,7 +46,10 @@ def run_training(
     with start(config, run_dir=run_dir, resume=resume, plugins=plugins) as run:
         config, plan, is_main = run.config, run.plan, run.env.rank == 0
         log = MetricsLog(run_dir, is_main, config.train.steps, run.start_step, config.log.tensorboard)
-        profiler = StepProfiler(config.log.profile, run.env.rank, run.env.world_size, run_dir, plan.device_type == "cuda")
+        cuda = plan.device_type == "cuda"
+        profiler = StepProfiler(config.log.profile, run.env.rank, run.env.world_size, run_dir, cuda)
+        memory = MemorySnapshot(config.log.memory_snapshot, run.env.rank, run_dir, cuda, run.trainer.model,
+                                run.trainer.optimizer)
         for note in precision_notes(config, plan.device_type) if is_main else ():
             print(f"[snnfw] note: {note}", file=sys.stderr, flush=True)
         evaluations = earlier_evaluations(log.earlier)  # every validation with its step, a resumed run's included
@@ -56,7 +60,8 @@ def run_training(
         for step in range(run.start_step, config.train.steps):
             run.trainer.plugins.step_start(step + 1, run.env.rank)
             profiler.step_start(step + 1)
-            record = run.step(step)
+            with memory.around(step + 1):
+                record = run.step(step)
             profiler.step_end(step + 1)
             if step + 1 == config.train.steps or (config.eval.every and (step + 1) % config.eval.every == 0):
                 evaluated = run.evaluate()

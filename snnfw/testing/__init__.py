@@ -96,17 +96,9 @@ def tracked_peak_bytes(trainer: Trainer) -> int:
     activations), so deterministic, unlike resident memory. The step is
     :func:`replay_first_step`.
     """
-    from torch.distributed._tools.mem_tracker import MemTracker
+    from snnfw.components.memory import step_tracker
 
-    class Tracker(MemTracker):
-        """Forgets a module's stats when a new forward calls it again: microbatches repeat top-level calls."""
-
-        def _pre_fw_hook(self, module, inputs):
-            if not self._mod_tracker.is_bw:
-                self.memory_tracking.pop(module, None)
-            super()._pre_fw_hook(module, inputs)
-
-    tracker = Tracker()
+    tracker = step_tracker()
     tracker.track_external(trainer.model, trainer.optimizer)
     replay_first_step(trainer, tracker)
     return tracker.get_tracker_snapshot("peak")[trainer.device]["Total"]

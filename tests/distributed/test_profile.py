@@ -39,3 +39,30 @@ def test_a_profile_needs_a_run_directory_and_ranks_of_the_run(tmp_path):
         run_training(profiled("none"))
     with pytest.raises(ConfigError, match="log.profile.ranks names rank 2, and the run has ranks 0 to 0"):
         run_training(profiled("none", ranks=[0, 2]), tmp_path)
+
+
+def test_a_memory_snapshot_counts_the_steps_tensors_by_kind_on_every_rank(tmp_path):
+    """On a CPU, torch's MemTracker: the parameters are the model's, and tsp at P = 2 holds about half of none's
+    activations."""
+    import torch
+
+    def snapshot(strategy, ranks, run):
+        config = tiny_config(strategy, train={"steps": 3}, log={"memory_snapshot": 2})
+        summaries = run_training(config, run) if ranks == 1 else run_on_ranks(config, ranks, run, timeout_s=180)
+        return [json.loads((run / rundir.MEMORY / f"rank{r}.json").read_text()) for r in range(ranks)], summaries
+
+    (alone,), _ = snapshot("none", 1, tmp_path / "none")
+    split, _ = snapshot("tsp", 2, tmp_path / "tsp")
+    model = torch.load(tmp_path / "none" / rundir.FINAL_MODEL, weights_only=True)
+    parameters = sum(v.numel() * v.element_size() for k, v in model.items() if "running" not in k and "num_batches" not in k)
+    assert alone["step"] == 2 and alone["peak_bytes"]["parameter"] == parameters
+    assert alone["module_peak_bytes"] and max(alone["module_peak_bytes"].values()) <= alone["peak_bytes"]["total"]
+    for rank in split:
+        assert 0.4 < rank["peak_bytes"]["activation"] / alone["peak_bytes"]["activation"] < 0.6
+
+
+def test_a_memory_snapshot_needs_a_run_directory_and_a_step_of_the_run():
+    with pytest.raises(ConfigError, match="log.memory_snapshot writes into the run directory"):
+        run_training(tiny_config("none", log={"memory_snapshot": 1}))
+    with pytest.raises(ConfigError, match="log.memory_snapshot = 9 is after the run's last step, train.steps = 3"):
+        tiny_config("none", log={"memory_snapshot": 9})
