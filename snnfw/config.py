@@ -330,6 +330,8 @@ class LogConfig:
     phase_times: bool = attrs.field(default=False, validator=v.instance_of(bool))  # data_ms, forward_ms, ... per step
     profile: Profile | None = attrs.field(default=None, converter=_profile)
     memory_snapshot: int = attrs.field(default=0, validator=[v.instance_of(int), v.ge(0)])  # a step (from 1); 0: none
+    wandb: str = attrs.field(default="", validator=v.in_(("", "offline", "online")))  # "": no Weights & Biases
+    wandb_project: str = attrs.field(default="snnfw", validator=v.instance_of(str))
 
 
 EXPLICIT = "explicit"  # the top-level entry of Config.to_dict that lists the keys the user set
@@ -451,6 +453,9 @@ def build_config(data: dict[str, Any], overrides: list[str] = ()) -> Config:
     if profile is not None and profile.steps[1] > steps and sections["train"].epochs is None:
         raise ConfigError(f"log.profile.steps ends at step {profile.steps[1]}, after the run's last, train.steps = "
                           f"{steps}; profile steps within the run")
+    if "log.wandb_project" in explicit and not sections["log"].wandb:
+        raise ConfigError('log.wandb_project names the Weights & Biases project of log.wandb, which is off; set '
+                          'log.wandb = "offline" or "online", or remove log.wandb_project')
     if sections["log"].memory_snapshot > steps and sections["train"].epochs is None:
         raise ConfigError(f"log.memory_snapshot = {sections['log'].memory_snapshot} is after the run's last step, "
                           f"train.steps = {steps}; choose a step within the run")

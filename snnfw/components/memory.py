@@ -14,7 +14,6 @@ import sys
 from pathlib import Path
 
 from snnfw import rundir
-from snnfw.errors import ConfigError
 
 MB = 2**20
 
@@ -37,9 +36,6 @@ class MemorySnapshot:
     """Records step ``step`` (counted from 1; 0: none) of ``model`` and ``optimizer`` on this rank."""
 
     def __init__(self, step: int, rank: int, run_dir: Path | None, cuda: bool, model, optimizer):
-        if step and run_dir is None:
-            raise ConfigError("log.memory_snapshot writes into the run directory, and this run has none; pass a "
-                              "run directory, or remove log.memory_snapshot")
         self.step, self.rank, self.cuda, self.model, self.optimizer = step, rank, cuda, model, optimizer
         self.folder = Path(run_dir) / rundir.MEMORY if step else None
 

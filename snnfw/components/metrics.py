@@ -111,14 +111,18 @@ class MetricsLog:
     (``earlier``), for the summary of the whole run.
     """
 
-    def __init__(self, run_dir: Path | None, enabled: bool, total_steps: int, start: int = 0, tensorboard: bool = False):
+    def __init__(self, run_dir: Path | None, enabled: bool, total_steps: int, start: int = 0, tensorboard: bool = False,
+                 wandb: tuple[str, str, dict] | None = None):
+        """``wandb``: (mode, project, the run's config) to log every record to Weights & Biases as well."""
         self.enabled = enabled and run_dir is not None
         self.total_steps = total_steps
         self.records: list[dict[str, Any]] = []
         path = run_dir / rundir.METRICS if run_dir is not None else None
         earlier = rundir.read_metrics(path, note=self.enabled) if start and path is not None and path.exists() else []
         self.earlier = [record for record in earlier if record["step"] <= start]
-        self._file = self._board = None
+        self._file = self._board = self._wandb = None
+        if self.enabled and wandb:
+            self._wandb = open_wandb(run_dir, *wandb)
         if self.enabled and tensorboard:
             from torch.utils.tensorboard import SummaryWriter
 
@@ -133,10 +137,12 @@ class MetricsLog:
         if self._file:
             self._file.write(json.dumps(record) + "\n")
             self._file.flush()
+        scalars = {board_tag(k): v for k, v in record.items() if k != "step" and isinstance(v, (int, float))}
         if self._board:
-            for key, value in record.items():
-                if key != "step" and isinstance(value, (int, float)):
-                    self._board.add_scalar(board_tag(key), value, record["step"])
+            for tag, value in scalars.items():
+                self._board.add_scalar(tag, value, record["step"])
+        if self._wandb:
+            self._wandb.log(scalars, step=record["step"])
         if show:
             print(
                 f"[snnfw] step {record['step']}/{self.total_steps} epoch {record['epoch']:.2f} loss {record['loss']:.4f} lr {record['lr']:.3g} "
@@ -164,3 +170,16 @@ class MetricsLog:
             self._file.close()
         if self._board:
             self._board.close()
+        if self._wandb:
+            self._wandb.finish()
+
+
+def open_wandb(run_dir: Path, mode: str, project: str, config: dict):
+    """A Weights & Biases run in ``run_dir/wandb``, one per run directory, so that a resumed run continues it."""
+    import hashlib
+
+    import wandb
+
+    run_id = hashlib.sha256(str(Path(run_dir).resolve()).encode()).hexdigest()[:16]
+    return wandb.init(project=project, dir=str(run_dir), name=Path(run_dir).name, id=run_id, resume="allow",
+                      mode=mode, config=config)

@@ -32,9 +32,6 @@ class StepProfiler:
         if setting is None:
             self.active = False
             return
-        if run_dir is None:
-            raise ConfigError("log.profile writes its traces into the run directory, and this run has none; pass a "
-                              "run directory, or remove log.profile")
         if setting.ranks and (outside := [r for r in setting.ranks if r >= world_size]):
             raise ConfigError(f"log.profile.ranks names rank {outside[0]}, and the run has ranks 0 to "
                               f"{world_size - 1}; name ranks of this run")

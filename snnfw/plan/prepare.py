@@ -143,6 +143,11 @@ def _resolved(config: Config, plugins: Plugins, source: models.Source, datasets:
             "log.tensorboard needs the tensorboard package, which is not installed; run "
             "`SNNFW_EXTRAS=tensorboard bash scripts/install.sh` (or pip install tensorboard), or remove log.tensorboard"
         )
+    if config.log.wandb and importlib.util.find_spec("wandb") is None:
+        raise ConfigError(
+            "log.wandb needs the wandb package, which is not installed; run `SNNFW_EXTRAS=tensorboard,wandb bash "
+            "scripts/install.sh` (or pip install wandb), or remove log.wandb"
+        )
     return config
 
 

@@ -17,12 +17,14 @@ from snnfw.components.profile import StepProfiler
 from snnfw.components.weights import read_weights
 from snnfw.config import Config, for_evaluation
 from snnfw.distributed.collectives import all_reduce, barrier
+from snnfw.errors import ConfigError, keys_phrase
 from snnfw.plugin.manager import Plugins
 from snnfw.run.session import start
 from snnfw.run.trainer import Trainer
 from snnfw.rundir import BEST_MODEL, EVAL, FINAL_MODEL, SUMMARY
 
 CHECKPOINT_MS = "checkpoint_ms"  # a step's metric: the time its checkpoint save held training up
+WRITES_INTO_RUN_DIR = ("tensorboard", "wandb", "profile", "memory_snapshot")  # [log] keys
 
 
 def run_training(
@@ -42,10 +44,15 @@ def run_training(
     written every ``checkpoint.every`` steps.
     """
     run_dir = Path(run_dir) if run_dir is not None else None
+    if run_dir is None and (keys := [f"log.{key}" for key in WRITES_INTO_RUN_DIR if getattr(config.log, key)]):
+        subject, pronoun = keys_phrase(keys)
+        raise ConfigError(f"{subject} written into the run directory, and this run has none; pass a run directory, "
+                          f"or remove {pronoun}")
     started = time.perf_counter()
     with start(config, run_dir=run_dir, resume=resume, plugins=plugins) as run:
         config, plan, is_main = run.config, run.plan, run.env.rank == 0
-        log = MetricsLog(run_dir, is_main, config.train.steps, run.start_step, config.log.tensorboard)
+        wandb = (config.log.wandb, config.log.wandb_project, config.to_dict()) if config.log.wandb else None
+        log = MetricsLog(run_dir, is_main, config.train.steps, run.start_step, config.log.tensorboard, wandb)
         cuda = plan.device_type == "cuda"
         profiler = StepProfiler(config.log.profile, run.env.rank, run.env.world_size, run_dir, cuda)
         memory = MemorySnapshot(config.log.memory_snapshot, run.env.rank, run_dir, cuda, run.trainer.model,

@@ -35,7 +35,7 @@ def test_only_the_chosen_ranks_profile(tmp_path):
 
 
 def test_a_profile_needs_a_run_directory_and_ranks_of_the_run(tmp_path):
-    with pytest.raises(ConfigError, match="log.profile writes its traces into the run directory"):
+    with pytest.raises(ConfigError, match="log.profile is written into the run directory, and this run has none"):
         run_training(profiled("none"))
     with pytest.raises(ConfigError, match="log.profile.ranks names rank 2, and the run has ranks 0 to 0"):
         run_training(profiled("none", ranks=[0, 2]), tmp_path)
@@ -62,7 +62,33 @@ def test_a_memory_snapshot_counts_the_steps_tensors_by_kind_on_every_rank(tmp_pa
 
 
 def test_a_memory_snapshot_needs_a_run_directory_and_a_step_of_the_run():
-    with pytest.raises(ConfigError, match="log.memory_snapshot writes into the run directory"):
+    with pytest.raises(ConfigError, match="log.memory_snapshot is written into the run directory"):
         run_training(tiny_config("none", log={"memory_snapshot": 1}))
     with pytest.raises(ConfigError, match="log.memory_snapshot = 9 is after the run's last step, train.steps = 3"):
         tiny_config("none", log={"memory_snapshot": 9})
+
+
+def test_every_metrics_record_reaches_an_offline_weights_and_biases_run(tmp_path):
+    pytest.importorskip("wandb", reason="log.wandb is an optional extra (SNNFW_EXTRAS=tensorboard,wandb)")
+    from snnfw.testing.wandb_records import offline_history
+
+    summary = run_training(tiny_config("none", log={"wandb": "offline"}, eval={"every": 2}), tmp_path)
+    rows = offline_history(tmp_path)
+    assert [row["_step"] for row in rows] == [1, 2, 3]
+    assert [row["train/loss"] for row in rows] == summary["losses"]
+    assert [row.get("eval/acc") for row in rows] == [None, *(e["eval_acc"] for e in summary["evaluations"])]
+
+
+def test_wandb_is_refused_in_one_line_where_it_is_not_installed(monkeypatch):
+    import importlib.util
+
+    from snnfw.plan.prepare import prepare
+    from snnfw.plugin.manager import Plugins
+
+    found = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "wandb" else found(name, *a))
+    with pytest.raises(ConfigError, match=r"log.wandb needs the wandb package, which is not installed; run "
+                                          r"`SNNFW_EXTRAS=tensorboard,wandb bash scripts/install.sh`"):
+        prepare(tiny_config("none", log={"wandb": "offline"}), 1, Plugins())
+    with pytest.raises(ConfigError, match="log.wandb_project names the Weights & Biases project of log.wandb, which is off"):
+        tiny_config("none", log={"wandb_project": "mine"})
