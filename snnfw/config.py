@@ -109,7 +109,12 @@ class ModelConfig:
     tp_plan: tuple[tuple[str, str], ...] | None = attrs.field(default=None, converter=_tp_plan)
 
 
-AUGMENTS = ("hflip", "roll", "crop")  # snnfw.data.augment's transforms
+EVENT_AUGMENTS = ("drop_event", "time_jitter", "spatial_jitter")  # tonic's, on raw events before they become frames
+AUGMENTS = ("hflip", "roll", "crop", *EVENT_AUGMENTS)  # snnfw.data.augment's transforms
+
+
+def _optional_float(value: Any) -> float | None:
+    return None if value is None else float(value)
 
 
 def _augment(value: Any) -> tuple[str, ...]:
@@ -156,6 +161,12 @@ class DataConfig:
     augment: tuple[str, ...] = attrs.field(default=(), converter=_augment)
     roll_pixels: int | None = attrs.field(default=None, validator=v.optional(_positive))
     crop_padding: int | None = attrs.field(default=None, validator=v.optional(_positive))
+    drop_event_p: float | None = attrs.field(default=None, converter=_optional_float,
+                                             validator=v.optional([v.gt(0), v.lt(1)]))
+    time_jitter_us: float | None = attrs.field(default=None, converter=_optional_float,
+                                               validator=v.optional([v.gt(0), _finite]))
+    spatial_jitter_px: float | None = attrs.field(default=None, converter=_optional_float,
+                                                  validator=v.optional([v.gt(0), _finite]))
     frames: Frames = attrs.field(factory=Frames, converter=_frames)  # raw event sets only
     cache: str | None = attrs.field(default=None, validator=v.optional(v.instance_of(str)))  # their frames' folder
 
@@ -212,10 +223,6 @@ def _no_decay(value: Any) -> tuple[str, ...]:
             f"train.no_decay lists parameter kinds exempt from weight decay, some of {list(NO_DECAY_KINDS)}; got {value!r}"
         )
     return tuple(value)
-
-
-def _optional_float(value: Any) -> float | None:
-    return None if value is None else float(value)
 
 
 @attrs.frozen

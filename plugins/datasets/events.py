@@ -287,10 +287,12 @@ def _integrate(config, name: str, split: str, time_steps: int, folder: Path) -> 
 
 
 class CachedFrames:
-    """``(frames [T, C, H, W] float, label)`` from a split's cached counts, resized to the model's input."""
+    """``(frames [T, C, H, W] float, label)`` from a split's cached counts, resized to the model's input; with
+    event augmentation, from the recording's events (:meth:`with_events`)."""
 
-    def __init__(self, frames: np.ndarray, labels: np.ndarray, size: tuple[int, int]):
-        self.frames, self.labels, self.size = frames, labels, size
+    def __init__(self, frames: np.ndarray, labels: np.ndarray, size: tuple[int, int], name: str, split: str, config):
+        self.frames, self.labels, self.size, self.name, self.split, self.config = frames, labels, size, name, split, config
+        self._recordings = None
 
     def __len__(self) -> int:
         return len(self.labels)
@@ -300,6 +302,43 @@ class CachedFrames:
 
         frames = torch.from_numpy(np.asarray(self.frames[index], dtype=np.float32))
         return resize(frames, self.size), int(self.labels[index])
+
+    def with_events(self, index: int, names: tuple[str, ...], options: dict, seed: int):
+        """Sample ``index`` integrated again from its recording's events after tonic's transforms ``names``,
+        their random draws seeded by ``seed``."""
+        import torch
+
+        raw, root = SETS[self.name], Path(self.config.root)
+        if self._recordings is None:
+            self._recordings = [recording for recording, _ in raw.recordings(root, self.split)]
+        events = raw.read(root, self._recordings[index])
+        with _numpy_seeded(seed):
+            for name in names:
+                events = _event_transform(name, raw.sensor, options)(events)
+        counts = to_frames(events, raw.sensor, self.frames.shape[1], self.config.frames)
+        return resize(torch.from_numpy(counts.astype(np.float32)), self.size), int(self.labels[index])
+
+
+def _event_transform(name: str, sensor: tuple[int, int, int], options: dict):
+    from tonic.transforms import DropEvent, SpatialJitter, TimeJitter
+
+    if name == "drop_event":
+        return DropEvent(p=options["drop_event_p"])
+    if name == "time_jitter":
+        return TimeJitter(std=options["time_jitter_us"], clip_negative=True, sort_timestamps=True)
+    return SpatialJitter(sensor_size=sensor, var_x=options["spatial_jitter_px"], var_y=options["spatial_jitter_px"],
+                         clip_outliers=True)
+
+
+@contextlib.contextmanager
+def _numpy_seeded(seed: int):
+    """tonic's transforms draw from numpy's global generator: seeded here, and restored after."""
+    state = np.random.get_state()
+    np.random.seed(seed % 2**32)
+    try:
+        yield
+    finally:
+        np.random.set_state(state)
 
 
 def resize(frames, size: tuple[int, int]):
@@ -320,7 +359,10 @@ def build_raw(name: str, config, spec, split: str) -> CachedFrames:
     if (classes := int(labels.max()) + 1) > spec.num_classes:
         raise DataError(f"{name} has {classes} classes, but the model has {spec.num_classes} outputs; set "
                         f"model.num_classes = {classes}")
-    return CachedFrames(frames, labels, tuple(spec.shape[1:]))
+    if "spatial_jitter" in config.augment and SETS[name].sensor[1] == 1:
+        raise DataError(f"data.augment's 'spatial_jitter' moves events in the pixel grid, and {name} records "
+                        "channels, not pixels; remove it")
+    return CachedFrames(frames, labels, tuple(spec.shape[1:]), name, split, config)
 
 
 def builder(name: str):

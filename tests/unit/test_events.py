@@ -3,6 +3,7 @@
 import attrs
 import numpy as np
 import pytest
+import torch
 from tonic.transforms import Denoise, ToFrame
 
 from snnfw.config import build_config
@@ -122,3 +123,37 @@ def test_the_plan_fits_a_familys_classes_to_the_data_set_and_says_how_frames_are
     assert len(prepared.datasets[0]) == 8  # two trials of four gestures
     chosen = prepare(build_config({**settings, "model": {"time_steps": T, "num_classes": 12}}), 1, Plugins())
     assert chosen.plan.config.model.num_classes == 12 and "model.num_classes = 11" not in " ".join(chosen.plan.rationale)
+
+
+def test_event_augments_transform_the_recorded_events_with_tonic_seeded_per_sample(tmp_path):
+    from tonic.transforms import DropEvent, TimeJitter
+
+    from snnfw.data.augment import Augmented, augment_options, sample_seed
+
+    written = write_nmnist(tmp_path)
+    config = data_config("n_mnist", tmp_path, augment=["drop_event", "time_jitter", "hflip"], drop_event_p=0.3,
+                         frames={"by": "time"})
+    spec = InputSpec(time_steps=T, shape=(2, 34, 34), num_classes=10)
+    train = neuromorphic.builder("n_mnist")(config, spec, "train", 0)
+    augmented = Augmented(train, config.augment, augment_options(config), seed=5)
+    first, again, later = augmented[3], augmented[3], augmented[len(train) + 3]  # epoch 0 twice, then epoch 1
+    assert torch.equal(first[0], again[0]) and not torch.equal(first[0], later[0]) and first[1] == written["train"][3][1]
+    state = np.random.get_state()
+    np.random.seed(sample_seed(5, 0, 3) % 2**32)
+    events = TimeJitter(std=100.0, clip_negative=True, sort_timestamps=True)(DropEvent(p=0.3)(written["train"][3][0]))
+    np.random.set_state(state)
+    expected = torch.from_numpy(ToFrame(sensor_size=(34, 34, 2), n_time_bins=T)(events).astype(np.float32))
+    assert torch.equal(first[0], expected) or torch.equal(first[0], expected.flip(-1))  # hflip comes after
+    assert first[0].sum() < 0.8 * torch.from_numpy(np.asarray(train.frames[3], dtype=np.float32)).sum()
+
+
+def test_event_augments_are_refused_where_there_are_no_events(tmp_path):
+    from snnfw.data.augment import Augmented, augment_options
+
+    write_shd(tmp_path)
+    shd = data_config("shd", tmp_path, augment=["spatial_jitter"])
+    with pytest.raises(DataError, match="'spatial_jitter' moves events in the pixel grid, and shd records channels"):
+        events.builder("shd")(shd, InputSpec(T, (1, 1, 700), 20), "train", 0)
+    frames = [(torch.zeros(T, 2, 8, 8), 0)]
+    with pytest.raises(DataError, match="data.augment's 'drop_event' transform raw events before they become frames"):
+        Augmented(frames, ("drop_event",), augment_options(shd), seed=0)
