@@ -6,12 +6,14 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 
 from snnfw.config import build_config
 from snnfw.plan.prepare import build_model
 from snnfw.plugin.manager import Plugins
 from snnfw.testing.layouts import cifar10_dvs_layout, write_cifar10
+from snnfw.testing.raw_events import write_cifar10_dvs
 
 ROOT = Path(__file__).resolve().parents[2]
 TIMEOUT_S = 300
@@ -35,10 +37,16 @@ def assert_trained_model(path: Path, model: dict) -> None:
     assert changed, f"{path} holds the initial weights"
 
 
-def test_the_dvs_trainer_validates_every_epoch_and_keeps_checkpoints_and_models(tmp_path):
-    """The TET recipe at the VGG's tiny flavor on CIFAR10-DVS's frames folder (2 classes of 30 samples: 54 to
-    train, 6 to test), batch 8: 6 steps an epoch."""
-    root, run_dir = cifar10_dvs_layout(tmp_path / "cifar10dvs"), tmp_path / "run"
+def raw_cifar10_dvs(root: Path) -> Path:
+    write_cifar10_dvs(root, per_class=30, classes=2)
+    return root
+
+
+@pytest.mark.parametrize("layout", [cifar10_dvs_layout, raw_cifar10_dvs], ids=["frames", "raw"])
+def test_the_dvs_trainer_validates_every_epoch_and_keeps_checkpoints_and_models(tmp_path, layout):
+    """The TET recipe at the VGG's tiny flavor on CIFAR10-DVS (2 classes of 30 samples: 54 to train, 6 to test),
+    from SpikingJelly's frames folder or from the raw recordings, batch 8: 6 steps an epoch."""
+    root, run_dir = layout(tmp_path / "cifar10dvs"), tmp_path / "run"
     lines = torchrun("train_dvs.py", "--recipe", "cifar10dvs_vgg_tet", "--root", str(root), "--strategy", "dp",
                      "--set", "model.flavor=tiny", "--set", "model.time_steps=4", "--set", "train.epochs=2",
                      "--set", "data.batch_size=8", "--run-dir", str(run_dir))
