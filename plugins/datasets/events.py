@@ -303,6 +303,13 @@ class CachedFrames:
         frames = torch.from_numpy(np.asarray(self.frames[index], dtype=np.float32))
         return resize(frames, self.size), int(self.labels[index])
 
+    def time_slice(self, index: int, start: int, stop: int):
+        """Time steps ``start`` to ``stop`` of sample ``index``, read alone from the cache."""
+        import torch
+
+        frames = torch.from_numpy(np.asarray(self.frames[index, start:stop], dtype=np.float32))
+        return resize(frames, self.size), int(self.labels[index])
+
     def with_events(self, index: int, names: tuple[str, ...], options: dict, seed: int):
         """Sample ``index`` integrated again from its recording's events after tonic's transforms ``names``,
         their random draws seeded by ``seed``."""

@@ -60,7 +60,8 @@ def split_in_time(model, plan, mesh) -> None:
     from snnfw_plugins.strategies.tsp_ops import EXCHANGES, TimeGroup, exchange_group, split_time
 
     EXCHANGES.enabled = plan.config.log.phase_times
-    split_time(model, [submodule(model, name) for name in plan.analysis.neurons], TimeGroup(exchange_group(mesh)))
+    split_time(model, [submodule(model, name) for name in plan.analysis.neurons], TimeGroup(exchange_group(mesh)),
+               plan.config.model.time_steps)
 
 
 def _mesh(request):
@@ -113,6 +114,16 @@ def snnfw_parallelize(model, plan, mesh, hooks):
 
     split_in_time(model, plan, mesh)
     return wrap_ddp(model, plan, mesh, hooks, group=dist.new_group())  # every rank, on a group of its own
+
+
+@hookimpl
+def snnfw_time_view(plan, mesh):
+    """On a ``time`` mesh dimension of P ranks, coordinate k reads steps k T/P to (k+1) T/P only."""
+    if mesh is None or "time" not in dict(plan.mesh):
+        return None
+    size, steps = dict(plan.mesh)["time"], plan.config.model.time_steps
+    k = mesh.get_local_rank("time")
+    return k * steps // size, (k + 1) * steps // size
 
 
 @hookimpl

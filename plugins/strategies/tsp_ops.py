@@ -225,8 +225,9 @@ def _time_synced_batch_norm(norm: nn.modules.batchnorm._BatchNorm, time: TimeGro
     return forward
 
 
-def split_time(model: nn.Module, neurons: list[nn.Module], time: TimeGroup) -> None:
-    """Applies the changes the module docstring lists to ``model`` and its ``neurons``, in place."""
+def split_time(model: nn.Module, neurons: list[nn.Module], time: TimeGroup, steps: int) -> None:
+    """Applies the changes the module docstring lists to ``model`` of ``steps`` time steps and its ``neurons``, in
+    place. The model takes the whole samples' frames, or this rank's chunk of them (the loader's time view)."""
     for neuron in neurons:
         chain_neuron(neuron, time)
     for module in model.modules():
@@ -235,6 +236,8 @@ def split_time(model: nn.Module, neurons: list[nn.Module], time: TimeGroup) -> N
 
     def own_steps(module, args):
         frames = args[0]  # [N, T, ...]: before a model taking [T, N, ...] transposes them
+        if frames.shape[1] == steps // time.size:
+            return None  # the chunk already
         return (frames[:, time.chunk(frames.shape[1])], *args[1:])
 
     model.register_forward_pre_hook(own_steps, prepend=True)

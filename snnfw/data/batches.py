@@ -152,3 +152,20 @@ def load(dataset: Dataset, indices: torch.Tensor, device: torch.device, dtype=No
     from torch.utils.data import default_collate
 
     return _placed(*default_collate([dataset[i] for i in indices.tolist()]), device, dtype)
+
+
+class TimeView:
+    """Time steps ``start`` to ``stop`` of each sample of ``dataset``: read alone where the data set can
+    (``time_slice(index, start, stop)``), else cut from the whole sample."""
+
+    def __init__(self, dataset: Dataset, start: int, stop: int):
+        self.dataset, self.start, self.stop = dataset, start, stop
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getitem__(self, index: int):
+        if hasattr(self.dataset, "time_slice"):
+            return self.dataset.time_slice(index, self.start, self.stop)
+        frames, label = self.dataset[index]
+        return frames[self.start:self.stop], label

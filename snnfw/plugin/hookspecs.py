@@ -167,6 +167,17 @@ def snnfw_evaluate(model, frames, labels, plan, hooks):
     """
 
 
+@hookspec(firstresult=True)
+def snnfw_time_view(plan, mesh):
+    """Return ``(start, stop)``: the time steps of each sample that this rank's applied model reads, or None
+    for all of them.
+
+    The data loader then hands the rank only those frames: a data set with ``time_slice(index, start, stop)``
+    reads only them (snnfw's raw event sets do), any other is sliced after loading. The model is given
+    ``[N, stop - start, ...]`` frames.
+    """
+
+
 @hookspec
 def snnfw_step_metrics(plan):
     """Return a dict of extra per-step metrics (numbers) since the last call, or None.

@@ -294,6 +294,9 @@ class Plugins:
     def evaluate(self, model, frames, labels, plan):
         return self.hook.snnfw_evaluate(model=model, frames=frames, labels=labels, plan=plan, hooks=self)
 
+    def time_view(self, plan, mesh) -> tuple[int, int] | None:
+        return self.hook.snnfw_time_view(plan=plan, mesh=mesh)
+
     def step_metrics(self, plan) -> dict[str, float]:
         merged: dict[str, float] = {}
         for part in self.hook.snnfw_step_metrics(plan=plan):

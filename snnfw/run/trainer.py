@@ -53,6 +53,8 @@ class Trainer:
         self.running_stats = RunningStats(model)  # from here on, only training steps update BatchNorm statistics
         plugins.transform_model(model, self.plan, self.example())
         self.model = plugins.parallelize(model, self.plan, mesh)
+        if view := plugins.time_view(self.plan, mesh):  # this rank's model reads only these time steps
+            self.train_set, self.test_set = (datalib.TimeView(d, *view) for d in (self.train_set, self.test_set))
         self.running_stats.bind(self.model, self.replica, self.plan.dp_size, dp_group(self.plan, mesh))
         self.counter.clear()  # spikes of the transforms' and strategies' own forward passes
         if self.plan.replicated_neuron_dims:

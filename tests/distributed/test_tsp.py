@@ -131,3 +131,33 @@ def test_fsdp2_tsp_matches_none_and_shards_the_parameters_over_dp():
         assert 0.45 < summary["inspect"] < 0.6, f"rank {rank} holds {summary['inspect']:.2f} of the parameters"
         for step, (loss, ref) in enumerate(zip(summary["losses"], want), start=1):
             assert_close(f"rank {rank} step {step} loss", loss, ref)
+
+
+def loaded_chunks(trainer):
+    """What this rank's loader hands its model: the first training and test samples' frames."""
+    return {"train": trainer.train_set[0][0].tolist(), "test": trainer.test_set[0][0].tolist(),
+            "sliced": hasattr(getattr(trainer.train_set, "dataset", None), "time_slice")}
+
+
+@pytest.mark.parametrize("raw", [False, True], ids=["generated", "raw-recordings"])
+def test_each_rank_loads_only_its_time_chunk(tmp_path, raw):
+    """Synthetic frames are cut after loading; raw recordings' cached frames are read a chunk at a time. Either
+    way the chunks of the time group are the whole sample's, in order, and training equals none's."""
+    import torch
+
+    from snnfw.testing.raw_events import write_nmnist
+
+    data = {}
+    if raw:
+        write_nmnist(tmp_path / "raw")
+        data = {"data": {"name": "n_mnist", "root": str(tmp_path / "raw"), "batch_size": 8}}
+    whole = run_training(config("none", **data), on_finish=loaded_chunks)
+    ranks = run_on_ranks(config(**data), 2, inspect=loaded_chunks, timeout_s=180)
+    for split in ("train", "test"):
+        chunks = [torch.tensor(rank["inspect"][split]) for rank in ranks]
+        assert [len(chunk) for chunk in chunks] == [2, 2]  # of model.time_steps = 4
+        assert torch.equal(torch.cat(chunks), torch.tensor(whole["inspect"][split]))
+    assert all(rank["inspect"]["sliced"] == raw for rank in ranks)
+    for rank in ranks:
+        for step, (got, want) in enumerate(zip(rank["losses"], whole["losses"])):
+            assert_close(f"step {step + 1}", got, want)
