@@ -27,7 +27,8 @@ from snnfw.config import Frames
 from snnfw.data.batches import DatasetSpec
 from snnfw.errors import DataError
 from snnfw_plugins.datasets import events
-from snnfw_plugins.datasets.events import resize, tebn_split
+from snnfw_plugins.datasets.event_formats import URLS, holds_events, tebn_split
+from snnfw_plugins.datasets.events import resize
 
 EXTENSIONS = (".npz", ".npy")
 ON_DISK_UNREAD = ("train_samples", "test_samples")  # an on-disk set has the samples its files hold
@@ -98,13 +99,13 @@ def builder(name: str):
 
     def build(config, spec, split, seed):
         made_by = f"spikingjelly.datasets.{class_name}(root, data_type='frame', frames_number={spec.time_steps}, split_by='number')"
-        raw = f"the raw recordings from {events.URLS[name]}" if name in events.URLS else ""
+        raw = f"the raw recordings from {URLS[name]}" if name in URLS else ""
         if config.root is None:
             raise DataError(f"data set {name} reads SpikingJelly's frames from data.root; set it to the root given to "
                             f"{made_by}"
                             + (f", or to a folder of {raw}" if raw else ""))
         root = Path(config.root)
-        if events.holds_events(name, root):
+        if holds_events(name, root):
             return events.build_raw(name, config, spec, split)
         candidates = [root / f"frames_number_{spec.time_steps}_split_by_{by}" for by in ("number", "time")]
         frames_root = next((p for p in candidates if p.is_dir()), None)

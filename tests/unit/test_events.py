@@ -10,7 +10,7 @@ from snnfw.config import build_config
 from snnfw.data.batches import InputSpec
 from snnfw.errors import DataError
 from snnfw.testing.raw_events import write_cifar10_dvs, write_dvs128_gesture, write_nmnist, write_shd
-from snnfw_plugins.datasets import events, neuromorphic
+from snnfw_plugins.datasets import event_formats, events, neuromorphic
 
 WRITERS = {"n_mnist": write_nmnist, "cifar10_dvs": write_cifar10_dvs, "dvs128_gesture": write_dvs128_gesture,
            "shd": write_shd}
@@ -31,7 +31,7 @@ def test_frames_are_tonics_toframe_of_the_recorded_events(tmp_path, name, frames
         return
     written = WRITERS[name](tmp_path)
     config = data_config(name, tmp_path, frames=frames)
-    sensor = events.SETS[name].sensor
+    sensor = event_formats.SETS[name].sensor
     bins = {"n_time_bins": T} if frames["by"] == "time" else {"n_event_bins": T}
     for split in ("train", "test"):
         cached, labels = events.cached_frames(config, name, split, T)
@@ -51,7 +51,7 @@ def test_the_cache_is_read_without_the_raw_files_and_made_again_when_its_setting
     def unread(root, recording):
         raise AssertionError(f"{recording} was read again")
 
-    monkeypatch.setitem(events.SETS, "n_mnist", attrs.evolve(events.SETS["n_mnist"], read=unread))
+    monkeypatch.setitem(event_formats.SETS, "n_mnist", attrs.evolve(event_formats.SETS["n_mnist"], read=unread))
     assert np.array_equal(events.cached_frames(data_config("n_mnist", tmp_path), "n_mnist", "train", T)[0], first)
     for changed in ({"frames": {"by": "time"}}, {"frames": {"denoise_us": 5}}):
         with pytest.raises(DataError, match="was read again"):
