@@ -456,16 +456,11 @@ def build_config(data: dict[str, Any], overrides: list[str] = ()) -> Config:
             f"checkpoint.every = {every} is more than train.steps = {steps}, so no checkpoint would be written; "
             "lower checkpoint.every, or set it to 0 for none"
         )
-    profile = sections["log"].profile
-    if profile is not None and profile.steps[1] > steps and sections["train"].epochs is None:
-        raise ConfigError(f"log.profile.steps ends at step {profile.steps[1]}, after the run's last, train.steps = "
-                          f"{steps}; profile steps within the run")
+    if sections["train"].epochs is None:
+        check_log_steps(sections["log"], steps)
     if "log.wandb_project" in explicit and not sections["log"].wandb:
         raise ConfigError('log.wandb_project names the Weights & Biases project of log.wandb, which is off; set '
                           'log.wandb = "offline" or "online", or remove log.wandb_project')
-    if sections["log"].memory_snapshot > steps and sections["train"].epochs is None:
-        raise ConfigError(f"log.memory_snapshot = {sections['log'].memory_snapshot} is after the run's last step, "
-                          f"train.steps = {steps}; choose a step within the run")
     for key in ("checkpoint.keep", "checkpoint.async_save"):
         if key in explicit and sections["checkpoint"].every == 0:
             raise ConfigError(
@@ -473,6 +468,16 @@ def build_config(data: dict[str, Any], overrides: list[str] = ()) -> Config:
                 f"set checkpoint.every, or remove {key}"
             )
     return Config(**sections, explicit=explicit)
+
+
+def check_log_steps(log: LogConfig, steps: int) -> None:
+    """Refuses ``log`` settings that name a step after the run's last (``steps``, resolved from epochs if so)."""
+    if log.profile is not None and log.profile.steps[1] > steps:
+        raise ConfigError(f"log.profile.steps ends at step {log.profile.steps[1]}, after the run's last, step "
+                          f"{steps}; profile steps within the run")
+    if log.memory_snapshot > steps:
+        raise ConfigError(f"log.memory_snapshot = {log.memory_snapshot} is after the run's last step, step {steps}; "
+                          "choose a step within the run")
 
 
 def for_evaluation(config: Config) -> Config:

@@ -16,7 +16,7 @@ import torch
 from snnfw.components.losses import check_loss
 from snnfw.components.optim import check_train
 from snnfw.components.precision import check_precision, precision_notes
-from snnfw.config import Config
+from snnfw.config import Config, check_log_steps
 from snnfw.data import batches as datalib
 from snnfw.data.augment import check_augment
 from snnfw.distributed import cpu_allocator
@@ -135,6 +135,7 @@ def _resolved(config: Config, plugins: Plugins, source: models.Source, datasets:
     if _counts_epochs(config):
         train_set = datasets[0] if datasets else build_datasets(config, source.spec, plugins)[0]
         config = with_epochs(config, len(train_set))
+        check_log_steps(config.log, config.train.steps)
     check_train(config.train, plugins)
     check_loss(config.train, plugins)
     check_precision(config.train)

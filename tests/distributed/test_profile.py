@@ -64,7 +64,7 @@ def test_a_memory_snapshot_counts_the_steps_tensors_by_kind_on_every_rank(tmp_pa
 def test_a_memory_snapshot_needs_a_run_directory_and_a_step_of_the_run():
     with pytest.raises(ConfigError, match="log.memory_snapshot is written into the run directory"):
         run_training(tiny_config("none", log={"memory_snapshot": 1}))
-    with pytest.raises(ConfigError, match="log.memory_snapshot = 9 is after the run's last step, train.steps = 3"):
+    with pytest.raises(ConfigError, match="log.memory_snapshot = 9 is after the run's last step, step 3"):
         tiny_config("none", log={"memory_snapshot": 9})
 
 
@@ -92,3 +92,16 @@ def test_wandb_is_refused_in_one_line_where_it_is_not_installed(monkeypatch):
         prepare(tiny_config("none", log={"wandb": "offline"}), 1, Plugins())
     with pytest.raises(ConfigError, match="log.wandb_project names the Weights & Biases project of log.wandb, which is off"):
         tiny_config("none", log={"wandb_project": "mine"})
+
+
+def test_log_steps_are_checked_against_the_steps_that_epochs_give(tmp_path):
+    from snnfw.config import build_config
+    from snnfw.plan.prepare import prepare
+    from snnfw.plugin.manager import Plugins
+    from snnfw.testing import TINY
+
+    settings = {**TINY, "train": {"epochs": 1}, "parallel": {"device": "cpu"}}  # 64 samples in batches of 8: 8 steps
+    for log, refusal in (({"profile": {"steps": "8-9"}}, "log.profile.steps ends at step 9, after the run's last, step 8"),
+                         ({"memory_snapshot": 9}, "log.memory_snapshot = 9 is after the run's last step, step 8")):
+        with pytest.raises(ConfigError, match=refusal):
+            prepare(build_config({**settings, "log": log}), 1, Plugins())

@@ -38,7 +38,7 @@ def test_quickstart_config_loads_with_overrides():
         ({"log": {"profile": {"steps": "3-2"}}}, 'log.profile.steps must be a step or a range of steps counted from 1'),
         ({"log": {"profile": {"steps": 2, "ranks": "some"}}}, 'log.profile.ranks must be "all" or a list of ranks'),
         ({"log": {"profile": {"ranks": [0]}}}, 'log.profile must be a table like {steps = "10-12", ranks = "all"}'),
-        ({"log": {"profile": {"steps": "9-12"}}, "train": {"steps": 10}}, "log.profile.steps ends at step 12, after"),
+        ({"log": {"profile": {"steps": "9-12"}}, "train": {"steps": 10}}, "log.profile.steps ends at step 12, after the run's last, step 10"),
         ({"data": {"frames": {"by": "events"}}}, "invalid data.frames: 'by' must be in ('count', 'time')"),
         ({"data": {"frames": "time"}}, 'data.frames must be a table like {by = "time"} with keys by, denoise_us'),
     ],
