@@ -16,7 +16,6 @@ from pathlib import Path
 
 from snnfw import rundir
 from snnfw.config import Profile
-from snnfw.errors import ConfigError
 
 COMMUNICATION = re.compile(r"c10d|gloo|nccl|all_?reduce|all_?gather|reduce_?scatter|broadcast|all_to_all|"
                            r"\bsend\b|\brecv\b|barrier|wait_tensor|record_param_comms", re.IGNORECASE)
@@ -26,15 +25,12 @@ STEP_MARKER = re.compile(r"^ProfilerStep#")
 class StepProfiler:
     """Starts torch's profiler before step ``first`` and stops it after step ``last`` on the chosen ranks."""
 
-    def __init__(self, setting: Profile | None, rank: int, world_size: int, run_dir: Path | None, cuda: bool):
+    def __init__(self, setting: Profile | None, rank: int, run_dir: Path | None, cuda: bool):
         self.setting, self.rank, self.cuda = setting, rank, cuda
         self._profiler, self._started = None, 0.0
         if setting is None:
             self.active = False
             return
-        if setting.ranks and (outside := [r for r in setting.ranks if r >= world_size]):
-            raise ConfigError(f"log.profile.ranks names rank {outside[0]}, and the run has ranks 0 to "
-                              f"{world_size - 1}; name ranks of this run")
         self.active = setting.ranks is None or rank in setting.ranks
         self.folder = Path(run_dir) / rundir.PROFILE
 

@@ -167,6 +167,9 @@ def prepare(config: Config, world_size: int, plugins: Plugins, local_ranks: int 
     of a job pass one that takes rank 0's, or the launcher's).
     """
     check_data(config, plugins, datasets is not None)
+    if (profile := config.log.profile) and profile.ranks and profile.ranks[-1] >= world_size:
+        raise ConfigError(f"log.profile.ranks names rank {profile.ranks[-1]}, and the run has ranks 0 to "
+                          f"{world_size - 1}; name ranks of this run")
     config, data_notes = follow_data(config, plugins) if model is None and datasets is None else (config, ())
     source = models.source(config, plugins, model)
     built_data = None

@@ -54,7 +54,7 @@ def run_training(
         wandb = (config.log.wandb, config.log.wandb_project, config.to_dict()) if config.log.wandb else None
         log = MetricsLog(run_dir, is_main, config.train.steps, run.start_step, config.log.tensorboard, wandb)
         cuda = plan.device_type == "cuda"
-        profiler = StepProfiler(config.log.profile, run.env.rank, run.env.world_size, run_dir, cuda)
+        profiler = StepProfiler(config.log.profile, run.env.rank, run_dir, cuda)
         memory = MemorySnapshot(config.log.memory_snapshot, run.env.rank, run_dir, cuda, run.trainer.model,
                                 run.trainer.optimizer)
         for note in precision_notes(config, plan.device_type) if is_main else ():
