@@ -105,8 +105,12 @@ def mark_failed(run_dir: Path, rank: int, message: str) -> None:
 
 
 def rank_failures(run_dir: Path) -> dict[int, str]:
-    """The errors that ended ranks: {rank: one line}."""
-    return {int(m.name[4:-7]): m.read_text().strip() for m in sorted((Path(run_dir) / RANKS).glob("rank*.failed"))}
+    """The errors that ended ranks: {rank: one line} (a marker that a restarted rank removes meanwhile is left out)."""
+    failures = {}
+    for marker in sorted((Path(run_dir) / RANKS).glob("rank*.failed")):
+        with contextlib.suppress(FileNotFoundError):
+            failures[int(marker.name[4:-7])] = marker.read_text().strip()
+    return failures
 
 
 def clear_markers(run_dir: Path) -> None:

@@ -115,6 +115,8 @@ def _gesture_recordings(root: Path, split: str) -> list[tuple[tuple[Path, int, i
 @functools.lru_cache(maxsize=2)  # a trial's gestures are read one after another
 def _aedat3_polarity_events(path: Path) -> np.ndarray:
     """The polarity events (type 1) of an AEDAT 3.1 file, decoded as SpikingJelly's ``load_aedat_v3`` does."""
+    from tonic.io import make_structured_array
+
     data = path.read_bytes()
     start = data.index(b"#!END-HEADER\r\n") + len(b"#!END-HEADER\r\n")
     packets, offset = [], start
@@ -130,7 +132,7 @@ def _aedat3_polarity_events(path: Path) -> np.ndarray:
         offset = body + capacity * size
     address = np.concatenate([a for a, _ in packets]) if packets else np.zeros(0, np.int64)
     t = np.concatenate([t for _, t in packets]) if packets else np.zeros(0, np.int64)
-    return _xytp((address >> 17) & 0x7FFF, (address >> 2) & 0x7FFF, t, (address >> 1) & 1)
+    return make_structured_array((address >> 17) & 0x7FFF, (address >> 2) & 0x7FFF, t, (address >> 1) & 1)
 
 
 def _gesture_read(root: Path, key: tuple[Path, int, int]) -> np.ndarray:
@@ -144,12 +146,6 @@ def _gesture_files(root: Path, split: str) -> list[Path]:
     trials = sorted({key[0] for key, _ in _gesture_recordings(root, split)})
     files = [folder / f"trials_to_{split}.txt", *trials, *(t.with_name(t.stem + "_labels.csv") for t in trials)]
     return [f for f in files if f.exists()]
-
-
-def _xytp(x, y, t, p) -> np.ndarray:
-    events = np.zeros(len(t), dtype=np.dtype([("x", int), ("y", int), ("t", int), ("p", int)]))
-    events["x"], events["y"], events["t"], events["p"] = x, y, t, p
-    return events
 
 
 # SHD: one HDF5 file per split, spike times in seconds and channel numbers per sample.

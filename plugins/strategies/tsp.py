@@ -121,9 +121,10 @@ def snnfw_time_view(plan, mesh):
     """On a ``time`` mesh dimension of P ranks, coordinate k reads steps k T/P to (k+1) T/P only."""
     if mesh is None or "time" not in dict(plan.mesh):
         return None
-    size, steps = dict(plan.mesh)["time"], plan.config.model.time_steps
-    k = mesh.get_local_rank("time")
-    return k * steps // size, (k + 1) * steps // size
+    from snnfw_plugins.strategies.tsp_ops import time_chunk
+
+    chunk = time_chunk(plan.config.model.time_steps, mesh.get_local_rank("time"), dict(plan.mesh)["time"])
+    return chunk.start, chunk.stop
 
 
 @hookimpl

@@ -66,8 +66,13 @@ class TimeGroup:
         self.next = ranks[self.rank + 1] if self.rank < self.size - 1 else None
 
     def chunk(self, steps: int) -> slice:
-        length = steps // self.size
-        return slice(self.rank * length, (self.rank + 1) * length)
+        return time_chunk(steps, self.rank, self.size)
+
+
+def time_chunk(steps: int, rank: int, size: int) -> slice:
+    """The time steps that the ``rank``-th of ``size`` ranks of a time group runs, of ``steps``."""
+    length = steps // size
+    return slice(rank * length, (rank + 1) * length)
 
 
 def exchange_group(mesh):

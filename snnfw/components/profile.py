@@ -44,10 +44,10 @@ class StepProfiler:
             self._profiler.__enter__()
             self._started = time.perf_counter()
 
-    def step_end(self, step: int) -> dict | None:
-        """After step ``step``: at the last profiled one, writes the trace and the shares, and returns them."""
+    def step_end(self, step: int) -> None:
+        """After step ``step``: at the last profiled one, writes the trace and the shares."""
         if self._profiler is None or step < self.setting.steps[1]:
-            return None
+            return
         if self.cuda:
             import torch
 
@@ -66,7 +66,6 @@ class StepProfiler:
         print(f"[snnfw] profile rank {self.rank}, steps {first}-{last}: compute {shares['compute']:.0%}, "
               f"communication {shares['communication']:.0%}, idle {shares['idle']:.0%}; {trace}",
               file=sys.stderr, flush=True)
-        return summary
 
 
 def time_shares(events, wall_us: float, cuda: bool) -> dict[str, float]:

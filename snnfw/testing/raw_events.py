@@ -9,6 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+from tonic.io import make_structured_array
 
 XYTP = np.dtype([("x", int), ("y", int), ("t", int), ("p", int)])
 TXP = np.dtype([("t", int), ("x", int), ("p", int)])
@@ -25,13 +26,6 @@ def class_events(label: int, classes: int, size: int, count: int, rng: np.random
     return x, y, t, p
 
 
-def _structured(dtype: np.dtype, **fields) -> np.ndarray:
-    events = np.zeros(len(next(iter(fields.values()))), dtype=dtype)
-    for name, values in fields.items():
-        events[name] = values
-    return events
-
-
 def write_nmnist(root: Path, per_class: int = 4, classes: int = 4, events: int = 400, seed: int = 0) -> dict:
     """``root/Train/<digit>/*.bin`` and ``root/Test/...`` in N-MNIST's 40-bit event format."""
     rng = np.random.default_rng(seed)
@@ -44,7 +38,7 @@ def write_nmnist(root: Path, per_class: int = 4, classes: int = 4, events: int =
                 x, y, t, p = class_events(digit, classes, 34, events, rng)
                 raw = np.stack([x, y, (p << 7) | (t >> 16 & 127), t >> 8 & 255, t & 255], axis=1).astype(np.uint8)
                 (folder / f"{sample:05d}.bin").write_bytes(raw.tobytes())
-                written[split.lower()].append((_structured(XYTP, x=x, y=y, t=t, p=p), digit))
+                written[split.lower()].append((make_structured_array(x, y, t, p, dtype=XYTP), digit))
     return written
 
 
@@ -64,7 +58,7 @@ def write_cifar10_dvs(root: Path, per_class: int = 10, classes: int = 4, events:
             header = b"#!AER-DAT2.0\r\n# This is a raw AE data file written for a test\r\n"
             (folder / f"cifar10_{CIFAR10_CLASSES[label]}_{sample}.aedat").write_bytes(header + body)
             split = "test" if sample < per_class // 10 else "train"
-            written[split].append((_structured(XYTP, x=x, y=y, t=t, p=p), label))
+            written[split].append((make_structured_array(x, y, t, p, dtype=XYTP), label))
     return {split: sorted(samples, key=lambda sample: sample[1]) for split, samples in written.items()}
 
 
@@ -85,7 +79,7 @@ def write_shd(root: Path, per_class: int = 4, classes: int = 4, events: int = 30
                 seconds = (t / 1e6).astype(np.float32)
                 times[index], units[index] = seconds, channel.astype(np.uint16)
                 t_us = (seconds.astype(np.float64) * 1e6).astype(int)  # as a reader in microseconds gets them
-                written[split].append((_structured(TXP, t=t_us, x=channel, p=np.ones_like(channel)), label))
+                written[split].append((make_structured_array(t_us, channel, 1, dtype=TXP), label))
             file.create_dataset("labels", data=np.array(labels, dtype=np.uint16))
     return written
 
@@ -111,7 +105,7 @@ def write_dvs128_gesture(root: Path, per_class: int = 2, classes: int = 4, event
                     words = np.stack([xs << 17 | ys << 2 | ps << 1 | 1, ts], axis=1).astype("<u4")
                     packets.append(struct.pack("<HHIIIIII", 1, 1, 8, 4, 0, len(ts), len(ts), len(ts)) + words.tobytes())
                 rows.append(f"{label + 1},{start},{start + 300_000}")
-                written[split].append((_structured(XYTP, x=x, y=y, t=start + t, p=p), int(label)))
+                written[split].append((make_structured_array(x, y, start + t, p, dtype=XYTP), int(label)))
                 clock = start + 300_000
             header = b"#!AER-DAT3.1\r\n#Format: RAW\r\n#!END-HEADER\r\n"
             (folder / name).write_bytes(header + b"".join(packets))

@@ -36,9 +36,10 @@ class Watchdog:
         self._thread.join()
 
     def _watch(self) -> None:
-        seen: set[tuple[str, int]] = set()  # failure markers already handled: a restarted group writes new ones
+        seen: set[tuple[Path, int]] = set()  # failure markers already handled: a restarted group writes new ones
         while not self._stop.wait(self.poll_s):
-            markers = {(m.name, m.stat().st_mtime_ns) for m in (self.run_dir / rundir.RANKS).glob("rank*.failed")}
+            found = (self.run_dir / rundir.RANKS).glob("rank*.failed")
+            markers = {(marker, mtime) for marker in found if (mtime := _mtime(marker)) is not None}
             if not markers - seen:
                 continue
             seen |= markers
@@ -51,6 +52,14 @@ class Watchdog:
                     os.kill(pid, signal.SIGKILL)
                     if rank not in failed:
                         self.unanswering.append(rank)
+
+
+def _mtime(path: Path) -> int | None:
+    """``path``'s modification time, or None if it is gone (a restarted rank removes its earlier marker)."""
+    try:
+        return path.stat().st_mtime_ns
+    except FileNotFoundError:
+        return None
 
 
 def _running_child(pid: int) -> bool:
