@@ -139,16 +139,12 @@ def _resolved(config: Config, plugins: Plugins, source: models.Source, datasets:
     check_train(config.train, plugins)
     check_loss(config.train, plugins)
     check_precision(config.train)
-    if config.log.tensorboard and importlib.util.find_spec("tensorboard") is None:
-        raise ConfigError(
-            "log.tensorboard needs the tensorboard package, which is not installed; run "
-            "`SNNFW_EXTRAS=tensorboard bash scripts/install.sh` (or pip install tensorboard), or remove log.tensorboard"
-        )
-    if config.log.wandb and importlib.util.find_spec("wandb") is None:
-        raise ConfigError(
-            "log.wandb needs the wandb package, which is not installed; run `SNNFW_EXTRAS=tensorboard,wandb bash "
-            "scripts/install.sh` (or pip install wandb), or remove log.wandb"
-        )
+    for package, extras in (("tensorboard", "tensorboard"), ("wandb", "tensorboard,wandb")):  # optional extras
+        if getattr(config.log, package) and importlib.util.find_spec(package) is None:
+            raise ConfigError(
+                f"log.{package} needs the {package} package, which is not installed; run `SNNFW_EXTRAS={extras} bash "
+                f"scripts/install.sh` (or pip install {package}), or remove log.{package}"
+            )
     return config
 
 
