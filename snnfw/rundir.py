@@ -12,6 +12,7 @@ import contextlib
 import fcntl
 import json
 import os
+import shutil
 import socket
 import sys
 from pathlib import Path
@@ -141,6 +142,20 @@ def written_whole(path: Path) -> Iterator[Path]:
         os.replace(temp, path)
     finally:
         temp.unlink(missing_ok=True)
+
+
+def remove_whole(path: Path) -> None:
+    """Removes the folder or file ``path`` so that it is whole or absent: renamed to a temporary name first (an
+    atomic step that readers then skip), then deleted; a kill during the deletion leaves only temporary files."""
+    path = Path(path)
+    if not path.exists():
+        return
+    doomed = path.with_name(f"{TEMP}removed-{path.name}.{os.getpid()}")
+    os.replace(path, doomed)
+    if doomed.is_dir():
+        shutil.rmtree(doomed)
+    else:
+        doomed.unlink()
 
 
 def write_text(path: Path, text: str) -> None:

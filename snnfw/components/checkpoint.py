@@ -48,7 +48,7 @@ from snnfw.components.optim import resume_scheduler
 from snnfw.distributed.chunks import Chunked, leaves, whole_shape
 from snnfw.distributed.collectives import barrier
 from snnfw.errors import CheckpointError, DivergedError
-from snnfw.rundir import CHECKPOINTS, METRICS, RUN_FILES, TEMP
+from snnfw.rundir import CHECKPOINTS, METRICS, RUN_FILES, TEMP, remove_whole
 
 FIXED = (  # what a resumed run must share: the model, the optimizer and what fixes the data order
     "model.family", "model.flavor", "model.time_steps", "data.name", "data.root", "data.train_samples", "data.batch_size",
@@ -227,11 +227,7 @@ def check_run_dir(run_dir: Path, resume: bool, overwrite: bool) -> None:
 def clear_run_dir(run_dir: Path) -> None:
     """Removes an earlier run's files (``--overwrite``); other files stay."""
     for name in RUN_FILES:
-        path = run_dir / name
-        if path.is_dir():
-            shutil.rmtree(path)
-        elif path.exists():
-            path.unlink()
+        remove_whole(run_dir / name)
 
 
 def _staged(state):
@@ -298,7 +294,7 @@ class Checkpoints:
         """
         self.finish()
         if self.root is not None and self.rank == 0:
-            shutil.rmtree(self.root / f"{PREFIX}{step - 1}", ignore_errors=True)
+            remove_whole(self.root / f"{PREFIX}{step - 1}")
         barrier()
         done = self.complete()
         if done:
@@ -375,11 +371,10 @@ class Checkpoints:
         barrier()
         if self.rank == 0:
             (pending.temp / META).write_text(json.dumps(pending.meta) + "\n")
-            if pending.final.exists():
-                shutil.rmtree(pending.final)
+            remove_whole(pending.final)
             pending.temp.rename(pending.final)
             for old in self.complete()[: -self.config.checkpoint.keep]:
-                shutil.rmtree(old)
+                remove_whole(old)
         barrier()
 
     def load(self, trainer, path: Path) -> dict:

@@ -3,6 +3,7 @@
 import os
 import time
 
+import pytest
 from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
 
 from snnfw import rundir
@@ -34,3 +35,26 @@ def test_ranks_the_agent_stopped_with_sigterm_are_not_blamed(tmp_path):
 
 def test_without_a_cause_every_failed_rank_is_named(tmp_path):
     assert blame({3: failure(3, 1)}, tmp_path, [], 10) == "training failed on ranks [3]; see the messages above"
+
+
+def test_a_removal_killed_midway_leaves_no_half_checkpoint(tmp_path, monkeypatch):
+    """A checkpoint being pruned is renamed away before its files go: a kill during the deletion (here an error
+    raised by the first file's removal) leaves only a temporary name, never a ``step-N`` without its metadata."""
+    import shutil
+
+    from snnfw.components import checkpoint
+
+    for step in (2, 4):
+        folder = tmp_path / f"{checkpoint.PREFIX}{step}"
+        folder.mkdir()
+        (folder / "__0_0.distcp").write_bytes(b"x")
+        (folder / checkpoint.META).write_text("{}")
+
+    def killed(path, *args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(shutil, "rmtree", killed)
+    with pytest.raises(KeyboardInterrupt):
+        rundir.remove_whole(tmp_path / f"{checkpoint.PREFIX}2")
+    assert [p.name for p in tmp_path.iterdir() if not p.name.startswith(rundir.TEMP)] == [f"{checkpoint.PREFIX}4"]
+    assert checkpoint.complete(tmp_path) == [tmp_path / f"{checkpoint.PREFIX}4"]
