@@ -33,6 +33,7 @@ from pathlib import Path
 CONFIG = "examples/quickstart.toml"
 MIN_CASE_S = 30.0  # a case needs at least this long: CUDA context, model, warm-up
 STOP_GRACE_S = 30.0  # after SIGTERM, before SIGKILL
+GPU_LOADERS = 4  # data.workers per rank on a GPU, for snnfw and the plain loop alike: in-step loading starves a GPU
 FAMILIES = {  # family: the --set list of its shape on a GPU, and in the dry mode
     "cifar10dvs_vgg": (["model.flavor=full", "model.time_steps=8", "data.batch_size=32"],
                        ["model.flavor=tiny", "model.time_steps=2", "data.batch_size=8"]),
@@ -114,8 +115,8 @@ def plan_refusal(sets: list[str], ranks: int, timeout_s: float) -> str | None:
 def case_overrides(family: str, sets: list[str], dry: bool) -> list[str]:
     """The --set list of a case: the family's shape (tiny in the dry mode) and device, then the case's own."""
     shape = FAMILIES[family][1 if dry else 0]
-    return [f"model.family={family}", *shape, f"parallel.device={'cpu' if dry else 'cuda'}", "data.train_samples=512",
-            "data.test_samples=8", *sets]
+    device = ["parallel.device=cpu"] if dry else ["parallel.device=cuda", f"data.workers={GPU_LOADERS}"]
+    return [f"model.family={family}", *shape, *device, "data.train_samples=512", "data.test_samples=8", *sets]
 
 
 def run_case(family, label, ranks, sets, baseline, args, deadline: float) -> dict:

@@ -115,8 +115,12 @@ def snnfw_compile(model, plan):
     options = plan.config.compile
     if not options.enable:
         return
+    import inspect
+
     import torch
 
+    # each block's recompiles counted against its own limit, where this torch offers it (2.11 does not)
+    isolated = {"isolate_recompiles": True} if "isolate_recompiles" in inspect.signature(torch.compile).parameters else {}
     for name in plan.analysis.blocks:
         block = submodule(model, name)
         block.forward = torch.compile(
@@ -125,7 +129,7 @@ def snnfw_compile(model, plan):
             mode=None if options.mode == "default" else options.mode,
             fullgraph=options.fullgraph,
             dynamic=False,
-            isolate_recompiles=True,
+            **isolated,
         )
 
 

@@ -9,7 +9,7 @@ CPU with gloo), in ``train.dtype`` and ``train.precision`` (autocast; fp16
 with torch's GradScaler), with ``train.optimizer`` and
 ``train.lr_schedule`` as snnfw builds them, and ``train.microbatches`` per
 replica (neurons reset before each, gradients accumulated as the mean,
-synchronised after the last). It writes
+synchronised after the last), its batches loaded ahead by ``data.workers`` processes as snnfw loads them. It writes
 ``metrics.jsonl`` (step, loss over the global batch, step_ms,
 peak_mem_mb_per_rank) and ``summary.json`` like a snnfw run, so ``snnfw
 bench --baseline`` can compare them.
@@ -24,9 +24,43 @@ import os
 import time
 from pathlib import Path
 
+import attrs
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+
+
+@attrs.frozen
+class _Split:
+    """How a plain loop splits a step's global batch: over ``dp_size`` replicas, each into ``microbatches``."""
+
+    global_batch: int
+    dp_size: int
+    microbatches: int
+
+
+class _PlainBatches:
+    """This rank's microbatches of each step, loaded as snnfw loads them: ``data.workers`` processes ahead of the
+    step (0: in the step). Steps are asked for in order, from the first one asked."""
+
+    def __init__(self, dataset, config, split: _Split, replica: int, device: torch.device):
+        self.dataset, self.config, self.split, self.replica, self.device = dataset, config, split, replica, device
+        self.batches, self.next_step = None, None
+
+    def __call__(self, step: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        from snnfw.data import batches as datalib
+
+        if self.batches is None:
+            config = self.config
+            sampler = datalib.StepSampler(self.split, len(self.dataset), config.train.seed, self.replica, step,
+                                          config.train.steps)
+            self.batches = datalib.step_batches(self.dataset, sampler, config.data.workers, self.device,
+                                                config.train.torch_dtype)
+            self.next_step = step
+        if step != self.next_step:
+            raise ValueError(f"the plain loop loads steps in order: step {self.next_step} is next, not {step}")
+        self.next_step += 1
+        return next(self.batches)
 
 
 class PlainLoop:
@@ -52,20 +86,19 @@ class PlainLoop:
         self.scheduler = build_scheduler(self.optimizer, config.train, plugins)
         self.scaler = torch.amp.GradScaler(device.type, enabled=config.train.precision == "fp16")
         self.loss_share = 1.0 / world  # each rank's mean loss counts alike in the global mean
+        self.batches = _PlainBatches(self.dataset, config, _Split(config.data.batch_size, world,
+                                                                  config.train.microbatches or 1), rank, device)
 
     def step(self, step: int) -> float:
         """Trains step ``step``; returns this rank's mean microbatch loss."""
         from spikingjelly.activation_based import functional
 
         from snnfw.components.precision import autocast, full_precision
-        from snnfw.data import batches as datalib
 
         config, model = self.config, self.model
         microbatches = config.train.microbatches or 1
-        indices = datalib.global_batch_indices(step, config.data.batch_size, len(self.dataset), config.train.seed)
         loss_sum = 0.0
-        for m, chunk in enumerate(indices.chunk(self.world)[self.rank].chunk(microbatches)):
-            frames, labels = datalib.load(self.dataset, chunk, self.device, config.train.torch_dtype)
+        for m, (frames, labels) in enumerate(self.batches(step)):
             last = m == microbatches - 1
             with model.no_sync() if self.world > 1 and not last else contextlib.nullcontext():
                 functional.reset_net(model)
@@ -129,14 +162,11 @@ class PlainPipeline:
         self.optimizer = build_optimizer(self.stages, config.train, plugins)
         self.scheduler = build_scheduler(self.optimizer, config.train, plugins)
         self.loss_share = 1.0  # the loss is on the last stage's rank alone
+        self.batches = _PlainBatches(self.dataset, config, _Split(config.data.batch_size, 1, 1), 0, device)
 
     def step(self, step: int) -> float:
         """Trains step ``step``; returns the mean microbatch loss on the last stage's rank, 0 elsewhere."""
-        from snnfw.data import batches as datalib
-
-        config = self.config
-        indices = datalib.global_batch_indices(step, config.data.batch_size, len(self.dataset), config.train.seed)
-        frames, labels = datalib.load(self.dataset, indices, self.device, config.train.torch_dtype)
+        [(frames, labels)] = self.batches(step)
         losses: list[torch.Tensor] = []
         self.schedule.step(frames, target=labels, losses=losses)
         self.optimizer.step()
