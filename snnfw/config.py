@@ -5,14 +5,21 @@ Every key lives in one section (``[model]``, ``[data]``, ``[parallel]``,
 unknown keys are refused by name. ``--set section.key=value`` overrides any
 key, with the value read as TOML (so ``--set train.lr=0.01`` is a float and
 ``--set model.flavor=full`` a string).
+
+A plugin declares a section of its own with an entry point in the group
+``snnfw.config``: ``my_section = "my_plugin:MySection"``, an attrs class whose
+fields are the keys with their defaults and validators. It is read as the
+built-in sections are and reached as ``config.my_section``.
 """
 
 from __future__ import annotations
 
 import math
+import os
 import re
 import tomllib
 import typing
+from importlib import metadata
 from pathlib import Path
 from typing import Any
 
@@ -357,6 +364,15 @@ class Config:
     eval: EvalConfig = EvalConfig()
     log: LogConfig = LogConfig()
     explicit: frozenset[str] = attrs.field(default=frozenset(), converter=frozenset)  # "section.key"s the user set
+    sections: tuple[tuple[str, Any], ...] = ()  # the sections plugins declare, (name, value) pairs
+
+    def __getattr__(self, name: str) -> Any:
+        """A plugin's section, ``config.my_section``."""
+        if name != "sections":
+            for section, value in self.sections:
+                if section == name:
+                    return value
+        raise AttributeError(f"{type(self).__name__!r} has no section {name!r}")
 
     def to_dict(self) -> dict[str, Any]:
         """Every key, and under ``explicit`` those the user set: ``build_config(config.to_dict())`` equals ``config``."""
@@ -368,8 +384,17 @@ class Config:
         if (profile := self.log.profile) is not None:
             first, last = profile.steps
             out["log"]["profile"] = {"steps": f"{first}-{last}", "ranks": list(profile.ranks or ()) or "all"}
+        del out["sections"]
+        for name, value in self.sections:
+            out[name] = attrs.asdict(value)
         out[EXPLICIT] = sorted(self.explicit)
         return out
+
+    def with_section(self, name: str, value: Any) -> "Config":
+        """This config with section ``name`` (built-in or a plugin's) replaced by ``value``."""
+        if name in _SECTION_CLASSES:
+            return attrs.evolve(self, **{name: value})
+        return attrs.evolve(self, sections=tuple((n, value if n == name else v) for n, v in self.sections))
 
 
 _SECTION_CLASSES = {
@@ -377,6 +402,34 @@ _SECTION_CLASSES = {
     "checkpoint": CheckpointConfig, "memopt": MemoptConfig, "compile": CompileConfig, "eval": EvalConfig,
     "log": LogConfig,
 }
+
+
+SECTIONS_GROUP = "snnfw.config"  # entry points of plugins' config sections: name = "module:AttrsClass"
+
+
+def plugin_sections() -> dict[str, type]:
+    """The config sections that installed plugins declare, by name; a blocked plugin's (``SNNFW_BLOCK_PLUGINS``),
+    and a third party's when plugins do not autoload, are left out as their plugins are."""
+    blocked = {name.strip() for name in os.environ.get("SNNFW_BLOCK_PLUGINS", "").split(",") if name.strip()}
+    autoload = os.environ.get("SNNFW_DISABLE_PLUGIN_AUTOLOAD", "").lower() not in ("1", "true", "yes")
+    off = {ep.value.partition(":")[0] for ep in metadata.entry_points(group="snnfw") if ep.name in blocked}
+    found: dict[str, type] = {}
+    for ep in metadata.entry_points(group=SECTIONS_GROUP):
+        dist = ep.dist.name if ep.dist is not None else "no distribution"
+        if ep.module in off or (not autoload and dist != "snnfw"):
+            continue
+        if ep.name in _SECTION_CLASSES or ep.name in found or ep.name == EXPLICIT:
+            raise ConfigError(f"{dist} declares config section [{ep.name}], which another section has already; "
+                              f"rename its entry point in [project.entry-points.\"{SECTIONS_GROUP}\"]")
+        try:
+            cls = ep.load()
+        except Exception as err:
+            raise ConfigError(f"config section [{ep.name}] of {dist} ({ep.value}) failed to import: {err!r}") from None
+        if not attrs.has(cls):
+            raise ConfigError(f"config section [{ep.name}] of {dist} is {ep.value}, which is not an attrs class; "
+                              "declare the keys as fields of an @attrs.frozen class")
+        found[ep.name] = cls
+    return found
 
 
 def parse_override(text: str) -> tuple[str, str, Any]:
@@ -419,26 +472,27 @@ def build_config(data: dict[str, Any], overrides: list[str] = ()) -> Config:
     """
     data = dict(data)
     listed = data.pop(EXPLICIT, None)
+    classes = {**_SECTION_CLASSES, **plugin_sections()}
     merged: dict[str, dict[str, Any]] = {}
     for section, table in data.items():
-        if section not in _SECTION_CLASSES:
-            raise ConfigError(f"unknown config section [{section}]; sections are {', '.join(_SECTION_CLASSES)}")
+        if section not in classes:
+            raise ConfigError(f"unknown config section [{section}]; sections are {', '.join(classes)}")
         if not isinstance(table, dict):
             raise ConfigError(f"[{section}] must be a table of keys")
         merged[section] = dict(table)
     for text in overrides:
         section, name, value = parse_override(text)
-        if section not in _SECTION_CLASSES:
-            raise ConfigError(f"unknown config section in --set {text!r}; sections are {', '.join(_SECTION_CLASSES)}")
+        if section not in classes:
+            raise ConfigError(f"unknown config section in --set {text!r}; sections are {', '.join(classes)}")
         merged.setdefault(section, {})[name] = value
     explicit = {f"{section}.{key}" for section, table in merged.items() for key in table}
     if listed is not None:  # every key is present; the listed ones and the overrides were set
         explicit = set(listed) | {f"{section}.{name}" for section, name, _ in map(parse_override, overrides)}
-        known = {f"{section}.{f.name}" for section, cls in _SECTION_CLASSES.items() for f in attrs.fields(cls)}
+        known = {f"{section}.{f.name}" for section, cls in classes.items() for f in attrs.fields(cls)}
         if unknown := sorted(explicit - known):
             raise ConfigError(f"{EXPLICIT} lists unknown config keys {', '.join(unknown)}; it lists section.key names")
     sections = {}
-    for section, cls in _SECTION_CLASSES.items():
+    for section, cls in classes.items():
         table = merged.get(section, {})
         known = {f.name for f in attrs.fields(cls)}
         for key in table:
@@ -467,7 +521,8 @@ def build_config(data: dict[str, Any], overrides: list[str] = ()) -> Config:
                 f"{key} applies only when checkpoints are written (checkpoint.every > 0, 0 writes none); "
                 f"set checkpoint.every, or remove {key}"
             )
-    return Config(**sections, explicit=explicit)
+    own = tuple((name, sections.pop(name)) for name in classes if name not in _SECTION_CLASSES)
+    return Config(**sections, explicit=explicit, sections=own)
 
 
 def check_log_steps(log: LogConfig, steps: int) -> None:
@@ -496,7 +551,7 @@ def with_settings(config: Config, settings: dict[str, Any]) -> tuple[Config, lis
         section, name = key.split(".", 1)
         current = getattr(config, section)
         if key not in config.explicit and getattr(current, name) != value:
-            config = attrs.evolve(config, **{section: attrs.evolve(current, **{name: value})})
+            config = config.with_section(section, attrs.evolve(current, **{name: value}))
             changed.append(f"{key} = {value!r}")
     return config, changed
 

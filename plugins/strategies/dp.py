@@ -9,7 +9,12 @@ NAME = "dp"
 
 
 class Replicas(Strategy):
-    """dp's and zero's answers: ZeRO's optimizer holds its shard's state in its local optimizer."""
+    """dp and zero: the model in DistributedDataParallel; ZeRO's optimizer holds its shard's state in its local
+    optimizer."""
+
+    @hookimpl
+    def snnfw_parallelize(self, model, plan, mesh, hooks):
+        return wrap_ddp(model, plan, mesh, hooks)
 
     def optimizer_state(self, optimizer):
         from torch.distributed.optim import ZeroRedundancyOptimizer
@@ -65,7 +70,3 @@ def wrap_ddp(model, plan, mesh, hooks, group=None):
     return DistributedDataParallel(model, device_ids=device_ids, process_group=group or mesh.get_group("dp"),
                                    forward_sync_buffers=False, gradient_as_bucket_view=True)
 
-
-@hookimpl
-def snnfw_parallelize(model, plan, mesh, hooks):
-    return wrap_ddp(model, plan, mesh, hooks) if plan.strategy == NAME else None

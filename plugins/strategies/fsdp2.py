@@ -25,9 +25,18 @@ NAME = "fsdp2"
 HSDP_DIMS = ("dp_replicate", "dp_shard")
 
 
+class FullyShard(Strategy):
+    """Each declared block a unit of fully_shard over the dp dimensions, then the root."""
+
+    @hookimpl
+    def snnfw_parallelize(self, model, plan, mesh, hooks):
+        hooks.compile(model, plan)
+        return apply_fully_shard(model, plan, mesh)
+
+
 @hookimpl
 def snnfw_register_strategies(register):
-    register(NAME, Strategy(), "fully sharded data parallel (FSDP2 fully_shard); HSDP with a dp_replicate x dp_shard mesh")
+    register(NAME, FullyShard(), "fully sharded data parallel (FSDP2 fully_shard); HSDP with a dp_replicate x dp_shard mesh")
 
 
 def _mesh(config_mesh, world):
@@ -182,10 +191,3 @@ def _prefetch_asynchronously(root, units) -> None:
     for unit, after in zip([root, *units], units):
         unit.set_modules_to_forward_prefetch([after])
 
-
-@hookimpl
-def snnfw_parallelize(model, plan, mesh, hooks):
-    if plan.strategy != NAME:
-        return None
-    hooks.compile(model, plan)
-    return apply_fully_shard(model, plan, mesh)

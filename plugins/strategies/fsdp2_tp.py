@@ -16,9 +16,19 @@ from snnfw_plugins.strategies.tp import apply_tensor_parallel, check_tp_plan, tp
 NAME = "fsdp2_tp"
 
 
+class TensorParallelFullyShard(Strategy):
+    """The tp_plan over the mesh's ``tp`` dimension, then fully_shard over ``dp``."""
+
+    @hookimpl
+    def snnfw_parallelize(self, model, plan, mesh, hooks):
+        apply_tensor_parallel(model, plan.analysis, mesh["tp"], hooks)
+        hooks.compile(model, plan)
+        return apply_fully_shard(model, plan, mesh["dp"])
+
+
 @hookimpl
 def snnfw_register_strategies(register):
-    register(NAME, Strategy(), "2-D: tensor parallel within nodes of the tp dimension, FSDP2 across dp")
+    register(NAME, TensorParallelFullyShard(), "2-D: tensor parallel within nodes of the tp dimension, FSDP2 across dp")
 
 
 @hookimpl
@@ -52,11 +62,3 @@ def snnfw_plan(request):
         estimate=tp_estimate(request, sizes["tp"], sizes["dp"]),
     )
 
-
-@hookimpl
-def snnfw_parallelize(model, plan, mesh, hooks):
-    if plan.strategy != NAME:
-        return None
-    apply_tensor_parallel(model, plan.analysis, mesh["tp"], hooks)
-    hooks.compile(model, plan)
-    return apply_fully_shard(model, plan, mesh["dp"])

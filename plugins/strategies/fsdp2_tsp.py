@@ -18,9 +18,18 @@ from snnfw_plugins.strategies.tsp import split_in_time, time_split_refusal
 NAME = "fsdp2_tsp"
 
 
+class TimeSplitFullyShard(Strategy):
+    """The time steps split over ``time``, then fully_shard over time x dp."""
+
+    @hookimpl
+    def snnfw_parallelize(self, model, plan, mesh, hooks):
+        split_in_time(model, plan, mesh)
+        return apply_fully_shard(model, plan, mesh)
+
+
 @hookimpl
 def snnfw_register_strategies(register):
-    register(NAME, Strategy(), "2-D: the time steps split over the time dimension, FSDP2 across dp")
+    register(NAME, TimeSplitFullyShard(), "2-D: the time steps split over the time dimension, FSDP2 across dp")
 
 
 @hookimpl
@@ -54,10 +63,3 @@ def snnfw_plan(request):
         estimate=cost,
     )
 
-
-@hookimpl
-def snnfw_parallelize(model, plan, mesh, hooks):
-    if plan.strategy != NAME:
-        return None
-    split_in_time(model, plan, mesh)
-    return apply_fully_shard(model, plan, mesh)

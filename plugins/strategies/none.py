@@ -8,9 +8,18 @@ from snnfw.plugin.strategy import Strategy
 NAME = "none"
 
 
+class Single(Strategy):
+    """One rank: the model as it is, its blocks compiled where ``compile.enable`` asks."""
+
+    @hookimpl
+    def snnfw_parallelize(self, model, plan, mesh, hooks):
+        hooks.compile(model, plan)
+        return model
+
+
 @hookimpl
 def snnfw_register_strategies(register):
-    register(NAME, Strategy(), "single process, no parallelism (the reference for equivalence)")
+    register(NAME, Single(), "single process, no parallelism (the reference for equivalence)")
 
 
 @hookimpl
@@ -32,10 +41,3 @@ def snnfw_plan(request):
         estimate=estimate(request, samples=request.config.data.batch_size),
     )
 
-
-@hookimpl
-def snnfw_parallelize(model, plan, mesh, hooks):
-    if plan.strategy != NAME:
-        return None
-    hooks.compile(model, plan)
-    return model

@@ -31,6 +31,9 @@ NAME = "pp"
 
 
 class Pipeline(Strategy):
+    """The model cut into stages run by the schedule ``pipeline.schedule`` names; the stages' state kept under
+    the model's own names."""
+
     def for_fake_world(self, model, config):
         """The schedule skips torch's warm-up vote over point-to-point messages and uses the stages' static shapes
         (snnfw gives every stage its input and output examples); the split this rank used goes on to the next."""
@@ -44,6 +47,58 @@ class Pipeline(Strategy):
         layout = "|".join(map(str, model.split.layout))
         return attrs.evolve(config, pipeline=attrs.evolve(config.pipeline, layout=layout),
                             explicit=config.explicit | {"pipeline.layout"})
+
+    @hookimpl
+    def snnfw_parallelize(self, model, plan, mesh, hooks):
+        from snnfw_plugins.strategies.pp_build import build_pipeline
+
+        return build_pipeline(model, plan, mesh, hooks)
+
+    @hookimpl
+    def snnfw_forward_backward(self, model, batches, plan, hooks):
+        return model.train_step(batches)
+
+    @hookimpl
+    def snnfw_evaluate(self, model, frames, labels, plan, hooks):
+        return model.evaluate(frames, labels)
+
+    @hookimpl
+    def snnfw_state_dict(self, model, optimizer, plan):
+        """The stages' state under the model's own names (``pp_state``), so any strategy resumes from it."""
+        from snnfw_plugins.strategies.pp_state import named_state
+
+        return named_state(model, optimizer)
+
+    @hookimpl
+    def snnfw_load_state_dict(self, model, optimizer, plan, state):
+        from snnfw_plugins.strategies.pp_state import load_named_state
+
+        load_named_state(model, optimizer, state)
+        return True
+
+    @hookimpl
+    def snnfw_step_metrics(self, plan):
+        """The schedule's busy time and bubble, with log.phase_times (timing a stage waits for its device)."""
+        if not plan.config.log.phase_times:
+            return None
+        from snnfw_plugins.strategies.pp_model import STEP_TIMES
+
+        return STEP_TIMES.take()
+
+    @hookimpl
+    def snnfw_summary(self, plan):
+        """Units per stage of the run's split and, where it was measured, each stage's forward+backward ms on one
+        microbatch (the sum of its units')."""
+        from snnfw_plugins.strategies.pp_build import LAST_SPLIT
+
+        if not LAST_SPLIT:
+            return None
+        split, out = LAST_SPLIT[0], {}
+        for stage, units in enumerate(split.layout):
+            out[f"pp_stage{stage}_units"] = float(units)
+            if split.unit_ms:
+                out[f"pp_stage{stage}_ms"] = sum(split.unit_ms[u] for u in split.unit_range(stage))
+        return out
 
 
 @hookimpl
@@ -195,71 +250,6 @@ def _scope_refusals(request) -> list[Proposal]:
 def snnfw_plan(request):
     own = _proposals(request) if request.asks_for(NAME) else []
     return (own if isinstance(own, list) else [own]) + _scope_refusals(request)
-
-
-@hookimpl
-def snnfw_parallelize(model, plan, mesh, hooks):
-    if plan.strategy != NAME:
-        return None
-    from snnfw_plugins.strategies.pp_build import build_pipeline
-
-    return build_pipeline(model, plan, mesh, hooks)
-
-
-@hookimpl
-def snnfw_forward_backward(model, batches, plan, hooks):
-    return model.train_step(batches) if plan.strategy == NAME else None
-
-
-@hookimpl
-def snnfw_evaluate(model, frames, labels, plan, hooks):
-    return model.evaluate(frames, labels) if plan.strategy == NAME else None
-
-
-@hookimpl
-def snnfw_state_dict(model, optimizer, plan):
-    """The stages' state under the model's own names (``pp_state``), so any strategy resumes from it."""
-    if plan.strategy != NAME:
-        return None
-    from snnfw_plugins.strategies.pp_state import named_state
-
-    return named_state(model, optimizer)
-
-
-@hookimpl
-def snnfw_load_state_dict(model, optimizer, plan, state):
-    if plan.strategy != NAME:
-        return None
-    from snnfw_plugins.strategies.pp_state import load_named_state
-
-    load_named_state(model, optimizer, state)
-    return True
-
-
-@hookimpl
-def snnfw_step_metrics(plan):
-    """The schedule's busy time and bubble, with log.phase_times (timing a stage waits for its device)."""
-    if plan.strategy != NAME or not plan.config.log.phase_times:
-        return None
-    from snnfw_plugins.strategies.pp_model import STEP_TIMES
-
-    return STEP_TIMES.take()
-
-
-@hookimpl
-def snnfw_summary(plan):
-    """Units per stage of the run's split and, where it was measured, each stage's forward+backward ms on one
-    microbatch (the sum of its units')."""
-    from snnfw_plugins.strategies.pp_build import LAST_SPLIT
-
-    if plan.strategy != NAME or not LAST_SPLIT:
-        return None
-    split, out = LAST_SPLIT[0], {}
-    for stage, units in enumerate(split.layout):
-        out[f"pp_stage{stage}_units"] = float(units)
-        if split.unit_ms:
-            out[f"pp_stage{stage}_ms"] = sum(split.unit_ms[u] for u in split.unit_range(stage))
-    return out
 
 
 @hookimpl(trylast=True)

@@ -70,9 +70,19 @@ def apply_tensor_parallel(model, analysis, tp_mesh, hooks) -> None:
         STYLES[style].apply(submodule(model, name), shard)
 
 
+class TensorParallel(Strategy):
+    """The family's tp_plan applied over the ``tp`` mesh; every rank sees the whole batch."""
+
+    @hookimpl
+    def snnfw_parallelize(self, model, plan, mesh, hooks):
+        apply_tensor_parallel(model, plan.analysis, mesh, hooks)
+        hooks.compile(model, plan)
+        return model
+
+
 @hookimpl
 def snnfw_register_strategies(register):
-    register(NAME, Strategy(), "tensor parallel: channels, heads and neuron state sharded over ranks")
+    register(NAME, TensorParallel(), "tensor parallel: channels, heads and neuron state sharded over ranks")
 
 
 @hookimpl
@@ -97,15 +107,6 @@ def snnfw_plan(request):
         rationale=(f"{world}-way tensor parallel; every rank sees the whole batch",),
         estimate=tp_estimate(request, dict(mesh)["tp"]),
     )
-
-
-@hookimpl
-def snnfw_parallelize(model, plan, mesh, hooks):
-    if plan.strategy != NAME:
-        return None
-    apply_tensor_parallel(model, plan.analysis, mesh, hooks)
-    hooks.compile(model, plan)
-    return model
 
 
 @hookimpl(trylast=True)

@@ -69,9 +69,22 @@ def _mesh(request):
     return request.config.parallel.mesh or (("time", world),)
 
 
+class TimeSplit(Strategy):
+    """The time steps split over ``time`` (and the batch over ``dp``), gradients averaged by DDP over every rank."""
+
+    @hookimpl
+    def snnfw_parallelize(self, model, plan, mesh, hooks):
+        import torch.distributed as dist
+
+        from snnfw_plugins.strategies.dp import wrap_ddp
+
+        split_in_time(model, plan, mesh)
+        return wrap_ddp(model, plan, mesh, hooks, group=dist.new_group())  # every rank, on a group of its own
+
+
 @hookimpl
 def snnfw_register_strategies(register):
-    register(NAME, Strategy(), "temporal parallelism: the time steps of each sample split across ranks")
+    register(NAME, TimeSplit(), "temporal parallelism: the time steps of each sample split across ranks")
 
 
 @hookimpl
@@ -102,18 +115,6 @@ def snnfw_plan(request):
                    + (f", {replicas} data-parallel replicas" if replicas > 1 else ""),),
         estimate=cost,
     )
-
-
-@hookimpl
-def snnfw_parallelize(model, plan, mesh, hooks):
-    if plan.strategy != NAME:
-        return None
-    import torch.distributed as dist
-
-    from snnfw_plugins.strategies.dp import wrap_ddp
-
-    split_in_time(model, plan, mesh)
-    return wrap_ddp(model, plan, mesh, hooks, group=dist.new_group())  # every rank, on a group of its own
 
 
 @hookimpl

@@ -12,7 +12,7 @@ from snnfw import hookimpl
 from snnfw.components.optim import optimizer_options, parameter_groups, trainable
 from snnfw.plan.layout import Proposal, refuse_others
 from snnfw_plugins.defaults import held_state, load_held_state, merge_optimizer_states
-from snnfw_plugins.strategies.dp import Replicas, propose_replicas, wrap_ddp
+from snnfw_plugins.strategies.dp import Replicas, propose_replicas
 
 NAME = "zero"
 COMPOSES_WITH = ("dp", NAME)
@@ -50,11 +50,6 @@ def snnfw_preference_defaults(config):
     if config.parallel.strategy == "dp" and config.parallel.prefer in ("memory", "capacity"):
         return {"parallel.zero": True}
     return None
-
-
-@hookimpl
-def snnfw_parallelize(model, plan, mesh, hooks):
-    return wrap_ddp(model, plan, mesh, hooks) if plan.strategy == NAME else None
 
 
 @hookimpl

@@ -5,7 +5,10 @@ always loaded; third-party ones too unless ``SNNFW_DISABLE_PLUGIN_AUTOLOAD=1``.
 ``SNNFW_BLOCK_PLUGINS=name,other`` keeps the named entry points from loading;
 ``SNNFW_PLUGINS=module,other`` loads modules as plugins without an entry point.
 Plugin names are entry-point names: two entry points of one name fail to
-load, naming both. A plugin whose every registered name another plugin
+load, naming both. A registered strategy object whose methods are hook
+implementations is a plugin of its own (``strategy:NAME``), called only for a
+plan of its strategy: for hooks that take ``plan``, the other strategies'
+objects are left out. A plugin whose every registered name another plugin
 overrides (``register(..., overrides=True)``) is unloaded. An exception that
 escapes a hook carries a note naming the plugin and distribution it came from.
 """
@@ -30,6 +33,7 @@ GROUP = "snnfw"
 ENV_DISABLE_AUTOLOAD = "SNNFW_DISABLE_PLUGIN_AUTOLOAD"
 ENV_BLOCK = "SNNFW_BLOCK_PLUGINS"
 ENV_PLUGINS = "SNNFW_PLUGINS"
+STRATEGY_PREFIX = "strategy:"  # the plugin name of a strategy object that implements hooks
 
 _REGISTRATION_HOOKS = {
     "strategy": "snnfw_register_strategies",
@@ -110,15 +114,21 @@ def _load_entry_points(pm: pluggy.PluginManager) -> dict[str, metadata.Distribut
 
 
 class _Hooks:
-    """``pm.hook`` whose calls add to an escaping exception the plugin it was raised in."""
+    """``pm.hook`` whose calls add to an escaping exception the plugin it was raised in, and leave out the
+    strategy objects of other strategies than the ``plan``'s."""
 
     def __init__(self, plugins: "Plugins"):
         self._plugins = plugins
 
     def __getattr__(self, hook_name: str):
-        caller = getattr(self._plugins.pm.hook, hook_name)
+        plugins = self._plugins
 
         def call(**kwargs):
+            plan = kwargs.get("plan")
+            if plan is None:
+                caller = getattr(plugins.pm.hook, hook_name)
+            else:
+                caller = plugins.scoped_caller(hook_name, plan.strategy)
             try:
                 return caller(**kwargs)
             except Exception as err:
@@ -164,6 +174,8 @@ class Plugins:
                     self.blame(err, hook_name, impls)
                     raise
         self.overridden = self._unload_overridden()
+        self._strategy_objects = self._register_strategy_objects()
+        self._scoped: dict[tuple[str, str], Any] = {}
 
     def for_run(self, run) -> "Plugins":
         """This facade for one run: the hooks it calls see ``run`` as ``hooks.run``."""
@@ -183,6 +195,32 @@ class Plugins:
             self.pm.unregister(name=name)
         return overridden
 
+    def _register_strategy_objects(self) -> dict[str, Any]:
+        """Registers each strategy object that implements hooks under ``strategy:NAME``; returns them by name."""
+        objects = {}
+        for entry in self.strategies.entries():
+            if entry.value is None or not any(self.pm.parse_hookimpl_opts(entry.value, attr) for attr in dir(entry.value)):
+                continue
+            if any(entry.value is other for other in objects.values()):
+                raise PluginError(f"plugin {entry.plugin!r} registers one object for two strategies; each strategy "
+                                  f"needs an object of its own (register(..., {type(entry.value).__name__}()))")
+            self.pm.register(entry.value, name=f"{STRATEGY_PREFIX}{entry.name}")
+            objects[entry.name] = entry.value
+        try:
+            self.pm.check_pending()
+        except pluggy.PluginValidationError as err:
+            raise PluginError(f"strategy object {self.pm.get_name(err.plugin)!r} implements a hook that does not "
+                              f"exist: {err}") from None
+        return objects
+
+    def scoped_caller(self, hook_name: str, strategy: str):
+        """The caller of ``hook_name`` for a plan of ``strategy``: every plugin, and of the strategy objects only its."""
+        key = (hook_name, strategy)
+        if key not in self._scoped:
+            others = [obj for name, obj in self._strategy_objects.items() if name != strategy]
+            self._scoped[key] = self.pm.subset_hook_caller(hook_name, remove_plugins=others)
+        return self._scoped[key]
+
     def describe(self, plugin: str) -> str:
         """``'name' (distribution version)``, for messages."""
         dist = self._dists.get(plugin)
@@ -197,6 +235,8 @@ class Plugins:
         while frame is not None:
             culprit = codes.get(frame.tb_frame.f_code, culprit)
             frame = frame.tb_next
+        if culprit is not None and culprit.startswith(STRATEGY_PREFIX):  # a strategy object: the plugin that registered it
+            culprit = self.strategies.entry(culprit.removeprefix(STRATEGY_PREFIX)).plugin
         if culprit is not None:
             err.add_note(f"raised in plugin {self.describe(culprit)}, hook {hook_name}")
 
@@ -236,15 +276,21 @@ class Plugins:
         """Every loaded plugin with its distribution, version and implemented hooks."""
         out = []
         loaded = {name: plugin for name, plugin in self.pm.list_name_plugin() if plugin is not None}
+        owned: dict[str, list] = {}  # plugin: its strategy objects
+        for name, obj in self._strategy_objects.items():
+            owned.setdefault(self.strategies.entry(name).plugin, []).append(obj)
         for name in [*loaded, *self.overridden]:
+            if name.startswith(STRATEGY_PREFIX):
+                continue
             dist = self._dists.get(name)
-            callers = self.pm.get_hookcallers(loaded[name]) or () if name in loaded else ()
+            parts = [loaded[name], *owned.get(name, ())] if name in loaded else []
+            callers = [caller for part in parts for caller in self.pm.get_hookcallers(part) or ()]
             out.append(
                 PluginInfo(
                     name=name,
                     distribution=dist.name if dist else "(registered in-process)",
                     version=dist.version if dist else "",
-                    hooks=tuple(sorted(caller.name for caller in callers)),
+                    hooks=tuple(sorted({caller.name for caller in callers})),
                     overridden_by=self.overridden.get(name, ()),
                 )
             )

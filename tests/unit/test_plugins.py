@@ -202,3 +202,46 @@ def test_loading_every_plugin_imports_neither_torch_nor_spikingjelly():
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "[]"
+
+
+SCOPED = """
+    from snnfw import hookimpl
+    from snnfw.plugin.strategy import Strategy
+
+    CALLS = []
+
+    class Mine(Strategy):
+        @hookimpl
+        def snnfw_step_metrics(self, plan):
+            CALLS.append(plan.strategy)
+            return {"mine": 1.0}
+
+        @hookimpl
+        def snnfw_summary(self, plan):
+            raise RuntimeError("mine fails")
+
+    @hookimpl
+    def snnfw_register_strategies(register):
+        register("mine", Mine(), "a strategy whose object owns its hooks")
+"""
+
+
+def test_a_strategy_objects_hooks_run_only_for_a_plan_of_its_strategy(tmp_path, monkeypatch):
+    """No ``plan.strategy`` guard in the plugin: the manager leaves other strategies' objects out of the call, and
+    an error in the object's hook names the plugin that registered it."""
+    import types
+
+    install_fake_distribution(tmp_path, monkeypatch, SCOPED, name="snnfw_mine", entry="mine")
+    plugins = Plugins()
+    module = sys.modules["snnfw_mine"]
+    def plan(strategy):
+        log = types.SimpleNamespace(phase_times=False)
+        return types.SimpleNamespace(strategy=strategy, mesh=(("dp", 2),), config=types.SimpleNamespace(log=log))
+
+    assert plugins.step_metrics(plan("dp")) == {}
+    assert plugins.step_metrics(plan("mine")) == {"mine": 1.0}
+    assert module.CALLS == ["mine"]
+    assert "snnfw_step_metrics" in {p.name: p for p in plugins.info()}["mine"].hooks
+    with pytest.raises(RuntimeError) as err:
+        plugins.summary(plan("mine"))
+    assert err.value.__notes__ == ["raised in plugin 'mine' (snnfw_mine 0.3), hook snnfw_summary"]
