@@ -16,10 +16,24 @@ holds their totals over the run, evaluation included. Without
 
 from __future__ import annotations
 
+import attrs
+
 from snnfw import hookimpl
 from snnfw.errors import keys_phrase
 from snnfw.model.analysis import submodule
 from snnfw.plan.layout import Proposal
+
+MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+
+
+@attrs.frozen
+class CompileConfig:
+    """The ``[compile]`` section (entry point ``snnfw.config``: ``compile``)."""
+
+    enable: bool = attrs.field(default=False, validator=attrs.validators.instance_of(bool))
+    backend: str = attrs.field(default="inductor", validator=attrs.validators.instance_of(str))
+    mode: str = attrs.field(default="default", validator=attrs.validators.in_(MODES))
+    fullgraph: bool = attrs.field(default=False, validator=attrs.validators.instance_of(bool))
 
 
 def inductor_refusal(device_type: str) -> str | None:

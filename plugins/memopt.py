@@ -22,6 +22,8 @@ import math
 import time
 from typing import TYPE_CHECKING
 
+import attrs
+
 from snnfw import hookimpl
 from snnfw.errors import keys_phrase
 from snnfw.model.analysis import submodule
@@ -31,6 +33,17 @@ from snnfw_plugins.memopt_cache import cache_dir, cache_key, load, reapply, save
 if TYPE_CHECKING:
     import torch
     from torch import nn
+
+@attrs.frozen
+class MemoptConfig:
+    """The ``[memopt]`` section (entry point ``snnfw.config``: ``memopt``)."""
+
+    level: int = attrs.field(default=0, validator=[attrs.validators.instance_of(int), attrs.validators.in_(range(5))])
+    budget: str = attrs.field(default="memory", validator=attrs.validators.in_(("speed", "balanced", "memory")))
+    compress: bool = attrs.field(default=True, validator=attrs.validators.instance_of(bool))
+    stage_ratio: float = attrs.field(default=1.0, converter=float, validator=[attrs.validators.gt(0),
+                                                                             attrs.validators.le(1)])
+
 
 SEARCHING_LEVELS = (2, 3, 4)
 _last_run: dict[str, float] = {}

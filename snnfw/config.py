@@ -1,7 +1,8 @@
 """The run configuration: TOML loaded into frozen attrs classes.
 
-Every key lives in one section (``[model]``, ``[data]``, ``[parallel]``,
-``[pipeline]``, ``[train]``, ``[checkpoint]``, ``[memopt]``, ``[compile]``, ``[eval]``, ``[log]``);
+Every key lives in one section: the core's (``[model]``, ``[data]``,
+``[parallel]``, ``[train]``, ``[checkpoint]``, ``[eval]``, ``[log]``) and those
+plugins declare (the built-in ``[pipeline]``, ``[memopt]``, ``[compile]``);
 unknown keys are refused by name. ``--set section.key=value`` overrides any
 key, with the value read as TOML (so ``--set train.lr=0.01`` is a float and
 ``--set model.flavor=full`` a string).
@@ -191,18 +192,6 @@ class ParallelConfig:
     cpu_allocator: str = attrs.field(default="auto", validator=v.in_(("auto", "retain", "system")))
 
 
-def _layout(instance, attribute, value) -> None:
-    if not re.fullmatch(r"[1-9][0-9]*(\|[1-9][0-9]*)*", value):
-        raise ValueError(f"'layout' must be units per stage like \"1|2|2|1\", got {value!r}")
-
-
-@attrs.frozen
-class PipelineConfig:
-    schedule: str = attrs.field(default="1f1b", validator=v.instance_of(str))
-    virtual_stages: int = attrs.field(default=1, validator=_positive)
-    layout: str | None = attrs.field(default=None, validator=v.optional([v.instance_of(str), _layout]))
-
-
 def _numbers(key: str, kind: type, length: int | None = None, example: str = ""):
     """A converter of a TOML array into a tuple of ``kind``; refuses another value naming ``train.key``."""
 
@@ -283,24 +272,6 @@ class CheckpointConfig:
 
 
 @attrs.frozen
-class MemoptConfig:
-    level: int = attrs.field(default=0, validator=[v.instance_of(int), v.in_(range(5))])
-    budget: str = attrs.field(default="memory", validator=v.in_(("speed", "balanced", "memory")))
-    compress: bool = attrs.field(default=True, validator=v.instance_of(bool))
-    stage_ratio: float = attrs.field(default=1.0, converter=float, validator=[v.gt(0), v.le(1)])
-
-
-@attrs.frozen
-class CompileConfig:
-    enable: bool = attrs.field(default=False, validator=v.instance_of(bool))
-    backend: str = attrs.field(default="inductor", validator=v.instance_of(str))
-    mode: str = attrs.field(
-        default="default", validator=v.in_(("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"))
-    )
-    fullgraph: bool = attrs.field(default=False, validator=v.instance_of(bool))
-
-
-@attrs.frozen
 class EvalConfig:
     """Validation on the test split during training: every ``every`` steps, or every ``every_epochs`` epochs."""
 
@@ -356,11 +327,8 @@ class Config:
     model: ModelConfig = ModelConfig()
     data: DataConfig = DataConfig()
     parallel: ParallelConfig = ParallelConfig()
-    pipeline: PipelineConfig = PipelineConfig()
     train: TrainConfig = TrainConfig()
     checkpoint: CheckpointConfig = CheckpointConfig()
-    memopt: MemoptConfig = MemoptConfig()
-    compile: CompileConfig = CompileConfig()
     eval: EvalConfig = EvalConfig()
     log: LogConfig = LogConfig()
     explicit: frozenset[str] = attrs.field(default=frozenset(), converter=frozenset)  # "section.key"s the user set
@@ -384,7 +352,7 @@ class Config:
         if (profile := self.log.profile) is not None:
             first, last = profile.steps
             out["log"]["profile"] = {"steps": f"{first}-{last}", "ranks": list(profile.ranks or ()) or "all"}
-        del out["sections"]
+        del out["sections"], out[EXPLICIT]
         for name, value in self.sections:
             out[name] = attrs.asdict(value)
         out[EXPLICIT] = sorted(self.explicit)
@@ -398,9 +366,8 @@ class Config:
 
 
 _SECTION_CLASSES = {
-    "model": ModelConfig, "data": DataConfig, "parallel": ParallelConfig, "pipeline": PipelineConfig, "train": TrainConfig,
-    "checkpoint": CheckpointConfig, "memopt": MemoptConfig, "compile": CompileConfig, "eval": EvalConfig,
-    "log": LogConfig,
+    "model": ModelConfig, "data": DataConfig, "parallel": ParallelConfig, "train": TrainConfig,
+    "checkpoint": CheckpointConfig, "eval": EvalConfig, "log": LogConfig,
 }
 
 
@@ -429,7 +396,7 @@ def plugin_sections() -> dict[str, type]:
             raise ConfigError(f"config section [{ep.name}] of {dist} is {ep.value}, which is not an attrs class; "
                               "declare the keys as fields of an @attrs.frozen class")
         found[ep.name] = cls
-    return found
+    return dict(sorted(found.items()))
 
 
 def parse_override(text: str) -> tuple[str, str, Any]:

@@ -18,6 +18,8 @@ every other strategy refuse.
 
 from __future__ import annotations
 
+import re
+
 import attrs
 
 from snnfw import hookimpl
@@ -28,6 +30,21 @@ from snnfw.plan.layout import Proposal, refuse_others
 from snnfw.plugin.strategy import Strategy
 
 NAME = "pp"
+
+
+def _layout(instance, attribute, value) -> None:
+    if not re.fullmatch(r"[1-9][0-9]*(\|[1-9][0-9]*)*", value):
+        raise ValueError(f"'layout' must be units per stage like \"1|2|2|1\", got {value!r}")
+
+
+@attrs.frozen
+class PipelineConfig:
+    """The ``[pipeline]`` section (entry point ``snnfw.config``: ``pipeline``)."""
+
+    schedule: str = attrs.field(default="1f1b", validator=attrs.validators.instance_of(str))
+    virtual_stages: int = attrs.field(default=1, validator=[attrs.validators.instance_of(int), attrs.validators.gt(0)])
+    layout: str | None = attrs.field(default=None, validator=attrs.validators.optional(
+        [attrs.validators.instance_of(str), _layout]))
 
 
 class Pipeline(Strategy):
@@ -45,8 +62,8 @@ class Pipeline(Strategy):
 
         model.schedule._warmup_p2p = static
         layout = "|".join(map(str, model.split.layout))
-        return attrs.evolve(config, pipeline=attrs.evolve(config.pipeline, layout=layout),
-                            explicit=config.explicit | {"pipeline.layout"})
+        config = config.with_section("pipeline", attrs.evolve(config.pipeline, layout=layout))
+        return attrs.evolve(config, explicit=config.explicit | {"pipeline.layout"})
 
     @hookimpl
     def snnfw_parallelize(self, model, plan, mesh, hooks):

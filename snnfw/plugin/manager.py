@@ -128,7 +128,7 @@ class _Hooks:
             if plan is None:
                 caller = getattr(plugins.pm.hook, hook_name)
             else:
-                caller = plugins.scoped_caller(hook_name, plan.strategy)
+                caller = plugins.scoped_caller(hook_name, getattr(plan, "strategy", None))
             try:
                 return caller(**kwargs)
             except Exception as err:
@@ -213,8 +213,9 @@ class Plugins:
                               f"exist: {err}") from None
         return objects
 
-    def scoped_caller(self, hook_name: str, strategy: str):
-        """The caller of ``hook_name`` for a plan of ``strategy``: every plugin, and of the strategy objects only its."""
+    def scoped_caller(self, hook_name: str, strategy: str | None):
+        """The caller of ``hook_name`` for a plan of ``strategy``: every plugin, and of the strategy objects only its
+        (none for a plan without a strategy)."""
         key = (hook_name, strategy)
         if key not in self._scoped:
             others = [obj for name, obj in self._strategy_objects.items() if name != strategy]

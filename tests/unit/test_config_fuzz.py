@@ -19,9 +19,8 @@ TRIES = 400
 
 
 def _keys():
-    from snnfw import config as module
-
-    classes = {name: type(getattr(module.Config(), name)) for name in SECTIONS}
+    defaults = build_config({})
+    classes = {name: type(getattr(defaults, name)) for name in SECTIONS}
     return [(section, field.name) for section, cls in classes.items() for field in attrs.fields(cls)
             if (section, field.name) not in {("data", "root"), ("data", "builder"), ("model", "builder")}]
 
