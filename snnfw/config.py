@@ -2,7 +2,7 @@
 
 Every key lives in one section: the core's (``[model]``, ``[data]``,
 ``[parallel]``, ``[train]``, ``[checkpoint]``, ``[eval]``, ``[log]``) and those
-plugins declare (the built-in ``[pipeline]``, ``[memopt]``, ``[compile]``);
+plugins declare (the built-in ``[pipeline]``, ``[memopt]``, ``[compile]``, ``[tsp]``);
 unknown keys are refused by name. ``--set section.key=value`` overrides any
 key, with the value read as TOML (so ``--set train.lr=0.01`` is a float and
 ``--set model.flavor=full`` a string).

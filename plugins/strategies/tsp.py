@@ -11,13 +11,29 @@ group of its own so that its all-reduces never interleave with the time
 group's messages inside backward.
 """
 
+import attrs
+
 from snnfw import hookimpl
 from snnfw.model.analysis import submodule
 from snnfw.plan.estimate import estimate, ring_bytes
-from snnfw.plan.layout import Proposal
+from snnfw.plan.layout import Proposal, refuse_others
 from snnfw.plugin.strategy import Strategy
 
 NAME = "tsp"
+OWNERS = (NAME, "fsdp2_tsp")  # the strategies that apply [tsp]
+
+
+@attrs.frozen
+class TspConfig:
+    """The ``[tsp]`` section (entry point ``snnfw.config``: ``tsp``)."""
+
+    # batch slices a neuron runs its chunk in, each passed on when done (0: one per rank of the time group)
+    slices: int = attrs.field(default=0, validator=[attrs.validators.instance_of(int), attrs.validators.ge(0)])
+
+
+def slices(plan) -> int:
+    """The batch slices of a neuron's chunk under ``plan``: ``tsp.slices``, or one per rank of the time group."""
+    return plan.config.tsp.slices or dict(plan.mesh)["time"]
 TIME_MIXING = ("RNNBase", "Conv3d", "MultiheadAttention")  # layers that mix time steps when given [T, N, ...]
 
 
@@ -61,7 +77,7 @@ def split_in_time(model, plan, mesh) -> None:
 
     EXCHANGES.enabled = plan.config.log.phase_times
     split_time(model, [submodule(model, name) for name in plan.analysis.neurons], TimeGroup(exchange_group(mesh)),
-               plan.config.model.time_steps)
+               plan.config.model.time_steps, slices(plan))
 
 
 def _mesh(request):
@@ -89,8 +105,14 @@ def snnfw_register_strategies(register):
 
 @hookimpl
 def snnfw_plan(request):
-    if not request.asks_for(NAME):
-        return None
+    others = []
+    if "tsp.slices" in request.config.explicit:
+        others = refuse_others(request, OWNERS, "tsp.slices applies only to strategies tsp and fsdp2_tsp; remove it, "
+                                                "or use one of them")
+    return ([_propose(request)] if request.asks_for(NAME) else []) + others
+
+
+def _propose(request) -> Proposal:
     config, world = request.config, request.topology.world_size
     if world < 2:
         return Proposal.refuse(NAME, "it needs at least 2 ranks; launch with --nproc 2 or more, or use strategy none")
@@ -112,7 +134,9 @@ def snnfw_plan(request):
         mesh=mesh,
         dp_dims=("dp",) if "dp" in names else (),
         rationale=(f"{size} ranks split each sample's {steps} time steps ({steps // size} each)"
-                   + (f", {replicas} data-parallel replicas" if replicas > 1 else ""),),
+                   + (f", {replicas} data-parallel replicas" if replicas > 1 else ""),
+                   f"neurons pass their state on in {config.tsp.slices or size} batch slices, a wavefront over the "
+                   "time ranks"),
         estimate=cost,
     )
 

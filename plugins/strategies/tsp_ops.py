@@ -8,7 +8,12 @@
 - A multi-step neuron starts its chunk from the membrane potential that rank
   k - 1 ended its chunk with (:class:`ReceiveState`) and sends its own end
   state on (:class:`SendState`); in backward the gradient with respect to
-  that state goes from k back to k - 1.
+  that state goes from k back to k - 1. It runs its chunk in slices of the
+  batch (``tsp.slices``), each sent on as soon as it is done: rank k + 1
+  starts on the first slice while rank k runs the next, a wavefront that
+  shortens the wait of a layer's neurons from (P - 1) chunks to (P - 1) / S,
+  and the same in backward. A neuron acts on each sample alone, so the
+  slices change no number.
 - BatchNorm normalizes by statistics over the whole T x N (sums all-reduced
   over the time group, their gradients all-reduced back: SyncBatchNorm's
   algebra), and its running statistics get the whole batch's values.
@@ -107,32 +112,33 @@ class GatherTime(torch.autograd.Function):
 
 
 class ReceiveState(torch.autograd.Function):
-    """The neuron state rank k - 1 ended its chunk with, shaped like ``like``; backward sends its gradient back."""
+    """The neuron state rank k - 1 ended slice ``tag`` of its chunk with, shaped like ``like``; backward sends its
+    gradient back."""
 
     @staticmethod
-    def forward(ctx, like: torch.Tensor, time: TimeGroup) -> torch.Tensor:
-        ctx.time = time
+    def forward(ctx, like: torch.Tensor, time: TimeGroup, tag: int) -> torch.Tensor:
+        ctx.time, ctx.tag = time, tag
         state = torch.empty_like(like)
         with EXCHANGES.timed():
-            dist.recv(state, src=time.previous, group=time.group)
+            dist.recv(state, src=time.previous, group=time.group, tag=tag)
         return state
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
         with EXCHANGES.timed():
-            dist.send(grad.contiguous(), dst=ctx.time.previous, group=ctx.time.group)
-        return None, None
+            dist.send(grad.contiguous(), dst=ctx.time.previous, group=ctx.time.group, tag=ctx.tag)
+        return None, None, None
 
 
 class SendState(torch.autograd.Function):
-    """Sends ``state`` (a neuron's at the end of this rank's chunk) on to rank k + 1 and returns ``out`` as it is;
-    backward receives the state's gradient from rank k + 1."""
+    """Sends ``state`` (a neuron's at the end of slice ``tag`` of this rank's chunk) on to rank k + 1 and returns
+    ``out`` as it is; backward receives the state's gradient from rank k + 1."""
 
     @staticmethod
-    def forward(ctx, out: torch.Tensor, state: torch.Tensor, time: TimeGroup) -> torch.Tensor:
-        ctx.time, ctx.like = time, (state.shape, state.dtype, state.device)
+    def forward(ctx, out: torch.Tensor, state: torch.Tensor, time: TimeGroup, tag: int) -> torch.Tensor:
+        ctx.time, ctx.tag, ctx.like = time, tag, (state.shape, state.dtype, state.device)
         with EXCHANGES.timed():
-            dist.send(state.detach().contiguous(), dst=time.next, group=time.group)
+            dist.send(state.detach().contiguous(), dst=time.next, group=time.group, tag=tag)
         return out.view_as(out)
 
     @staticmethod
@@ -140,21 +146,33 @@ class SendState(torch.autograd.Function):
         shape, dtype, device = ctx.like
         grad_state = torch.empty(shape, dtype=dtype, device=device)
         with EXCHANGES.timed():
-            dist.recv(grad_state, src=ctx.time.next, group=ctx.time.group)
-        return grad_out, grad_state, None
+            dist.recv(grad_state, src=ctx.time.next, group=ctx.time.group, tag=ctx.tag)
+        return grad_out, grad_state, None, None
 
 
-def chain_neuron(neuron: nn.Module, time: TimeGroup) -> None:
-    """Makes ``neuron`` (a SpikingJelly multi-step neuron) continue the membrane potential of the rank before."""
+def chain_neuron(neuron: nn.Module, time: TimeGroup, slices: int) -> None:
+    """Makes ``neuron`` (a SpikingJelly multi-step neuron) continue the membrane potential of the rank before, in
+    ``slices`` slices of the batch (fewer where the batch is smaller).
+
+    Backward meets the slices in the reverse order on every rank (autograd runs the latest recorded first), and each
+    message carries its slice as its tag."""
     own = neuron.multi_step_forward
 
-    def multi_step_forward(x_seq: torch.Tensor, *args, **kwargs):
-        if time.previous is not None:
-            neuron.v = ReceiveState.apply(x_seq[0], time)
+    def run_slice(x_seq: torch.Tensor, start, tag: int, args, kwargs) -> tuple[torch.Tensor, torch.Tensor]:
+        neuron.v = ReceiveState.apply(x_seq[0], time, tag) if time.previous is not None else start
         out = own(x_seq, *args, **kwargs)
         if time.next is not None:
-            out = SendState.apply(out, neuron.v, time)
-        return out
+            out = SendState.apply(out, neuron.v, time, tag)
+        return out, neuron.v
+
+    def multi_step_forward(x_seq: torch.Tensor, *args, **kwargs):
+        start = neuron.v  # the reset value: chunk 0 starts every slice from it
+        parts = [run_slice(x, start, tag, args, kwargs) for tag, x in enumerate(x_seq.tensor_split(slices, dim=1))
+                 if x.shape[1]]
+        if len(parts) == 1:
+            return parts[0][0]
+        neuron.v = torch.cat([v for _, v in parts])  # [N, ...]: the state every slice ended with
+        return torch.cat([out for out, _ in parts], dim=1)
 
     neuron.multi_step_forward = multi_step_forward
 
@@ -230,11 +248,11 @@ def _time_synced_batch_norm(norm: nn.modules.batchnorm._BatchNorm, time: TimeGro
     return forward
 
 
-def split_time(model: nn.Module, neurons: list[nn.Module], time: TimeGroup, steps: int) -> None:
+def split_time(model: nn.Module, neurons: list[nn.Module], time: TimeGroup, steps: int, slices: int) -> None:
     """Applies the changes the module docstring lists to ``model`` of ``steps`` time steps and its ``neurons``, in
     place. The model takes the whole samples' frames, or this rank's chunk of them (the loader's time view)."""
     for neuron in neurons:
-        chain_neuron(neuron, time)
+        chain_neuron(neuron, time, slices)
     for module in model.modules():
         if isinstance(module, nn.modules.batchnorm._BatchNorm):
             module.forward = _time_synced_batch_norm(module, time)

@@ -37,7 +37,8 @@ def chunks_start_from_rest(rank):
     from snnfw_plugins.strategies import tsp_ops
 
     receive = tsp_ops.ReceiveState.forward
-    tsp_ops.ReceiveState.forward = staticmethod(lambda ctx, like, time: torch.zeros_like(receive(ctx, like, time)))
+    tsp_ops.ReceiveState.forward = staticmethod(lambda ctx, like, time, tag: torch.zeros_like(receive(ctx, like, time,
+                                                                                                      tag)))
 
 
 def no_gradient_back(rank):
@@ -77,6 +78,23 @@ def test_what_cannot_be_split_in_time_is_refused_naming_the_key(sections, refuse
     world = 3 if sections.get("parallel", {}).get("mesh") == {"time": 3} else 4
     with pytest.raises(PlanError, match=refused):
         prepare(tiny_config("tsp", 1, **sections), world, Plugins())
+
+
+def test_tsp_slices_apply_to_the_time_strategies_only():
+    with pytest.raises(PlanError, match="tsp.slices applies only to strategies tsp and fsdp2_tsp"):
+        prepare(tiny_config("dp", 1, tsp={"slices": 2}), 2, Plugins())
+    plan = prepare(tiny_config("tsp", 1, tsp={"slices": 3}), 2, Plugins()).plan
+    assert "neurons pass their state on in 3 batch slices" in " ".join(plan.rationale)
+
+
+@pytest.mark.parametrize("slices", [1, 3])
+def test_tsp_matches_none_whatever_the_batch_slices(slices):
+    """The wavefront's slices (3 of a batch of 8: 3, 3 and 2 samples) change no number; 1 is no wavefront."""
+    want = reference()
+    for rank, summary in enumerate(run_on_ranks(config(parallel={"mesh": {"time": 2}}, tsp={"slices": slices}), 2,
+                                                timeout_s=240)):
+        for step, (loss, ref) in enumerate(zip(summary["losses"], want), start=1):
+            assert_close(f"rank {rank} step {step} loss", loss, ref)
 
 
 def test_fsdp2_tsp_without_data_parallelism_is_refused_naming_tsp():
