@@ -34,6 +34,7 @@ if TYPE_CHECKING:
     import torch
     from torch import nn
 
+
 @attrs.frozen
 class MemoptConfig:
     """The ``[memopt]`` section (entry point ``snnfw.config``: ``memopt``)."""

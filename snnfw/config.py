@@ -16,7 +16,6 @@ built-in sections are and reached as ``config.my_section``.
 from __future__ import annotations
 
 import math
-import os
 import re
 import tomllib
 import typing
@@ -27,6 +26,7 @@ from typing import Any
 import attrs
 from attrs import validators as v
 
+from snnfw import entry_points
 from snnfw.errors import ConfigError
 
 _positive = [v.instance_of(int), v.gt(0)]
@@ -371,23 +371,19 @@ _SECTION_CLASSES = {
 }
 
 
-SECTIONS_GROUP = "snnfw.config"  # entry points of plugins' config sections: name = "module:AttrsClass"
-
-
 def plugin_sections() -> dict[str, type]:
     """The config sections that installed plugins declare, by name; a blocked plugin's (``SNNFW_BLOCK_PLUGINS``),
     and a third party's when plugins do not autoload, are left out as their plugins are."""
-    blocked = {name.strip() for name in os.environ.get("SNNFW_BLOCK_PLUGINS", "").split(",") if name.strip()}
-    autoload = os.environ.get("SNNFW_DISABLE_PLUGIN_AUTOLOAD", "").lower() not in ("1", "true", "yes")
-    off = {ep.value.partition(":")[0] for ep in metadata.entry_points(group="snnfw") if ep.name in blocked}
+    blocked, autoload = entry_points.blocked(), entry_points.autoload()
+    off = {ep.module for ep in metadata.entry_points(group=entry_points.GROUP) if ep.name in blocked}
     found: dict[str, type] = {}
-    for ep in metadata.entry_points(group=SECTIONS_GROUP):
+    for ep in metadata.entry_points(group=entry_points.SECTIONS_GROUP):
         dist = ep.dist.name if ep.dist is not None else "no distribution"
-        if ep.module in off or (not autoload and dist != "snnfw"):
+        if ep.module in off or (not autoload and not entry_points.is_builtin(ep)):
             continue
         if ep.name in _SECTION_CLASSES or ep.name in found or ep.name == EXPLICIT:
             raise ConfigError(f"{dist} declares config section [{ep.name}], which another section has already; "
-                              f"rename its entry point in [project.entry-points.\"{SECTIONS_GROUP}\"]")
+                              f"rename its entry point in [project.entry-points.\"{entry_points.SECTIONS_GROUP}\"]")
         try:
             cls = ep.load()
         except Exception as err:

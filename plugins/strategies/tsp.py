@@ -31,9 +31,11 @@ class TspConfig:
     slices: int = attrs.field(default=0, validator=[attrs.validators.instance_of(int), attrs.validators.ge(0)])
 
 
-def slices(plan) -> int:
-    """The batch slices of a neuron's chunk under ``plan``: ``tsp.slices``, or one per rank of the time group."""
-    return plan.config.tsp.slices or dict(plan.mesh)["time"]
+def slices(config, mesh) -> int:
+    """The batch slices of a neuron's chunk: ``tsp.slices``, or one per rank of the ``mesh``'s time group."""
+    return config.tsp.slices or dict(mesh)["time"]
+
+
 TIME_MIXING = ("RNNBase", "Conv3d", "MultiheadAttention")  # layers that mix time steps when given [T, N, ...]
 
 
@@ -77,7 +79,7 @@ def split_in_time(model, plan, mesh) -> None:
 
     EXCHANGES.enabled = plan.config.log.phase_times
     split_time(model, [submodule(model, name) for name in plan.analysis.neurons], TimeGroup(exchange_group(mesh)),
-               plan.config.model.time_steps, slices(plan))
+               plan.config.model.time_steps, slices(plan.config, plan.mesh))
 
 
 def _mesh(request):
@@ -135,7 +137,7 @@ def _propose(request) -> Proposal:
         dp_dims=("dp",) if "dp" in names else (),
         rationale=(f"{size} ranks split each sample's {steps} time steps ({steps // size} each)"
                    + (f", {replicas} data-parallel replicas" if replicas > 1 else ""),
-                   f"neurons pass their state on in {config.tsp.slices or size} batch slices, a wavefront over the "
+                   f"neurons pass their state on in {slices(config, mesh)} batch slices, a wavefront over the "
                    "time ranks"),
         estimate=cost,
     )

@@ -24,14 +24,13 @@ from typing import Any
 import attrs
 import pluggy
 
+from snnfw import entry_points
+from snnfw.entry_points import GROUP
 from snnfw.errors import PluginError
 from snnfw.plugin import hookspecs
 from snnfw.plugin.registry import Registry
 from snnfw.plugin.strategy import Strategy
 
-GROUP = "snnfw"
-ENV_DISABLE_AUTOLOAD = "SNNFW_DISABLE_PLUGIN_AUTOLOAD"
-ENV_BLOCK = "SNNFW_BLOCK_PLUGINS"
 ENV_PLUGINS = "SNNFW_PLUGINS"
 STRATEGY_PREFIX = "strategy:"  # the plugin name of a strategy object that implements hooks
 
@@ -57,18 +56,6 @@ class PluginInfo:
     overridden_by: tuple[str, ...] = ()
 
 
-def _blocked() -> set[str]:
-    return {name.strip() for name in os.environ.get(ENV_BLOCK, "").split(",") if name.strip()}
-
-
-def _autoload() -> bool:
-    return os.environ.get(ENV_DISABLE_AUTOLOAD, "").lower() not in ("1", "true", "yes")
-
-
-def _is_builtin(ep: metadata.EntryPoint) -> bool:
-    return ep.dist is not None and ep.dist.name == "snnfw"
-
-
 def _describe_entry_point(ep: metadata.EntryPoint) -> str:
     dist = f"{ep.dist.name} {ep.dist.version}" if ep.dist is not None else "no distribution"
     return f"{ep.value} ({dist})"
@@ -88,14 +75,14 @@ def _named_plugins() -> list[tuple[str, Any]]:
 
 def _load_entry_points(pm: pluggy.PluginManager) -> dict[str, metadata.Distribution]:
     """Registers every entry point under its name; two entry points with one name fail, naming both."""
-    blocked, autoload = _blocked(), _autoload()
+    blocked, autoload = entry_points.blocked(), entry_points.autoload()
     loaded: dict[str, metadata.EntryPoint] = {}
     # Built-ins register first, so that third-party implementations run before them.
-    for ep in sorted(metadata.entry_points(group=GROUP), key=lambda ep: not _is_builtin(ep)):
+    for ep in sorted(metadata.entry_points(group=GROUP), key=lambda ep: not entry_points.is_builtin(ep)):
         if ep.name in blocked:
             pm.set_blocked(ep.name)
             continue
-        if not _is_builtin(ep) and not autoload:
+        if not entry_points.is_builtin(ep) and not autoload:
             continue
         if ep.name in loaded:
             raise PluginError(
@@ -150,7 +137,7 @@ class Plugins:
         self.pm = pluggy.PluginManager(GROUP)
         self.pm.add_hookspecs(hookspecs)
         self._dists = _load_entry_points(self.pm)
-        if "defaults" not in self._dists and "defaults" not in _blocked():
+        if "defaults" not in self._dists and "defaults" not in entry_points.blocked():
             raise PluginError(
                 "snnfw's built-in plugins are not registered; install the package "
                 "(bash scripts/install.sh, or pip install -e .) so its entry points exist"

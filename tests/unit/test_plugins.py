@@ -5,8 +5,9 @@ import textwrap
 
 import pytest
 
+from snnfw.entry_points import ENV_BLOCK, ENV_DISABLE_AUTOLOAD
 from snnfw.errors import PluginError
-from snnfw.plugin.manager import ENV_BLOCK, ENV_DISABLE_AUTOLOAD, Plugins
+from snnfw.plugin.manager import Plugins
 from snnfw.testing import RankFailure, run_on_ranks, tiny_config
 
 BUILTINS = {"defaults", "none", "dp", "zero", "tp", "cifar10dvs_vgg", "synthetic_dvs"}
