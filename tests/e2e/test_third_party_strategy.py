@@ -1,13 +1,14 @@
 """A strategy from outside snnfw, with a config section of its own, written against the public plugin API only:
 planned, trained to none's losses on 2 ranks with its key applied, and refused in one line where misused."""
 
-import sys
 import textwrap
 
 import pytest
 
+from snnfw.entry_points import GROUP, SECTIONS_GROUP
 from snnfw.testing import run_on_ranks, tiny_config
 from snnfw.testing.checks import assert_same_losses
+from snnfw.testing.distribution import install_distribution
 
 # DDP with its bucket size as a key of the plugin's own [bucketed] section.
 PLUGIN = """
@@ -56,16 +57,9 @@ PLUGIN = """
 
 @pytest.fixture
 def bucketed(tmp_path, monkeypatch):
-    """The plugin installed as pip would: a module and its distribution's entry points, in both groups."""
-    (tmp_path / "snnfw_bucketed.py").write_text(textwrap.dedent(PLUGIN))
-    info = tmp_path / "snnfw_bucketed-1.0.dist-info"
-    info.mkdir()
-    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: snnfw-bucketed\nVersion: 1.0\n")
-    (info / "entry_points.txt").write_text('[snnfw]\nbucketed = snnfw_bucketed\n\n'
-                                           '[snnfw.config]\nbucketed = snnfw_bucketed:Section\n')
-    monkeypatch.syspath_prepend(str(tmp_path))
-    monkeypatch.delitem(sys.modules, "snnfw_bucketed", raising=False)
-    return tmp_path
+    """The plugin installed as pip would, with entry points in both groups."""
+    return install_distribution(tmp_path, monkeypatch, "snnfw_bucketed", PLUGIN,
+                                {GROUP: {"bucketed": "snnfw_bucketed"}, SECTIONS_GROUP: {"bucketed": "snnfw_bucketed:Section"}})
 
 
 def bucket_bytes(trainer):

@@ -1,27 +1,21 @@
 """Plugin manager: entry-point loading, blocking, autoload switch, misspelt hooks, clashes, rank consistency."""
 
 import sys
-import textwrap
 
 import pytest
 
-from snnfw.entry_points import ENV_BLOCK, ENV_DISABLE_AUTOLOAD
+from snnfw.entry_points import ENV_BLOCK, ENV_DISABLE_AUTOLOAD, GROUP
 from snnfw.errors import PluginError
 from snnfw.plugin.manager import Plugins
 from snnfw.testing import RankFailure, run_on_ranks, tiny_config
+from snnfw.testing.distribution import install_distribution
 
 BUILTINS = {"defaults", "none", "dp", "zero", "tp", "cifar10dvs_vgg", "synthetic_dvs"}
 
 
 def install_fake_distribution(tmp_path, monkeypatch, module_source, name="snnfw_fake", entry="fake"):
-    """Puts a distribution with an ``snnfw`` entry point named ``entry`` on sys.path, as pip would."""
-    (tmp_path / f"{name}.py").write_text(textwrap.dedent(module_source))
-    info = tmp_path / f"{name}-0.3.dist-info"
-    info.mkdir()
-    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: 0.3\n")
-    (info / "entry_points.txt").write_text(f"[snnfw]\n{entry} = {name}\n")
-    monkeypatch.syspath_prepend(str(tmp_path))
-    monkeypatch.delitem(sys.modules, name, raising=False)
+    """A distribution with an ``snnfw`` entry point named ``entry``."""
+    install_distribution(tmp_path, monkeypatch, name, module_source, {GROUP: {entry: name}}, version="0.3")
 
 
 FAKE = """
