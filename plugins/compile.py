@@ -52,7 +52,8 @@ def inductor_refusal(device_type: str) -> str | None:
 
 
 def compiling(plan) -> bool:
-    return plan.config.compile.enable or plan.config.model.neuron_backend == "inductor"
+    backend = getattr(plan.config.model, "neuron_backend", "torch")  # a key of plugin neuron_backend
+    return plan.config.compile.enable or backend == "inductor"
 
 
 OPTIONS = ("compile.backend", "compile.mode", "compile.fullgraph")

@@ -25,6 +25,8 @@ import sys
 import time
 from typing import TYPE_CHECKING
 
+import attrs
+
 from snnfw import hookimpl
 from snnfw.plan.layout import Proposal
 
@@ -34,6 +36,13 @@ if TYPE_CHECKING:
 
 TRIALS = 3
 LAYOUTS = ("contiguous", "channels_last")
+
+
+@attrs.frozen
+class LayoutKeys:
+    """``model.memory_format`` (entry point ``snnfw.config``: ``model.memory_format``)."""
+
+    memory_format: str = attrs.field(default="contiguous", validator=attrs.validators.in_((*LAYOUTS, "auto")))
 _last_run: dict[str, float] = {}
 
 

@@ -24,9 +24,20 @@ from __future__ import annotations
 import importlib
 from importlib.util import find_spec
 
+import attrs
+
 from snnfw import hookimpl
 from snnfw.plan.layout import Proposal
 from snnfw_plugins.compile import inductor_refusal
+
+BACKENDS = ("torch", "cuda", "triton", "inductor")
+
+
+@attrs.frozen
+class BackendKeys:
+    """``model.neuron_backend`` (entry point ``snnfw.config``: ``model.neuron_backend``)."""
+
+    neuron_backend: str = attrs.field(default="torch", validator=attrs.validators.in_(BACKENDS))
 
 NEURON_OPERATORS = ("if_", "lif", "plif", "qif", "eif", "izhikevich", "ilif", "activation_aware_if", "stbif", "clif")
 KERNELS = {"cuda": "native CUDA", "triton": "Triton"}

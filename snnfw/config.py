@@ -10,11 +10,14 @@ key, with the value read as TOML (so ``--set train.lr=0.01`` is a float and
 A plugin declares a section of its own with an entry point in the group
 ``snnfw.config``: ``my_section = "my_plugin:MySection"``, an attrs class whose
 fields are the keys with their defaults and validators. It is read as the
-built-in sections are and reached as ``config.my_section``.
+built-in sections are and reached as ``config.my_section``. An entry point
+named ``section.plugin`` (``"parallel.zero" = "my_plugin:ZeroKeys"``) adds its
+class's keys to the core's ``[section]`` instead (``config.parallel.zero``).
 """
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 import tomllib
@@ -106,8 +109,6 @@ class ModelConfig:
     family: str = attrs.field(default="cifar10dvs_vgg", validator=v.instance_of(str))
     flavor: str = attrs.field(default="tiny", validator=v.instance_of(str))
     time_steps: int = attrs.field(default=4, validator=_positive)
-    neuron_backend: str = attrs.field(default="torch", validator=v.in_(("torch", "cuda", "triton", "inductor")))
-    memory_format: str = attrs.field(default="contiguous", validator=v.in_(("contiguous", "channels_last", "auto")))
     builder: str | None = attrs.field(default=None, validator=v.optional(v.instance_of(str)))
     input_shape: tuple[int, int, int] | None = attrs.field(default=None, converter=_input_shape)
     num_classes: int | None = attrs.field(default=None, validator=v.optional([v.instance_of(int), v.ge(2)]))
@@ -185,8 +186,6 @@ class ParallelConfig:
     mesh: tuple[tuple[str, int], ...] | None = attrs.field(default=None, converter=_mesh)
     device: str = attrs.field(default="auto", validator=v.in_(("auto", "cpu", "cuda")))
     timeout_s: float = attrs.field(default=300.0, converter=float, validator=[v.gt(0), v.le(MAX_TIMEOUT_S)])
-    zero: bool = attrs.field(default=False, validator=v.instance_of(bool))
-    reshard_after_forward: bool = attrs.field(default=True, validator=v.instance_of(bool))
     mixed_precision: str = attrs.field(default="none", validator=v.in_(("none", "bf16")))
     prefer: str | None = attrs.field(default=None, validator=v.optional(v.in_(("speed", "memory", "capacity"))))
     cpu_allocator: str = attrs.field(default="auto", validator=v.in_(("auto", "retain", "system")))
@@ -324,13 +323,13 @@ EXPLICIT = "explicit"  # the top-level entry of Config.to_dict that lists the ke
 
 @attrs.frozen
 class Config:
-    model: ModelConfig = ModelConfig()
-    data: DataConfig = DataConfig()
-    parallel: ParallelConfig = ParallelConfig()
-    train: TrainConfig = TrainConfig()
-    checkpoint: CheckpointConfig = CheckpointConfig()
-    eval: EvalConfig = EvalConfig()
-    log: LogConfig = LogConfig()
+    model: ModelConfig = attrs.field(factory=lambda: section_class("model")())
+    data: DataConfig = attrs.field(factory=lambda: section_class("data")())
+    parallel: ParallelConfig = attrs.field(factory=lambda: section_class("parallel")())
+    train: TrainConfig = attrs.field(factory=lambda: section_class("train")())
+    checkpoint: CheckpointConfig = attrs.field(factory=lambda: section_class("checkpoint")())
+    eval: EvalConfig = attrs.field(factory=lambda: section_class("eval")())
+    log: LogConfig = attrs.field(factory=lambda: section_class("log")())
     explicit: frozenset[str] = attrs.field(default=frozenset(), converter=frozenset)  # "section.key"s the user set
     sections: tuple[tuple[str, Any], ...] = ()  # the sections plugins declare, (name, value) pairs
 
@@ -372,8 +371,9 @@ _SECTION_CLASSES = {
 
 
 def plugin_sections() -> dict[str, type]:
-    """The config sections that installed plugins declare, by name; a blocked plugin's (``SNNFW_BLOCK_PLUGINS``),
-    and a third party's when plugins do not autoload, are left out as their plugins are."""
+    """The config sections that installed plugins declare, by name (``section.plugin`` for keys added to a core
+    section); a blocked plugin's (``SNNFW_BLOCK_PLUGINS``), and a third party's when plugins do not autoload, are
+    left out as their plugins are."""
     blocked, autoload = entry_points.blocked(), entry_points.autoload()
     off = {ep.module for ep in metadata.entry_points(group=entry_points.GROUP) if ep.name in blocked}
     found: dict[str, type] = {}
@@ -381,7 +381,11 @@ def plugin_sections() -> dict[str, type]:
         dist = ep.dist.name if ep.dist is not None else "no distribution"
         if ep.module in off or (not autoload and not entry_points.is_builtin(ep)):
             continue
-        if ep.name in _SECTION_CLASSES or ep.name in found or ep.name == EXPLICIT:
+        core, dot, _ = ep.name.partition(".")
+        if dot and core not in _SECTION_CLASSES:
+            raise ConfigError(f"{dist} adds keys to config section [{core}], which is not one of the core's "
+                              f"({', '.join(_SECTION_CLASSES)}); name its entry point section.plugin")
+        if (not dot and ep.name in _SECTION_CLASSES) or ep.name in found or ep.name == EXPLICIT:
             raise ConfigError(f"{dist} declares config section [{ep.name}], which another section has already; "
                               f"rename its entry point in [project.entry-points.\"{entry_points.SECTIONS_GROUP}\"]")
         try:
@@ -393,6 +397,42 @@ def plugin_sections() -> dict[str, type]:
                               "declare the keys as fields of an @attrs.frozen class")
         found[ep.name] = cls
     return dict(sorted(found.items()))
+
+
+def section_class(name: str, declared: dict[str, type] | None = None) -> type:
+    """The class of core section ``name`` with the keys plugins add to it (``declared``: :func:`plugin_sections`)."""
+    declared = plugin_sections() if declared is None else declared
+    return _extended(_SECTION_CLASSES[name], tuple(cls for key, cls in declared.items() if key.startswith(f"{name}.")))
+
+
+@functools.cache
+def _extended(core: type, additions: tuple[type, ...]) -> type:
+    """``core`` subclassed with the fields of ``additions``: one class per set, so equal configs compare equal."""
+    if not additions:
+        return core
+    namespace: dict[str, Any] = {"__module__": core.__module__, "__annotations__": {}, "_additions": additions,
+                                 "__reduce__": _reduce}
+    owners = {f.name: "the core" for f in attrs.fields(core)}
+    for cls in additions:
+        hints, name = typing.get_type_hints(cls), f"{cls.__module__}.{cls.__qualname__}"
+        for f in attrs.fields(cls):
+            if f.name in owners:
+                raise ConfigError(f"{name} adds key {f.name!r} to a section where {owners[f.name]} has it already; "
+                                  "rename the key")
+            owners[f.name] = name
+            namespace[f.name] = attrs.field(default=f.default, validator=f.validator, converter=f.converter)
+            namespace["__annotations__"][f.name] = hints[f.name]
+    return attrs.frozen(type(core.__name__, (core,), namespace))
+
+
+def _reduce(section) -> tuple:
+    cls = type(section)
+    return _rebuild, (cls.__mro__[1], cls._additions, attrs.asdict(section, recurse=False))
+
+
+def _rebuild(core: type, additions: tuple[type, ...], values: dict[str, Any]) -> Any:
+    """Unpickles a section with plugins' keys (its class is made at run time, so pickle cannot name it)."""
+    return _extended(core, additions)(**values)
 
 
 def parse_override(text: str) -> tuple[str, str, Any]:
@@ -435,7 +475,9 @@ def build_config(data: dict[str, Any], overrides: list[str] = ()) -> Config:
     """
     data = dict(data)
     listed = data.pop(EXPLICIT, None)
-    classes = {**_SECTION_CLASSES, **plugin_sections()}
+    declared = plugin_sections()
+    classes = {**{name: section_class(name, declared) for name in _SECTION_CLASSES},
+               **{name: cls for name, cls in declared.items() if "." not in name}}
     merged: dict[str, dict[str, Any]] = {}
     for section, table in data.items():
         if section not in classes:
@@ -502,7 +544,7 @@ def for_evaluation(config: Config) -> Config:
     """``config`` as scoring weights reads it: what only training uses (checkpoints, the microbatches of a training
     step) back at its defaults, so a training config scores under any strategy and world size."""
     return attrs.evolve(
-        config, checkpoint=CheckpointConfig(), train=attrs.evolve(config.train, microbatches=None),
+        config, checkpoint=section_class("checkpoint")(), train=attrs.evolve(config.train, microbatches=None),
         explicit=config.explicit - {"checkpoint.every", "checkpoint.keep", "checkpoint.async_save", "train.microbatches"},
     )
 

@@ -15,6 +15,8 @@ asynchronously and the next block's is prefetched, which FSDP2 does through
 CUDA streams on a GPU.
 """
 
+import attrs
+
 from snnfw import hookimpl
 from snnfw.model.analysis import submodule
 from snnfw.plan.estimate import estimate, ring_bytes
@@ -22,6 +24,13 @@ from snnfw.plan.layout import Proposal, refuse_others
 from snnfw.plugin.strategy import Strategy
 
 NAME = "fsdp2"
+
+
+@attrs.frozen
+class Fsdp2Keys:
+    """``parallel.reshard_after_forward`` (entry point ``snnfw.config``: ``parallel.fsdp2``): fully_shard's own."""
+
+    reshard_after_forward: bool = attrs.field(default=True, validator=attrs.validators.instance_of(bool))
 HSDP_DIMS = ("dp_replicate", "dp_shard")
 
 

@@ -8,6 +8,8 @@ partition of the optimizer state by parameter name, so a checkpoint resumes
 under any strategy.
 """
 
+import attrs
+
 from snnfw import hookimpl
 from snnfw.components.optim import optimizer_options, parameter_groups, trainable
 from snnfw.plan.layout import Proposal, refuse_others
@@ -16,6 +18,13 @@ from snnfw_plugins.strategies.dp import Replicas, propose_replicas
 
 NAME = "zero"
 COMPOSES_WITH = ("dp", NAME)
+
+
+@attrs.frozen
+class ZeroKeys:
+    """``parallel.zero`` (entry point ``snnfw.config``: ``parallel.zero``): the sharded optimizer under ``dp``."""
+
+    zero: bool = attrs.field(default=False, validator=attrs.validators.instance_of(bool))
 
 
 def _wanted(plan_or_request) -> bool:

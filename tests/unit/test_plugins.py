@@ -1,11 +1,14 @@
-"""Plugin manager: entry-point loading, blocking, autoload switch, misspelt hooks, clashes, rank consistency."""
+"""Plugin manager: entry-point loading, blocking, autoload switch, misspelt hooks, clashes, rank consistency; keys
+plugins add to the core's config sections."""
 
+import pickle
 import sys
 
 import pytest
 
-from snnfw.entry_points import ENV_BLOCK, ENV_DISABLE_AUTOLOAD, GROUP
-from snnfw.errors import PluginError
+from snnfw.config import build_config
+from snnfw.entry_points import ENV_BLOCK, ENV_DISABLE_AUTOLOAD, GROUP, SECTIONS_GROUP
+from snnfw.errors import ConfigError, PluginError
 from snnfw.plugin.manager import Plugins
 from snnfw.testing import RankFailure, run_on_ranks, tiny_config
 from snnfw.testing.distribution import install_distribution
@@ -240,3 +243,39 @@ def test_a_strategy_objects_hooks_run_only_for_a_plan_of_its_strategy(tmp_path, 
     with pytest.raises(RuntimeError) as err:
         plugins.summary(plan("mine"))
     assert err.value.__notes__ == ["raised in plugin 'mine' (snnfw_mine 0.3), hook snnfw_summary"]
+
+
+KEYS = """
+    import attrs
+
+    @attrs.frozen
+    class ParallelKeys:
+        cap_mb: float = attrs.field(default=25.0, validator=attrs.validators.gt(0))
+
+    @attrs.frozen
+    class Again:
+        zero: bool = False
+"""
+
+
+def test_a_plugin_adds_keys_to_a_core_section(tmp_path, monkeypatch):
+    install_distribution(tmp_path, monkeypatch, "snnfw_keys", KEYS, {GROUP: {"keys": "snnfw_keys"},
+                                                                      SECTIONS_GROUP: {"parallel.keys": "snnfw_keys:ParallelKeys"}})
+    config = build_config({"parallel": {"cap_mb": 2.0, "zero": True}})
+    assert (config.parallel.cap_mb, config.parallel.zero, config.parallel.strategy) == (2.0, True, "none")
+    assert "parallel.cap_mb" in config.explicit
+    assert build_config(config.to_dict()) == config == pickle.loads(pickle.dumps(config))
+    assert build_config({}).parallel.cap_mb == 25.0
+    with pytest.raises(ConfigError, match=r"invalid value in \[parallel\]: 'cap_mb' must be > 0"):
+        build_config({"parallel": {"cap_mb": 0}})
+    monkeypatch.setenv(ENV_BLOCK, "keys,zero")
+    with pytest.raises(ConfigError, match="unknown config key parallel.cap_mb"):
+        build_config({"parallel": {"cap_mb": 2.0}})
+    with pytest.raises(ConfigError, match="unknown config key parallel.zero"):
+        build_config({"parallel": {"zero": True}})
+
+
+def test_a_key_added_twice_to_a_section_is_refused_naming_the_class(tmp_path, monkeypatch):
+    install_distribution(tmp_path, monkeypatch, "snnfw_keys", KEYS, {SECTIONS_GROUP: {"parallel.keys": "snnfw_keys:Again"}})
+    with pytest.raises(ConfigError, match="ZeroKeys adds key 'zero' to a section where snnfw_keys.Again has it already"):
+        build_config({})
