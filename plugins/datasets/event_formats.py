@@ -6,7 +6,8 @@
   it; the first tenth of each class by sample number tests (TEBN's split).
 - ``dvs128_gesture``: ``DvsGesture/`` (``DvsGesture.tar.gz`` unpacked): AEDAT 3.1 trials, one sample per gesture
   span of their ``*_labels.csv``, split by ``trials_to_train.txt`` and ``trials_to_test.txt``.
-- ``shd``: ``shd_train.h5`` and ``shd_test.h5`` (gunzipped), read as tonic's SHD reads them.
+- ``shd``: ``shd_train.h5`` and ``shd_test.h5`` (gunzipped), read as tonic's SHD reads them; ``ssc``:
+  ``ssc_train.h5`` and ``ssc_test.h5`` alike (SSC's validation file is not read).
 
 :data:`URLS` says where each is fetched from; nothing is downloaded.
 """
@@ -29,6 +30,7 @@ URLS = {
     "dvs128_gesture": "https://research.ibm.com/interactive/dvsgesture/ (DvsGesture.tar.gz, unpacked into "
                       "data.root)",
     "shd": "https://zenkelab.org/datasets/ (shd_train.h5.gz and shd_test.h5.gz, gunzipped into data.root)",
+    "ssc": "https://zenkelab.org/datasets/ (ssc_train.h5.gz and ssc_test.h5.gz, gunzipped into data.root)",
 }
 
 
@@ -148,31 +150,31 @@ def _gesture_files(root: Path, split: str) -> list[Path]:
     return [f for f in files if f.exists()]
 
 
-# SHD: one HDF5 file per split, spike times in seconds and channel numbers per sample.
-def _shd_file(root: Path, split: str) -> Path:
-    return root / f"shd_{split}.h5"
+# SHD and SSC: one HDF5 file per split, spike times in seconds and channel numbers per sample.
+def _heidelberg(prefix: str) -> RawSet:
+    def file(root: Path, split: str) -> Path:
+        return root / f"{prefix}_{split}.h5"
 
+    def recordings(root: Path, split: str) -> list[tuple[tuple[str, int], int]]:
+        import h5py
 
-def _shd_recordings(root: Path, split: str) -> list[tuple[tuple[str, int], int]]:
-    import h5py
+        if not file(root, split).is_file():
+            return []
+        with h5py.File(file(root, split), "r") as opened:
+            return [((split, index), int(label)) for index, label in enumerate(opened["labels"][()])]
 
-    path = _shd_file(root, split)
-    if not path.is_file():
-        return []
-    with h5py.File(path, "r") as file:
-        return [((split, index), int(label)) for index, label in enumerate(file["labels"][()])]
+    def read(root: Path, key: tuple[str, int]) -> np.ndarray:
+        """As tonic's SHD reads a sample: times in microseconds, the channel as x, polarity 1."""
+        import h5py
+        from tonic.io import make_structured_array
 
+        split, index = key
+        with h5py.File(file(root, split), "r") as opened:
+            times, units = opened["spikes/times"][index], opened["spikes/units"][index]
+        return make_structured_array(times.astype(np.float64) * 1e6, units, 1,
+                                     dtype=np.dtype([("t", int), ("x", int), ("p", int)]))
 
-def _shd_read(root: Path, key: tuple[str, int]) -> np.ndarray:
-    """As tonic's SHD reads a sample: times in microseconds, the channel as x, polarity 1."""
-    import h5py
-    from tonic.io import make_structured_array
-
-    split, index = key
-    with h5py.File(_shd_file(root, split), "r") as file:
-        times, units = file["spikes/times"][index], file["spikes/units"][index]
-    return make_structured_array(times.astype(np.float64) * 1e6, units, 1,
-                                 dtype=np.dtype([("t", int), ("x", int), ("p", int)]))
+    return RawSet(recordings, read, (700, 1, 1), lambda root, split: _file_stats([file(root, split)], root))
 
 
 SETS = {
@@ -182,8 +184,8 @@ SETS = {
                           lambda root, split: _file_stats([f for f, _ in _cifar10_dvs_files(root, split)], root)),
     "dvs128_gesture": RawSet(_gesture_recordings, _gesture_read, (128, 128, 2),
                              lambda root, split: _file_stats(_gesture_files(root, split), root)),
-    "shd": RawSet(_shd_recordings, _shd_read, (700, 1, 1),
-                  lambda root, split: _file_stats([_shd_file(root, split)], root)),
+    "shd": _heidelberg("shd"),
+    "ssc": _heidelberg("ssc"),
 }
 
 

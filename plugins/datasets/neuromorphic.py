@@ -1,4 +1,4 @@
-"""``cifar10_dvs``, ``dvs128_gesture``, ``n_mnist``, ``shd``: event frames in SpikingJelly's on-disk layout, or the
+"""``cifar10_dvs``, ``dvs128_gesture``, ``n_mnist``, ``shd``, ``ssc``: event frames in SpikingJelly's on-disk layout, or the
 raw recordings as their publishers ship them (integrated by tonic: :mod:`snnfw_plugins.datasets.events`).
 
 ``data.root`` is the ``root`` given to SpikingJelly's class (``CIFAR10DVS``,
@@ -122,7 +122,8 @@ def builder(name: str):
             raise DataError(f"{folder} holds no {split} samples: expected {split}/<class>/*.npz frame files")
         classes = max(label for _, label in samples) + 1
         if classes > spec.num_classes:
-            raise DataError(f"{folder} has {classes} classes, but the model has {spec.num_classes} outputs")
+            raise DataError(f"{folder} has {classes} classes, but the model has {spec.num_classes} outputs; set "
+                            f"model.num_classes = {classes}")
         _check_first(samples[0][0], spec)
         return FrameFolder(samples, tuple(spec.shape[1:]))
 
@@ -136,3 +137,5 @@ def snnfw_register_datasets(register):
                  "SpikingJelly's frames or the raw recordings in data.root")
     register("shd", DatasetSpec(events.builder("shd"), "Spiking Heidelberg Digits, 20 classes of 700-channel spike "
                                 "trains", ON_DISK_UNREAD, 20, (1, 1, 700)), "the raw recordings in data.root")
+    register("ssc", DatasetSpec(events.builder("ssc"), "Spiking Speech Commands, 35 classes of 700-channel spike "
+                                "trains", ON_DISK_UNREAD, 35, (1, 1, 700)), "the raw recordings in data.root")

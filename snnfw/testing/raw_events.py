@@ -62,8 +62,10 @@ def write_cifar10_dvs(root: Path, per_class: int = 10, classes: int = 4, events:
     return {split: sorted(samples, key=lambda sample: sample[1]) for split, samples in written.items()}
 
 
-def write_shd(root: Path, per_class: int = 4, classes: int = 4, events: int = 300, seed: int = 0) -> dict:
-    """``root/shd_train.h5`` and ``root/shd_test.h5`` as the publisher ships them (times in seconds)."""
+def write_shd(root: Path, per_class: int = 4, classes: int = 4, events: int = 300, seed: int = 0,
+              prefix: str = "shd") -> dict:
+    """``root/shd_train.h5`` and ``root/shd_test.h5`` as the publisher ships them (times in seconds); SSC's
+    ``ssc_*.h5`` with ``prefix = "ssc"``."""
     import h5py
 
     rng = np.random.default_rng(seed)
@@ -71,7 +73,7 @@ def write_shd(root: Path, per_class: int = 4, classes: int = 4, events: int = 30
     written = {"train": [], "test": []}
     for split in ("train", "test"):
         labels = [label for label in range(classes) for _ in range(per_class)]
-        with h5py.File(root / f"shd_{split}.h5", "w") as file:
+        with h5py.File(root / f"{prefix}_{split}.h5", "w") as file:
             times = file.create_dataset("spikes/times", (len(labels),), dtype=h5py.vlen_dtype(np.float32))
             units = file.create_dataset("spikes/units", (len(labels),), dtype=h5py.vlen_dtype(np.uint16))
             for index, label in enumerate(labels):

@@ -94,7 +94,7 @@ def test_missing_config_file_says_so(tmp_path):
         (tiny_config("none", model={"family": "resnet"}), 1, UnknownNameError, "registered model family names: cifar10dvs_vgg"),
         (tiny_config("none", model={"flavor": "huge"}), 1, UnknownNameError, "flavors: full, tiny"),
         (tiny_config("none", data={"name": "mnist"}), 1, UnknownNameError,
-         "unknown dataset 'mnist'; registered dataset names: cifar10, cifar10_dvs, dvs128_gesture, n_mnist, shd, synthetic_dvs"),
+         "unknown dataset 'mnist'; registered dataset names: cifar10, cifar10_dvs, dvs128_gesture, n_mnist, shd, ssc, synthetic_dvs"),
         (tiny_config("none"), 2, PlanError, "use --nproc 1"),
         (tiny_config("dp"), 1, PlanError, "at least 2 ranks"),
         (tiny_config("dp"), 3, PlanError, "divisible by data-parallel size 3"),

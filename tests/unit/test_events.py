@@ -1,5 +1,7 @@
 """Raw event recordings: read in their publishers' formats, integrated by tonic's ToFrame, cached once."""
 
+import functools
+
 import attrs
 import numpy as np
 import pytest
@@ -13,7 +15,7 @@ from snnfw.testing.raw_events import write_cifar10_dvs, write_dvs128_gesture, wr
 from snnfw_plugins.datasets import event_formats, events, neuromorphic
 
 WRITERS = {"n_mnist": write_nmnist, "cifar10_dvs": write_cifar10_dvs, "dvs128_gesture": write_dvs128_gesture,
-           "shd": write_shd}
+           "shd": write_shd, "ssc": functools.partial(write_shd, prefix="ssc")}
 T = 6
 
 
@@ -25,8 +27,8 @@ def data_config(name, root, **data):
                          ids=["count", "time", "denoised"])
 @pytest.mark.parametrize("name", WRITERS)
 def test_frames_are_tonics_toframe_of_the_recorded_events(tmp_path, name, frames):
-    if name == "shd" and "denoise_us" in frames:
-        with pytest.raises(DataError, match="shd records channels, not pixels; remove it"):
+    if name in ("shd", "ssc") and "denoise_us" in frames:
+        with pytest.raises(DataError, match=f"{name} records channels, not pixels; remove it"):
             events.cached_frames(data_config(name, tmp_path, frames=frames), name, "train", T)
         return
     written = WRITERS[name](tmp_path)
@@ -82,6 +84,8 @@ def test_a_data_set_item_is_resized_float_frames_and_its_label(tmp_path):
 @pytest.mark.parametrize("name, setting, refusal", [
     ("shd", {}, r"data set shd reads its raw recordings from data.root, and .* holds none; get them from "
                 r"https://zenkelab.org/datasets/ \(shd_train.h5.gz"),
+    ("ssc", {}, r"data set ssc reads its raw recordings from data.root, and .* holds none; get them from "
+                r"https://zenkelab.org/datasets/ \(ssc_train.h5.gz"),
     ("n_mnist", {}, r"frames_number_6_split_by_number does not exist: .*; or the raw recordings from "
                     r"https://www.garrickorchard.com/datasets/n-mnist"),
 ])
