@@ -1,22 +1,23 @@
-"""Train on event frames from a SpikingJelly data folder (CIFAR10-DVS, DVS128 Gesture or N-MNIST), any strategy.
+"""Train on CIFAR10-DVS, DVS128 Gesture or N-MNIST under any strategy, from raw recordings or SpikingJelly's frames.
 
-First let SpikingJelly integrate the events into frames of T time steps (once)::
+``--root`` is a folder of the raw recordings as their publishers ship them
+(CIFAR10-DVS's ``<class>/*.aedat``, DVS128 Gesture's ``DvsGesture/``,
+N-MNIST's ``Train/`` and ``Test/``), which tonic integrates into frames of the
+recipe's T once and caches in ``ROOT/.snnfw-frames``; or the root given to
+SpikingJelly's data set class, which wrote its frames there::
 
     python -c "from spikingjelly.datasets.cifar10_dvs import CIFAR10DVS as D; \\
                D('data/cifar10dvs', data_type='frame', frames_number=10, split_by='number')"
 
-(``dvs128_gesture.DVS128Gesture`` and ``n_mnist.NMNIST`` likewise, with
-``train=True`` and ``train=False``; T is the recipe's ``model.time_steps``),
-then, from the repository root::
+Then, from the repository root::
 
     torchrun --nproc_per_node=2 examples/train_dvs.py --recipe cifar10dvs_vgg_tet --root data/cifar10dvs --strategy dp
 
 The recipes are ``examples/recipes/*.toml`` (network, optimizer, schedule,
 loss, augmentation and epochs, with the publication each follows); ``--set
-section.key=value`` changes any key. Frames are read from
-``ROOT/frames_number_T_split_by_number`` and resized by area to the model's
-input. Every ``eval.every_epochs`` epochs the model is scored on the whole
-test split; with ``--run-dir`` a checkpoint is written then (``--resume``
+section.key=value`` changes any key (``data.frames`` how raw events become
+frames). Frames are resized by area to the model's input. Every
+``eval.every_epochs`` epochs the model is scored on the whole test split; with ``--run-dir`` a checkpoint is written then (``--resume``
 continues from the newest), with the model of the best validation and the
 final one.
 """
@@ -34,7 +35,7 @@ DVS_RECIPES = ("cifar10dvs_vgg_tet", "dvs128_gesture", "n_mnist_plif")
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--recipe", choices=DVS_RECIPES, default="cifar10dvs_vgg_tet")
-    parser.add_argument("--root", required=True, help="the root given to SpikingJelly's data set class")
+    parser.add_argument("--root", required=True, help="the raw recordings, or the root given to SpikingJelly's data set class")
     parser.add_argument("--strategy", default="dp", help="none, dp, zero, fsdp2, tp, fsdp2_tp, pp or auto")
     parser.add_argument("--run-dir", type=Path, help="checkpoints, the best and the final model")
     parser.add_argument("--resume", action="store_true", help="continue from the newest checkpoint in --run-dir")

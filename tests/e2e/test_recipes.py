@@ -1,4 +1,5 @@
-"""The published recipes in examples/recipes: each plans on its data set's on-disk layout, epochs resolved."""
+"""The published recipes in examples/recipes: each plans on its data set's on-disk layout, epochs resolved; the event
+recipes on their publishers' raw recordings too."""
 
 from pathlib import Path
 
@@ -8,10 +9,11 @@ from snnfw.config import load_config
 from snnfw.plan.prepare import prepare
 from snnfw.plugin.manager import Plugins
 from snnfw.testing.layouts import cifar10_dvs_layout, split_layout, write_cifar10
-from snnfw.testing.raw_events import write_shd
+from snnfw.testing.raw_events import write_cifar10_dvs, write_dvs128_gesture, write_nmnist, write_shd
 
 ROOT = Path(__file__).resolve().parents[2]
 RECIPES = sorted((ROOT / "examples" / "recipes").glob("*.toml"))
+RAW = {"cifar10_dvs": write_cifar10_dvs, "dvs128_gesture": write_dvs128_gesture, "n_mnist": write_nmnist}
 
 
 def layout(name: str, root: Path, time_steps: int) -> tuple[Path, int]:
@@ -46,3 +48,17 @@ def test_a_recipe_plans_on_its_data_set_with_its_epochs(recipe, tmp_path, monkey
     assert plan.config.eval.every == written.eval.every_epochs * per_epoch
     assert plan.strategy == written.parallel.strategy
     assert plan.config.train.warmup_steps == written.train.warmup_epochs * per_epoch
+
+
+@pytest.mark.parametrize("recipe", [p for p in RECIPES if load_config(p).data.name in RAW], ids=lambda p: p.stem)
+def test_an_event_recipe_plans_on_the_raw_recordings_as_published(recipe, tmp_path, monkeypatch):
+    monkeypatch.chdir(ROOT)
+    written = load_config(recipe)
+    samples = len(RAW[written.data.name](tmp_path)["train"])
+    batch = min(written.data.batch_size, samples)
+    config = load_config(recipe, [f"data.root={tmp_path}", f"data.batch_size={batch}"])
+    plan = prepare(config, 2, Plugins()).plan
+    assert plan.config.train.steps == written.train.epochs * (samples // batch)
+    assert plan.strategy == written.parallel.strategy
+    cached = sorted(p.name.split("-")[1] for p in (tmp_path / ".snnfw-frames").iterdir() if p.is_dir())
+    assert cached == ["test", "train"]  # integrated by tonic once, beside the data
