@@ -2,7 +2,8 @@
 and cached on disk.
 
 Each recording becomes ``model.time_steps`` frames by ``tonic.transforms.ToFrame``, in bins of equal event
-counts (``data.frames.by = "count"``, SpikingJelly's ``split_by="number"``) or of equal time (``"time"``),
+counts (``data.frames.by = "count"``: SpikingJelly's ``split_by="number"``, but for the last ``N % T`` events,
+which SpikingJelly adds to its last frame and tonic leaves out) or of equal time (``"time"``),
 after ``tonic.transforms.Denoise`` when ``data.frames.denoise_us`` is set. The frames of a split are written
 once to ``data.cache`` (default ``data.root/.snnfw-frames``) under a key of those settings and of the raw files'
 names, sizes and times; the first process to get there integrates them while the others wait on a file lock,

@@ -1,6 +1,10 @@
 """Raw event recordings: read in their publishers' formats, integrated by tonic's ToFrame, cached once."""
 
 import functools
+import importlib.util
+import sys
+import types
+from pathlib import Path
 
 import attrs
 import numpy as np
@@ -161,3 +165,39 @@ def test_event_augments_are_refused_where_there_are_no_events(tmp_path):
     frames = [(torch.zeros(T, 2, 8, 8), 0)]
     with pytest.raises(DataError, match="data.augment's 'drop_event' transform raw events before they become frames"):
         Augmented(frames, ("drop_event",), augment_options(shd), seed=0)
+
+
+def spikingjelly_integration(monkeypatch):
+    """SpikingJelly's ``integrate_events_by_fixed_frames_number``: from ``spikingjelly.datasets``, or, where that does
+    not import (its data set classes need torchvision, whose PyPI wheels do not load beside a CPU torch), from the
+    module that defines it, with the torchvision it imports but does not use for it stubbed."""
+    try:
+        from spikingjelly.datasets import integrate_events_by_fixed_frames_number
+        return integrate_events_by_fixed_frames_number
+    except ImportError:
+        import spikingjelly
+    stub = types.ModuleType("torchvision")
+    stub.transforms = types.ModuleType("torchvision.transforms")
+    monkeypatch.setitem(sys.modules, "torchvision", stub)
+    path = Path(spikingjelly.__file__).parent / "datasets" / "utils.py"
+    spec = importlib.util.spec_from_file_location("spikingjelly.datasets.utils", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.integrate_events_by_fixed_frames_number
+
+
+@pytest.mark.parametrize("name", ["n_mnist", "cifar10_dvs", "dvs128_gesture"])
+def test_frames_by_count_are_spikingjellys_split_by_number_but_for_the_remainder(tmp_path, monkeypatch, name):
+    """tonic's bins hold N // T events each and leave out the last N % T, which SpikingJelly adds to its last frame."""
+    integrate = spikingjelly_integration(monkeypatch)
+    written = WRITERS[name](tmp_path)
+    frames, _ = events.cached_frames(data_config(name, tmp_path, frames={"by": "count"}), name, "train", T)
+    width, height, _ = event_formats.SETS[name].sensor
+    remainders = set()
+    for index, (recorded, _) in enumerate(written["train"]):
+        theirs = integrate({key: recorded[key].astype(np.int64) for key in "txyp"}, "number", T, height, width)
+        left_out = recorded[len(recorded) - len(recorded) % T:]
+        np.subtract.at(theirs[-1], (left_out["p"], left_out["y"], left_out["x"]), 1)
+        assert np.array_equal(np.asarray(frames[index]), theirs), index
+        remainders.add(len(left_out))
+    assert remainders != {0} or name == "cifar10_dvs"  # the remainder was there to tell apart (600 events split evenly)
