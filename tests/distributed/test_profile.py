@@ -15,12 +15,15 @@ def profiled(strategy, ranks="all"):
     return tiny_config(strategy, train={"steps": 4}, log={"profile": {"steps": "2-3", "ranks": ranks}})
 
 
-def test_communication_shows_under_tp_and_not_under_none(tmp_path):
+def test_communication_shows_under_tp_and_not_under_none(tmp_path, capfd):
     run_training(profiled("none"), tmp_path / "none")
+    said = [line for line in capfd.readouterr().err.splitlines() if line.startswith("[snnfw] profile")]
     run_on_ranks(profiled("tp"), 2, tmp_path / "tp", timeout_s=180)
     (alone,), tp = rank_shares(tmp_path / "none"), rank_shares(tmp_path / "tp")
     assert [shares["rank"] for shares in tp] == [0, 1]
     assert alone["communication"] == 0 and all(shares["communication"] > 0.05 for shares in tp)
+    assert said == [f"[snnfw] profile rank 0, steps 2-3: compute {alone['compute']:.0%}, communication 0%, idle "
+                    f"{alone['idle']:.0%}; {tmp_path / 'none' / rundir.PROFILE / 'rank0.pt.trace.json'}"]
     for shares in (alone, *tp):
         assert shares["steps"] == [2, 3] and shares["compute"] > 0
         assert shares["compute"] + shares["communication"] + shares["idle"] == pytest.approx(1)
