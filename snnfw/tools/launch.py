@@ -57,7 +57,7 @@ def launch(
     """
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-    from torch.distributed.elastic.rendezvous.api import RendezvousTimeoutError
+    from torch.distributed.elastic.rendezvous.api import RendezvousConnectionError, RendezvousTimeoutError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
     rundir.clear_markers(run_dir)
@@ -70,7 +70,8 @@ def launch(
         run_id="snnfw" if rdzv_endpoint else f"snnfw-{uuid.uuid4().hex[:8]}",
         rdzv_backend="c10d",
         rdzv_endpoint=rdzv_endpoint or "localhost:0",
-        rdzv_configs={"is_host": node_rank == 0, "join_timeout": math.ceil(timeout_s)} if rdzv_endpoint else {},
+        rdzv_configs={"is_host": node_rank == 0, "join_timeout": math.ceil(timeout_s), "read_timeout": math.ceil(timeout_s)}
+        if rdzv_endpoint else {},
         rdzv_timeout=int(timeout_s),
         max_restarts=max_restarts,
         monitor_interval=0.1,
@@ -93,6 +94,11 @@ def launch(
         print(f"snnfw: error: the {nnodes} nodes did not all reach the rendezvous at {rdzv_endpoint} within "
               f"{timeout_s:g} s (parallel.timeout_s); start snnfw train on every node with the same --rdzv-endpoint "
               "and --nnodes", file=sys.stderr)
+        return 2
+    except RendezvousConnectionError:
+        print(f"snnfw: error: node {node_rank} could not reach the rendezvous that node 0 hosts at {rdzv_endpoint} "
+              f"within {timeout_s:g} s (parallel.timeout_s); start snnfw train on node 0 with --rdzv-endpoint on its "
+              "own address, and check that this node reaches it", file=sys.stderr)
         return 2
     except ChildFailedError as err:
         if stopped.exists():

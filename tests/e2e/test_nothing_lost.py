@@ -80,16 +80,18 @@ def test_negative_max_restarts_is_refused_before_launch(tmp_path):
     assert "--max-restarts counts restarts" in one_error_line(result)
 
 
-def test_the_rendezvous_ends_within_the_timeout_when_a_node_is_missing(tmp_path):
+@pytest.mark.parametrize("node, said", [(0, "did not all reach the rendezvous"),
+                                        (1, "node 1 could not reach the rendezvous that node 0 hosts")])
+def test_the_rendezvous_ends_within_the_timeout_when_a_node_is_missing(tmp_path, node, said):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    result, took = snnfw("train", tiny_toml(tmp_path), "--nproc", 1, "--nnodes", 2, "--node-rank", 0,
+    result, took = snnfw("train", tiny_toml(tmp_path), "--nproc", 1, "--nnodes", 2, "--node-rank", node,
                          "--rdzv-endpoint", f"127.0.0.1:{port}", "--run-dir", tmp_path / "run",
                          "--set", "parallel.timeout_s=15", timeout=240)
     assert result.returncode == 2, result.stderr
     assert "Traceback" not in result.stderr
-    assert "did not all reach the rendezvous" in result.stderr.strip().splitlines()[-1]
+    assert said in result.stderr.strip().splitlines()[-1]
     assert took < 15 + 60, f"ended after {took:.0f} s"  # the timeout, and the config's checks before launch
 
 
