@@ -214,6 +214,7 @@ def _cmd_export(args) -> int:
 
 def _cmd_eval(args) -> int:
     """``snnfw eval`` and ``snnfw predict``: score weights under any strategy on N local ranks."""
+    from snnfw import rundir
     from snnfw.components.weights import load_weights, read_weights
     from snnfw.config import for_evaluation, load_config
     from snnfw.plan.prepare import prepare
@@ -228,8 +229,9 @@ def _cmd_eval(args) -> int:
     check_predictions_file(predict)
     run_dir = Path(args.run_dir or f"runs/eval-{time.strftime('%Y%m%d-%H%M%S')}")
     extra = ["--evaluate", str(args.weights)] + (["--predict", predict] if predict else [])
-    return launch(args.config, args.nproc, run_dir, args.overrides, config.parallel.timeout_s, extra=extra,
-                  decision=prepared.decision.to_json() if prepared.decision else None)
+    with rundir.locked(run_dir):  # not a folder a run in progress writes, nor a file or a place that cannot be written
+        return launch(args.config, args.nproc, run_dir, args.overrides, config.parallel.timeout_s, extra=extra,
+                      decision=prepared.decision.to_json() if prepared.decision else None)
 
 
 def _cmd_plot(args) -> int:

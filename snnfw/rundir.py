@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 from typing import Iterator
 
-from snnfw.errors import CheckpointError
+from snnfw.errors import CheckpointError, ConfigError
 
 METRICS = "metrics.jsonl"  # one JSON object per optimizer step
 SUMMARY = "summary.json"  # the run's outcome, written by rank 0 at the end
@@ -140,8 +140,29 @@ def written_whole(path: Path) -> Iterator[Path]:
         with open(temp, "rb+") as written:
             os.fsync(written.fileno())
         os.replace(temp, path)
+        folder = os.open(path.parent, os.O_RDONLY)
+        try:
+            os.fsync(folder)  # the rename itself
+        finally:
+            os.close(folder)
     finally:
         temp.unlink(missing_ok=True)
+
+
+def check_writable(path: Path, flag: str) -> None:
+    """Refuses ``path`` (given as ``flag``) as a file to write before any work is done: a folder, a place under a
+    file, or a folder that cannot be written."""
+    path = Path(path)
+    if path.is_dir():
+        raise ConfigError(f"{flag} {path} is a folder; name the file to write in it")
+    probe = path.with_name(f"{TEMP}probe-{path.name}.{os.getpid()}")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        probe.touch()
+        probe.unlink()
+    except OSError as err:
+        raise ConfigError(f"{flag} {path} cannot be written ({err.strerror}); name a file in a folder you can "
+                          "write") from None
 
 
 def remove_whole(path: Path) -> None:

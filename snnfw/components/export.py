@@ -18,7 +18,7 @@ import torch
 
 from snnfw.components import checkpoint as ckpt
 from snnfw.errors import CheckpointError
-from snnfw.rundir import CHECKPOINTS, TEMP, written_whole
+from snnfw.rundir import CHECKPOINTS, TEMP, check_writable, written_whole
 
 SAFETENSORS = ".safetensors"
 
@@ -102,17 +102,12 @@ def export(source: str | Path, out: str | Path) -> Exported:
     """Writes the model state of checkpoint or run directory ``source`` to ``out``; loadable with
     ``module.load_state_dict(torch.load(out, weights_only=True))``."""
     path, out = find(source), Path(out)
-    if out.is_dir():
-        raise CheckpointError(f"--out {out} is a folder; name the file to write, such as {out / 'net.pt'}")
+    check_writable(out, "--out")
     write = _writer(out)
     meta = json.loads((path / ckpt.META).read_text())
     state, names = model_state(path)
-    try:
-        with written_whole(out) as temp:
-            write(state, temp)
-    except OSError as err:
-        raise CheckpointError(f"--out {out} cannot be written ({err.strerror}); name a file in a folder you can "
-                              "write") from None
+    with written_whole(out) as temp:
+        write(state, temp)
     tensors = [value for value in state.values() if torch.is_tensor(value)]
     parameters = sum(state[name].numel() for name in names if name in state) if names is not None else None
     return Exported(path, out, meta["step"], meta, len(tensors), sum(t.numel() for t in tensors), parameters)

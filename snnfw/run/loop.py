@@ -133,11 +133,13 @@ def earlier_evaluations(records: list[dict]) -> list[dict]:
 
 
 def check_predictions_file(path: str | Path | None) -> None:
-    """Refuses a predictions file that is not JSON lines."""
+    """Refuses a predictions file that is not JSON lines, or that cannot be written."""
     if path is not None and not str(path).endswith(".jsonl"):
         from snnfw.errors import ConfigError
 
         raise ConfigError(f"predictions are written as JSON lines; name a .jsonl file, not {path}")
+    if path is not None:
+        rundir.check_writable(Path(path), "--out")
 
 
 def run_evaluation(config: Config, weights: str | Path, run_dir: str | Path | None = None, predict: str | Path | None = None,

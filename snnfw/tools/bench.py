@@ -27,7 +27,7 @@ from snnfw.errors import UserError
 from snnfw.plan.prepare import prepare
 from snnfw.plugin.manager import Plugins
 from snnfw.run.loop import CHECKPOINT_MS
-from snnfw.rundir import METRICS, SUMMARY
+from snnfw.rundir import METRICS, SUMMARY, check_writable, write_text
 from snnfw.tools.launch import launch
 
 DEFAULT_RESULTS = Path("benchmark/results/bench.jsonl")
@@ -110,6 +110,7 @@ def bench(
                         f"--warmup {warmup}")
     if regime not in REGIMES:
         raise UserError(f"unknown benchmark regime {regime!r}; regimes: {', '.join(REGIMES)}")
+    check_writable(results, "--results")
     overrides = [*overrides, f"train.steps={warmup + steps}", f"train.log_every={warmup + steps}"]
     config = load_config(config_path, overrides)
     if "log.phase_times" not in config.explicit:  # a benchmark times the phases of a step unless told not to
@@ -132,9 +133,8 @@ def bench(
         summary = json.loads((Path(tmp) / SUMMARY).read_text())
     record = make_record(config, plan, nproc, metrics, summary, warmup, regime, label)
     previous = _last_matching(results, config_key(record))
-    results.parent.mkdir(parents=True, exist_ok=True)
-    with results.open("a") as out:
-        out.write(json.dumps(record) + "\n")
+    earlier = results.read_text() if results.exists() else ""
+    write_text(results, earlier + json.dumps(record) + "\n")  # whole: the earlier records and this one
     line = (
         f"{config.model.family}/{config.model.flavor} {plan.strategy} x{nproc}: {record['step_ms']:.1f} ms/step, "
         f"{record['global_samples_per_s']:.1f} samples/s, peak {record['peak_mem_mb']:.0f} MB"

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from snnfw.errors import ConfigError
-from snnfw.rundir import METRICS, PROFILE, read_metrics
+from snnfw.rundir import METRICS, PROFILE, check_writable, read_metrics, written_whole
 
 PANELS = (("loss", "training loss"), ("train_acc", "training accuracy"), ("eval_acc", "test accuracy"),
           ("lr", "learning rate"), ("spike_rate", "firing rate"), ("step_ms", "step time (ms)"))
@@ -34,6 +34,8 @@ def plot(run_dirs: list[str | Path], out: str | Path) -> Path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    out = Path(out)
+    check_writable(out, "--out")
     runs = {str(run_dir): records(run_dir) for run_dir in run_dirs}
     profiled = {Path(name).name: shares for name in runs if (shares := rank_shares(Path(name)))}
     fig, axes = plt.subplots(3 if profiled else 2, 3, figsize=(13, 9.5 if profiled else 6.5))
@@ -51,9 +53,8 @@ def plot(run_dirs: list[str | Path], out: str | Path) -> Path:
             ax.remove()
         _time_per_rank(fig.add_subplot(3, 1, 3), profiled)
     fig.tight_layout()
-    out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=100)
+    with written_whole(out) as temp:
+        fig.savefig(temp, dpi=100, format=out.suffix.lstrip(".") or "png")
     plt.close(fig)
     return out
 

@@ -290,3 +290,45 @@ def test_a_run_killed_at_random_moments_resumes_to_the_uninterrupted_final_model
         assert expected.keys() == resumed.keys() and all(torch.equal(expected[k], resumed[k]) for k in expected), name
     assert json.loads((cut / rundir.SUMMARY).read_text())["losses"] == json.loads(
         (tmp_path / "whole" / rundir.SUMMARY).read_text())["losses"]
+
+
+UNWRITABLE = Path("/proc/snnfw-cannot-write-here")  # refused to root as to anyone
+
+
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory):
+    """A run directory with a checkpoint and metrics, and the weights of its model."""
+    folder = tmp_path_factory.mktemp("finished")
+    run_training(tiny_config("none", checkpoint={"every": 3}), folder / "run")
+    return folder / "run"
+
+
+@pytest.mark.parametrize("command, said", [
+    (lambda run, toml, out: ["export", run, "--out", out / "net.pt"], "--out {out}/net.pt cannot be written"),
+    (lambda run, toml, out: ["export", run, "--out", out.parent], "--out {parent} is a folder"),
+    (lambda run, toml, out: ["plot", run, "--out", out / "run.png"], "--out {out}/run.png cannot be written"),
+    (lambda run, toml, out: ["bench", toml, "--results", out / "bench.jsonl"],
+     "--results {out}/bench.jsonl cannot be written"),
+    (lambda run, toml, out: ["predict", toml, "--nproc", 2, "--weights", run / rundir.FINAL_MODEL,
+                             "--out", out / "rows.jsonl"],
+     "--out {out}/rows.jsonl cannot be written"),
+    (lambda run, toml, out: ["eval", toml, "--nproc", 2, "--weights", run / rundir.FINAL_MODEL,
+                             "--run-dir", out / "scored"],
+     "--run-dir {out}/scored cannot be written"),
+    (lambda run, toml, out: ["eval", toml, "--nproc", 2, "--weights", run / rundir.FINAL_MODEL, "--run-dir", toml],
+     "--run-dir {toml} is a file, not a folder"),
+], ids=["export", "export-folder", "plot", "bench", "predict", "eval", "eval-file"])
+def test_an_output_that_cannot_be_written_is_refused_before_any_work(finished_run, tmp_path, command, said):
+    toml = tiny_toml(tmp_path)
+    result, _ = snnfw(*command(finished_run, toml, UNWRITABLE))
+    assert result.returncode == 2
+    assert said.format(out=UNWRITABLE, parent=UNWRITABLE.parent, toml=toml) in one_error_line(result)
+
+
+def test_scoring_into_the_run_directory_of_a_run_in_progress_is_refused(finished_run, tmp_path):
+    """eval clears the launch markers of its run directory, so it must not share one with a training that runs."""
+    with rundir.locked(tmp_path / "training"):
+        result, _ = snnfw("eval", tiny_toml(tmp_path), "--nproc", 2, "--weights", finished_run / rundir.FINAL_MODEL,
+                          "--run-dir", tmp_path / "training")
+    assert result.returncode == 2
+    assert f"{tmp_path / 'training'} belongs to a run in progress (pid {os.getpid()}" in one_error_line(result)
