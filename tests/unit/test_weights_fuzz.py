@@ -4,9 +4,11 @@ wrong shapes or NaN is either loaded or refused with a user error, never another
 import math
 import random
 
+import pytest
 import torch
 
 from snnfw.components.weights import load_weights, read_weights
+from snnfw.errors import CheckpointError
 from snnfw.plan.prepare import build_model
 from snnfw.plugin.manager import Plugins
 from snnfw.testing import tiny_config
@@ -46,3 +48,17 @@ def test_mutated_weights_files_load_or_are_refused_with_a_user_error(tmp_path, o
         outcomes[user_outcome(lambda: load_weights(model, read_weights(target)), f"{kind} mutation")] += 1
     print(f"weights fuzz: {TRIES} mutated files, {outcomes}")
     assert outcomes["refused"] > TRIES / 2
+
+
+def test_a_file_of_python_objects_is_refused_without_advice_to_unpickle_it(tmp_path):
+    torch.save({"layer": torch.nn.Linear(2, 2)}, tmp_path / "module.pt")
+    (tmp_path / "text.pt").write_text("weights = 1\n")
+    refusals = {}
+    for name in ("module.pt", "text.pt"):
+        with pytest.raises(CheckpointError) as refused:
+            read_weights(tmp_path / name)
+        refusals[name] = str(refused.value)
+    assert "it holds torch.nn.modules.linear.Linear, not only tensors, and snnfw does not unpickle code" in (
+        refusals["module.pt"])
+    assert "not a torch file, or cut short" in refusals["text.pt"]
+    assert not any("weights_only" in text or "trust" in text for text in refusals.values())
