@@ -108,8 +108,7 @@ def with_epochs(config: Config, train_samples: int) -> Config:
         return config
     if "train.steps" in config.explicit:
         raise ConfigError(f"train.steps ({config.train.steps}) and train.epochs ({epochs}) both say how long to train; remove one of them")
-    if train_samples < batch:
-        raise ConfigError(f"the training set has {train_samples} samples, fewer than one global batch ({batch}); lower data.batch_size")
+    check_one_batch(train_samples, batch)
     for key, steps, what in (("eval.every_epochs", "eval.every", "when to validate"),
                              ("train.warmup_epochs", "train.warmup_steps", "how long to warm up")):
         if _value(config, key) and steps in config.explicit:
@@ -213,6 +212,16 @@ def auto_candidates(config: Config, world_size: int, plugins: Plugins, device_me
 def build_datasets(config: Config, spec: datalib.InputSpec, plugins: Plugins) -> tuple:
     """The train and test splits of the configured data set (``data.builder``'s, or a registered one's)."""
     if config.data.builder is not None:
-        return datalib.own_datasets(models.import_object(config.data.builder, "data.builder"), config.data.builder)
-    dataset = plugins.datasets.get(config.data.name)
-    return tuple(dataset.build(config.data, spec, split, config.train.seed) for split in ("train", "test"))
+        splits = datalib.own_datasets(models.import_object(config.data.builder, "data.builder"), config.data.builder)
+    else:
+        dataset = plugins.datasets.get(config.data.name)
+        splits = tuple(dataset.build(config.data, spec, split, config.train.seed) for split in ("train", "test"))
+    check_one_batch(len(splits[0]), config.data.batch_size)
+    return splits
+
+
+def check_one_batch(train_samples: int, batch: int) -> None:
+    """Refuses a training set smaller than one global batch, whose steps would repeat samples."""
+    if train_samples < batch:
+        raise ConfigError(f"the training set has {train_samples} samples, fewer than one global batch ({batch}), so "
+                          "each step would repeat samples; lower data.batch_size")

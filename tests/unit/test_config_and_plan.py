@@ -129,3 +129,34 @@ def test_plan_records_layout_and_rationale(plugins):
     assert (plan.dp_size, plan.replica_batch, plan.microbatch_size) == (2, 4, 2)
     assert plan.backend == "gloo" and plan.mesh == (("dp", 2),)
     assert any("2 replica(s) x 2 microbatch(es) x 2 samples" in line for line in plan.rationale)
+
+
+@pytest.mark.parametrize("table, refusal", [
+    ({"parallel": {"timeout_s": float("inf")}}, "'timeout_s' must be <= 604800: inf"),
+    ({"parallel": {"timeout_s": 1e300}}, "'timeout_s' must be <= 604800: 1e+300"),
+    ({"train": {"seed": 2**63 - 1}}, "'seed' must be < 4294967296"),
+    ({"train": {"betas": [1.5, 0.999]}}, "'betas' must hold numbers from 0 up to (not including) 1"),
+    ({"checkpoint": {"every": 10}, "train": {"steps": 3}}, "checkpoint.every = 10 is more than train.steps = 3"),
+    ({"train": {"clip_grad_norm": float("inf")}}, "'clip_grad_norm' must be a finite number, got inf"),
+    ({"model": {"num_classes": 1}}, "'num_classes' must be >= 2: 1"),
+    ({"train": {"optimizer": "sgd", "momentum": 5.0}}, "'momentum' must be < 1: 5.0"),
+], ids=["timeout-inf", "timeout-huge", "seed", "betas", "every", "clip-inf", "one-class", "momentum"])
+def test_values_that_would_crash_or_do_nothing_later_are_refused_when_read(table, refusal):
+    with pytest.raises(ConfigError) as refused:
+        build_config(table)
+    assert refusal in str(refused.value)
+
+
+def test_a_training_set_smaller_than_a_batch_is_refused_under_steps_as_under_epochs():
+    from snnfw.plan.prepare import build_datasets
+
+    config = tiny_config("none", data={"train_samples": 4, "batch_size": 8})
+    with pytest.raises(ConfigError, match=r"the training set has 4 samples, fewer than one global batch \(8\), so each "
+                                          "step would repeat samples"):
+        build_datasets(config, prepare(config, 1, Plugins()).spec, Plugins())
+
+
+def test_a_config_file_that_is_not_utf8_is_refused(tmp_path):
+    (tmp_path / "latin1.toml").write_bytes("[train]\n# réglé\nsteps = 2\n".encode("latin-1"))
+    with pytest.raises(ConfigError, match="is not UTF-8 text, which TOML files are; save it as UTF-8"):
+        load_config(tmp_path / "latin1.toml")
