@@ -82,4 +82,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except KeyboardInterrupt:  # Ctrl-C reaches every rank of the terminal's process group; the launcher says the rest
+        sys.exit(130)

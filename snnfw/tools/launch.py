@@ -87,8 +87,8 @@ def launch(
         with _environment({LAUNCHED: "1", AUTO_DECISION: decision}), Watchdog(run_dir) as watchdog:
             elastic_launch(config, entrypoint=sys.executable)(*args)
     except SignalException as err:
-        print(f"snnfw: error: stopped by {err.sigval.name}; continue from the newest checkpoint in {run_dir} with "
-              "the same command and --resume (checkpoint.every sets how often one is written)", file=sys.stderr)
+        print(f"snnfw: error: {_stopped(err.sigval.name, run_dir, module == 'snnfw.train' and '--evaluate' not in extra)}",
+              file=sys.stderr)
         return 128 + err.sigval
     except RendezvousTimeoutError:
         print(f"snnfw: error: the {nnodes} nodes did not all reach the rendezvous at {rdzv_endpoint} within "
@@ -125,6 +125,19 @@ def launch(
         for logger in loggers:
             logger.removeFilter(quiet)
     return 0
+
+
+def _stopped(signal_name: str, run_dir: Path, training: bool) -> str:
+    """What a signal ended, and for a training how to go on: from its newest checkpoint, or afresh without one."""
+    from snnfw.components.checkpoint import complete
+
+    if not training:
+        return f"stopped by {signal_name}"
+    if written := complete(run_dir / rundir.CHECKPOINTS):
+        return (f"stopped by {signal_name}; continue from the newest checkpoint ({written[-1]}) with the same command "
+                "and --resume")
+    return (f"stopped by {signal_name} before any checkpoint was written (checkpoint.every sets how often one is); "
+            "start again with the same command and --overwrite")
 
 
 @contextlib.contextmanager

@@ -121,21 +121,33 @@ def test_resume_drops_a_cut_last_line_of_the_metrics(tmp_path, capsys):
     assert resumed["losses"] == whole["losses"]
 
 
-def test_a_signal_to_the_launcher_ends_in_one_line_that_says_how_to_resume(tmp_path):
+@pytest.mark.parametrize("sig, every, said", [
+    (signal.SIGTERM, 1, "; continue from the newest checkpoint ({run}/checkpoints/step-"),
+    (signal.SIGINT, 0, " before any checkpoint was written (checkpoint.every sets how often one is); start again with "
+                       "the same command and --overwrite"),
+], ids=["SIGTERM-to-the-launcher", "Ctrl-C-to-every-process"])
+def test_a_signal_ends_in_one_line_that_says_how_to_go_on(tmp_path, sig, every, said):
+    """SIGTERM to the launcher after a checkpoint: resume from it. Ctrl-C, which reaches the ranks too, before any:
+    start again (--resume would be refused)."""
     run = tmp_path / "run"
-    args = ["train", tiny_toml(tmp_path), "--nproc", 2, "--run-dir", run, "--set", "train.steps=400"]
+    args = ["train", tiny_toml(tmp_path), "--nproc", 2, "--run-dir", run, "--set", "train.steps=400",
+            "--set", f"checkpoint.every={every}"]
     launcher = subprocess.Popen([sys.executable, "-m", "snnfw", *map(str, args)], cwd=ROOT, stderr=subprocess.PIPE,
-                                text=True)
+                                text=True, start_new_session=True)  # its own process group, as a terminal's job
     deadline = time.monotonic() + 180
-    while not (run / rundir.METRICS).exists() or not (run / rundir.METRICS).read_text():
+    started = run / (rundir.CHECKPOINTS if every else rundir.METRICS)
+    while not started.exists() or not any(started.iterdir() if every else started.read_text()):
         assert launcher.poll() is None and time.monotonic() < deadline, "the run did not start its steps"
         time.sleep(0.5)
-    launcher.send_signal(signal.SIGTERM)
+    if sig == signal.SIGINT:
+        os.killpg(launcher.pid, sig)
+    else:
+        launcher.send_signal(sig)
     _, stderr = launcher.communicate(timeout=120)
-    assert launcher.returncode == 128 + signal.SIGTERM
-    assert "Traceback" not in stderr
+    assert launcher.returncode == 128 + sig
+    assert "Traceback" not in stderr, stderr
     last = stderr.strip().splitlines()[-1]
-    assert last.startswith("snnfw: error: stopped by SIGTERM") and "--resume" in last
+    assert last.startswith(f"snnfw: error: stopped by {sig.name}{said.format(run=run)}"), last
 
 
 def test_a_run_directory_that_is_a_file_is_refused_before_launch(tmp_path):
