@@ -4,14 +4,18 @@
 plain torchrun. Rank 0 prints progress and writes the run directory. A
 restarted attempt (``TORCHELASTIC_RESTART_COUNT`` > 0) resumes from the newest
 checkpoint, unless an earlier attempt stopped on a user error, which a
-restart would only repeat.
+restart would only repeat. A rank ends when its launcher is gone.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import os
+import signal
 import sys
+import threading
+import time
 from pathlib import Path
 
 from snnfw import rundir
@@ -22,9 +26,21 @@ from snnfw.plugin.manager import Plugins
 from snnfw.run.loop import run_evaluation, run_training
 
 
-def main(argv: list[str] | None = None) -> int:
-    import os
+def _end_with_the_launcher() -> None:
+    """Kills this rank once the launcher that started it is gone: torch's launcher starts each rank in a session of
+    its own, which a kill of the launcher does not reach, and an orphan would go on writing into the run directory
+    (beside the run that resumes it)."""
+    launcher = os.getppid()
 
+    def watch() -> None:
+        while os.getppid() == launcher:
+            time.sleep(0.5)
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    threading.Thread(target=watch, name="snnfw-launcher-watch", daemon=True).start()
+
+
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m snnfw.train", description=__doc__)
     parser.add_argument("config")
     parser.add_argument("--run-dir", default="runs/latest")
@@ -34,6 +50,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--evaluate", metavar="WEIGHTS", help="score these weights on the test split instead of training")
     parser.add_argument("--predict", metavar="FILE", help="with --evaluate: write per-sample predictions (.jsonl)")
     args = parser.parse_args(argv)
+    if "TORCHELASTIC_RUN_ID" in os.environ:  # started by snnfw train's or torchrun's launcher
+        _end_with_the_launcher()
     run_dir = Path(args.run_dir)
     rank = int(os.environ.get("RANK", "0"))
     restarted = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0

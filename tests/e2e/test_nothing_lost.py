@@ -250,6 +250,35 @@ def assert_whole_or_absent(run: Path) -> None:
         FileSystemReader(step).read_metadata()
 
 
+def running(pid: int) -> bool:
+    with contextlib.suppress(FileNotFoundError):
+        return "\nState:\tZ" not in Path(f"/proc/{pid}/status").read_text()  # a zombie has ended
+    return False
+
+
+def test_the_ranks_of_a_killed_launcher_end_with_it(tmp_path):
+    """torch's launcher starts each rank in a session of its own; a rank whose launcher is gone ends instead of
+    training on as an orphan that writes into the run directory."""
+    run = tmp_path / "run"
+    args = ["train", tiny_toml(tmp_path), "--nproc", 2, "--run-dir", run, "--set", "train.steps=400"]
+    launcher = subprocess.Popen([sys.executable, "-m", "snnfw", *map(str, args)], cwd=ROOT, stderr=subprocess.DEVNULL,
+                                start_new_session=True)
+    deadline = time.monotonic() + 180
+    while not ((run / rundir.METRICS).exists() and (run / rundir.METRICS).read_text()):
+        assert launcher.poll() is None and time.monotonic() < deadline, "the run did not start its steps"
+        time.sleep(0.2)
+    ranks = rundir.local_rank_pids(run)
+    os.killpg(launcher.pid, signal.SIGKILL)
+    launcher.wait(timeout=60)
+    killed = time.monotonic()
+    while any(map(running, ranks.values())) and time.monotonic() < killed + 30:
+        time.sleep(0.1)
+    assert sorted(ranks) == [0, 1] and not any(map(running, ranks.values())), "orphaned ranks train on"
+    written = (run / rundir.METRICS).read_text()
+    time.sleep(2)
+    assert (run / rundir.METRICS).read_text() == written
+
+
 def rundir_checkpoints(run: Path) -> list[Path]:
     folder = run / rundir.CHECKPOINTS
     return [p for p in folder.iterdir() if not p.name.startswith(rundir.TEMP)] if folder.is_dir() else []
@@ -292,8 +321,9 @@ def test_a_run_killed_at_random_moments_resumes_to_the_uninterrupted_final_model
         while not steps_began(cut, launched) and launcher.poll() is None:
             time.sleep(0.02)
         time.sleep(draws.uniform(0, span) * (1 - max(saved, default=0) / 12))  # a moment of the steps left
-        with contextlib.suppress(ProcessLookupError):  # the run may have ended by then
-            os.killpg(launcher.pid, signal.SIGKILL)
+        for pid in [launcher.pid, *rundir.local_rank_pids(cut).values()]:  # each rank runs in a session of its own
+            with contextlib.suppress(ProcessLookupError):  # the run may have ended by then
+                os.killpg(pid, signal.SIGKILL)
         launcher.wait(timeout=60)
         kills += 1
         assert_whole_or_absent(cut)
