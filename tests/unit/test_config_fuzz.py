@@ -1,5 +1,6 @@
-"""A fuzz of the config: every key mutated into wrong kinds and out-of-range values is either planned or refused
-with a user error (one line at the command line), never another exception."""
+"""A fuzz of the config: every key mutated into wrong kinds and out-of-range values, or misspelt, is either planned
+or refused with a user error (one line at the command line), never another exception; so is a config file cut short
+or bit-flipped."""
 
 import math
 import random
@@ -14,7 +15,7 @@ from snnfw.testing.checks import user_outcome
 
 MUTATIONS = [None, True, -1, 0, 1, 2**63, -(2**63), 1e300, -1e-300, math.inf, -math.inf, math.nan, "", "x" * 300,
              "auto", [], [1.5, 2], {"a": 1}, 3.5, "1|0|2"]
-SECTIONS = ("model", "data", "parallel", "pipeline", "train", "checkpoint", "memopt", "compile", "eval", "log")
+SECTIONS = ("model", "data", "parallel", "pipeline", "train", "checkpoint", "memopt", "compile", "tsp", "eval", "log")
 TRIES = 400
 
 
@@ -33,6 +34,8 @@ def test_mutated_configs_plan_or_are_refused_with_a_user_error(one_thread):
         data = {section: dict(table) for section, table in TINY.items()}
         data["parallel"] = {"strategy": rng.choice(["none", "dp", "tp", "fsdp2", "pp"]), "device": "cpu"}
         for section, key in rng.sample(keys, rng.choice([1, 1, 2])):
+            if rng.random() < 0.1:  # a misspelt key, with a value of its own kind
+                key = rng.choice([key.upper(), key + "s", key[:-1], key.replace("_", "-")])
             data.setdefault(section, {})[key] = rng.choice(MUTATIONS)
 
         def plan(data=data):
@@ -45,10 +48,17 @@ def test_mutated_configs_plan_or_are_refused_with_a_user_error(one_thread):
 
 
 def test_mutated_config_files_are_read_or_refused_with_a_user_error(tmp_path):
-    """The quickstart's TOML cut short or bit-flipped: read, or refused in one line (bad TOML, bad UTF-8, a bad key)."""
+    """The quickstart's TOML cut short or bit-flipped: read and planned, or refused in one line (bad TOML, bad UTF-8, a
+    bad key or value)."""
     from pathlib import Path
 
     from snnfw.config import load_config
+
+    plugins = Plugins()
+
+    def plan(path):
+        config = load_config(path)
+        prepare(config, 2 if config.parallel.strategy != "none" else 1, plugins)
 
     text = (Path(__file__).resolve().parents[2] / "examples" / "quickstart.toml").read_bytes()
     rng, outcomes = random.Random(1), {"done": 0, "refused": 0}
@@ -59,6 +69,6 @@ def test_mutated_config_files_are_read_or_refused_with_a_user_error(tmp_path):
                 data[rng.randrange(len(data))] ^= 1 << rng.randrange(8)
         path = tmp_path / f"{attempt}.toml"
         path.write_bytes(bytes(data))
-        outcomes[user_outcome(lambda: load_config(path), repr(bytes(data)))] += 1
+        outcomes[user_outcome(lambda: plan(path), repr(bytes(data)))] += 1
     print(f"config file fuzz: {TRIES} mutated files, {outcomes}")
     assert outcomes["refused"] > TRIES / 4
