@@ -7,6 +7,7 @@ from snnfw.errors import PlanError, UnknownNameError
 from snnfw.plan.prepare import prepare
 from snnfw.plugin.manager import Plugins
 from snnfw.testing import tiny_config
+from snnfw.testing.equivalence import CASES, FAMILIES, case_config
 
 
 @pytest.fixture(scope="module")
@@ -160,3 +161,12 @@ def test_a_config_file_that_is_not_utf8_is_refused(tmp_path):
     (tmp_path / "latin1.toml").write_bytes("[train]\n# réglé\nsteps = 2\n".encode("latin-1"))
     with pytest.raises(ConfigError, match="is not UTF-8 text, which TOML files are; save it as UTF-8"):
         load_config(tmp_path / "latin1.toml")
+
+
+@pytest.mark.parametrize("family", [f for f in FAMILIES if f != "spiking_mlp"])  # spiking_mlp: an installed example
+def test_a_family_plans_under_every_strategy_of_the_guarantee_matrix(family):
+    """What the float64 guarantee trains under ``-m full_matrix``, planned in the default run."""
+    plugins = Plugins()
+    for case in CASES:
+        plan = prepare(case_config(family, case, "float64"), case.ranks, plugins).plan
+        assert (plan.strategy, plan.world_size) == (case.strategy, case.ranks), case.name
