@@ -3,6 +3,7 @@
 import json
 
 import pytest
+import torch
 
 from snnfw import rundir
 from snnfw.errors import ConfigError
@@ -47,7 +48,6 @@ def test_a_profile_needs_a_run_directory_and_ranks_of_the_run(tmp_path):
 def test_a_memory_snapshot_counts_the_steps_tensors_by_kind_on_every_rank(tmp_path):
     """On a CPU, torch's MemTracker: the parameters are the model's, and tsp at P = 2 holds about half of none's
     activations."""
-    import torch
 
     def snapshot(strategy, ranks, run):
         config = tiny_config(strategy, train={"steps": 3}, log={"memory_snapshot": 2})
@@ -108,3 +108,13 @@ def test_log_steps_are_checked_against_the_steps_that_epochs_give(tmp_path):
                          ({"memory_snapshot": 9}, "log.memory_snapshot = 9 is after the run's last step, step 8")):
         with pytest.raises(ConfigError, match=refusal):
             prepare(build_config({**settings, "log": log}), 1, Plugins())
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (run by hand on an H200)")
+def test_a_memory_snapshot_on_a_gpu_is_cudas_memory_history_of_the_step(tmp_path):
+    import pickle
+
+    run_training(tiny_config("none", train={"steps": 3}, parallel={"device": "cuda"}, log={"memory_snapshot": 2}),
+                 tmp_path)
+    snapshot = pickle.loads((tmp_path / rundir.MEMORY / "rank0.pickle").read_bytes())
+    assert snapshot["segments"] and any(trace for trace in snapshot["device_traces"])
