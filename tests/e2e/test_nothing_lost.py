@@ -200,14 +200,30 @@ def test_measure_refuses_zero_candidates(tmp_path):
 
 
 def test_predictions_of_a_float64_model_keep_float64_logits(tmp_path):
-    """Logits are written as the model computed them: after float64 training most are not float32 numbers."""
+    """Logits are written as the model computed them: equal to the module's own float64 forward, and after float64
+    training most of them are not float32 numbers."""
+    from spikingjelly.activation_based import functional
+
+    from snnfw.plan.prepare import build_datasets, build_model
+    from snnfw.plugin.manager import Plugins
     from snnfw.run.loop import run_evaluation
 
     exact = tiny_config("none", train={"dtype": "float64", "steps": 2})
     run_training(exact, tmp_path / "run")
     run_evaluation(exact, tmp_path / "run" / rundir.FINAL_MODEL, predict=tmp_path / "rows.jsonl")
-    logits = [value for line in (tmp_path / "rows.jsonl").read_text().splitlines() for value in json.loads(line)["logits"]]
-    rounded = torch.tensor(logits, dtype=torch.float64).float().double().tolist()
+    rows = [json.loads(line) for line in (tmp_path / "rows.jsonl").read_text().splitlines()]
+    model, spec = build_model(exact, Plugins())
+    model = model.double().eval()
+    model.load_state_dict(torch.load(tmp_path / "run" / rundir.FINAL_MODEL, weights_only=True))
+    test_set = build_datasets(exact, spec, Plugins())[1]
+    frames = torch.stack([test_set[row["index"]][0] for row in rows]).double()
+    with torch.no_grad():
+        functional.reset_net(model)
+        own = model(frames).mean(0)  # [N, T, ...] in, [T, N, classes] out
+    written = torch.tensor([row["logits"] for row in rows], dtype=torch.float64)
+    assert torch.allclose(written, own, rtol=1e-12, atol=0)
+    logits = written.flatten().tolist()
+    rounded = written.float().double().flatten().tolist()
     assert sum(value != single for value, single in zip(logits, rounded)) > len(logits) / 2
 
 
