@@ -414,8 +414,15 @@ def _extended(core: type, additions: tuple[type, ...]) -> type:
                                  "__reduce__": _reduce}
     owners = {f.name: "the core" for f in attrs.fields(core)}
     for cls in additions:
-        hints, name = typing.get_type_hints(cls), f"{cls.__module__}.{cls.__qualname__}"
+        name = f"{cls.__module__}.{cls.__qualname__}"
+        try:
+            hints = typing.get_type_hints(cls)
+        except Exception as err:
+            raise ConfigError(f"the keys of {name} have annotations that do not resolve ({err}); import what they "
+                              "name in its module") from None
         for f in attrs.fields(cls):
+            if f.default is attrs.NOTHING:
+                raise ConfigError(f"{name} adds key {f.name!r} without a default; give it one, as every key has")
             if f.name in owners:
                 raise ConfigError(f"{name} adds key {f.name!r} to a section where {owners[f.name]} has it already; "
                                   "rename the key")

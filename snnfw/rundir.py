@@ -140,11 +140,12 @@ def written_whole(path: Path) -> Iterator[Path]:
         with open(temp, "rb+") as written:
             os.fsync(written.fileno())
         os.replace(temp, path)
-        folder = os.open(path.parent, os.O_RDONLY)
-        try:
-            os.fsync(folder)  # the rename itself
-        finally:
-            os.close(folder)
+        with contextlib.suppress(OSError):  # the rename itself, where the file system syncs folders at all
+            folder = os.open(path.parent, os.O_RDONLY)
+            try:
+                os.fsync(folder)
+            finally:
+                os.close(folder)
     finally:
         temp.unlink(missing_ok=True)
 

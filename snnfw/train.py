@@ -102,5 +102,5 @@ def main(argv: list[str] | None = None) -> int:
 if __name__ == "__main__":
     try:
         sys.exit(main())
-    except KeyboardInterrupt:  # Ctrl-C reaches every rank of the terminal's process group; the launcher says the rest
+    except KeyboardInterrupt:  # the launcher forwards Ctrl-C to its ranks, and says how the run ended
         sys.exit(130)

@@ -26,6 +26,12 @@ from snnfw.plugin.strategy import Strategy
 NAME = "fsdp2"
 
 
+def reshard_after_forward(parallel) -> bool:
+    """``parallel.reshard_after_forward``, for fsdp2_tp and fsdp2_tsp too; its default where this plugin is blocked
+    (the key is then unknown, as a blocked plugin's keys are)."""
+    return getattr(parallel, "reshard_after_forward", True)
+
+
 @attrs.frozen
 class Fsdp2Keys:
     """``parallel.reshard_after_forward`` (entry point ``snnfw.config``: ``parallel.fsdp2``): fully_shard's own."""
@@ -121,7 +127,7 @@ def fully_shard_options(parallel) -> str:
     precision = "fp32"
     if parallel.mixed_precision == "bf16":
         precision = "bf16 compute (BatchNorm in fp32), fp32 gradient reduction and output"
-    return f"reshard_after_forward={parallel.reshard_after_forward}, {precision}"
+    return f"reshard_after_forward={reshard_after_forward(parallel)}, {precision}"
 
 
 def _estimate(request, shards: int, world: int):
@@ -171,7 +177,7 @@ def apply_fully_shard(model, plan, mesh):
 
     _scalars_to_vectors(model)
     parallel = plan.config.parallel
-    options = {"mesh": mesh, "reshard_after_forward": parallel.reshard_after_forward}
+    options = {"mesh": mesh, "reshard_after_forward": reshard_after_forward(parallel)}
     root_options = options
     if parallel.mixed_precision == "bf16":
         for norm in [m for m in model.modules() if isinstance(m, torch.nn.modules.batchnorm._BatchNorm)]:

@@ -106,8 +106,12 @@ def export(source: str | Path, out: str | Path) -> Exported:
     write = _writer(out)
     meta = json.loads((path / ckpt.META).read_text())
     state, names = model_state(path)
-    with written_whole(out) as temp:
-        write(state, temp)
+    try:
+        with written_whole(out) as temp:
+            write(state, temp)
+    except OSError as err:  # a full disk, a quota: what check_writable's probe cannot see
+        raise CheckpointError(f"--out {out} could not be written ({err.strerror}); free space, or name another "
+                              "place") from None
     tensors = [value for value in state.values() if torch.is_tensor(value)]
     parameters = sum(state[name].numel() for name in names if name in state) if names is not None else None
     return Exported(path, out, meta["step"], meta, len(tensors), sum(t.numel() for t in tensors), parameters)

@@ -96,9 +96,13 @@ def launch(
               "and --nnodes", file=sys.stderr)
         return 2
     except RendezvousConnectionError:
-        print(f"snnfw: error: node {node_rank} could not reach the rendezvous that node 0 hosts at {rdzv_endpoint} "
-              f"within {timeout_s:g} s (parallel.timeout_s); start snnfw train on node 0 with --rdzv-endpoint on its "
-              "own address, and check that this node reaches it", file=sys.stderr)
+        if node_rank == 0:
+            print(f"snnfw: error: node 0 could not host the rendezvous at {rdzv_endpoint}, or lost it; give "
+                  "--rdzv-endpoint this node's own address and a free port", file=sys.stderr)
+        else:
+            print(f"snnfw: error: node {node_rank} could not reach the rendezvous that node 0 hosts at {rdzv_endpoint} "
+                  f"within {timeout_s:g} s (parallel.timeout_s), or lost it; start snnfw train on node 0 with "
+                  "--rdzv-endpoint on its own address, and check that this node reaches it", file=sys.stderr)
         return 2
     except ChildFailedError as err:
         if stopped.exists():

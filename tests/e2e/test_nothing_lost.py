@@ -125,10 +125,10 @@ def test_resume_drops_a_cut_last_line_of_the_metrics(tmp_path, capsys):
     (signal.SIGTERM, 1, "; continue from the newest checkpoint ({run}/checkpoints/step-"),
     (signal.SIGINT, 0, " before any checkpoint was written (checkpoint.every sets how often one is); start again with "
                        "the same command and --overwrite"),
-], ids=["SIGTERM-to-the-launcher", "Ctrl-C-to-every-process"])
+], ids=["SIGTERM", "Ctrl-C"])
 def test_a_signal_ends_in_one_line_that_says_how_to_go_on(tmp_path, sig, every, said):
-    """SIGTERM to the launcher after a checkpoint: resume from it. Ctrl-C, which reaches the ranks too, before any:
-    start again (--resume would be refused)."""
+    """SIGTERM to the launcher after a checkpoint: resume from it. Ctrl-C (SIGINT to the terminal's process group,
+    which the launcher forwards to its ranks) before any: start again (--resume would be refused)."""
     run = tmp_path / "run"
     args = ["train", tiny_toml(tmp_path), "--nproc", 2, "--run-dir", run, "--set", "train.steps=400",
             "--set", f"checkpoint.every={every}"]
