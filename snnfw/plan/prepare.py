@@ -135,6 +135,8 @@ def _resolved(config: Config, plugins: Plugins, source: models.Source, datasets:
         train_set = datasets[0] if datasets else build_datasets(config, source.spec, plugins)[0]
         config = with_epochs(config, len(train_set))
         check_log_steps(config.log, config.train.steps)
+    elif datasets:  # handed in through the Python API; those built by name are checked as they are built
+        check_one_batch(len(datasets[0]), config.data.batch_size)
     check_train(config.train, plugins)
     check_loss(config.train, plugins)
     check_precision(config.train)
