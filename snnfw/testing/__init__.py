@@ -121,11 +121,11 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-# Ranks fork from a server that has imported torch, snnfw and SpikingJelly once (a spawned rank
-# spends seconds importing them). A forked rank takes the caller's environment, sys.path and
+# Ranks fork from a server that has imported torch, snnfw, its plugins and SpikingJelly once (a
+# spawned rank spends seconds importing them). A forked rank takes the caller's environment, sys.path and
 # thread count from its arguments, since the server's are those of when it started; the same
 # thread count keeps a rank's float reductions in the order of the caller's own runs.
-PRELOAD = ["snnfw.testing", "spikingjelly.activation_based.neuron", "spikingjelly.activation_based.layer"]
+PRELOAD = ["snnfw.testing.preloaded", "spikingjelly.activation_based.neuron", "spikingjelly.activation_based.layer"]
 
 
 def _context():
