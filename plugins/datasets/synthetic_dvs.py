@@ -29,20 +29,16 @@ def make_frames(count: int, time_steps: int, shape: tuple[int, int, int], classe
     ys = torch.arange(height).view(1, height, 1).float() - height / 2
     xs = torch.arange(width).view(1, 1, width).float() - width / 2
 
-    def blob(t: float):
-        offset = t - (time_steps - 1) / 2
-        cy = (start[:, 0] + offset * speed * torch.sin(angle)).view(-1, 1, 1)
-        cx = (start[:, 1] + offset * speed * torch.cos(angle)).view(-1, 1, 1)
-        return torch.exp(-((ys - cy) ** 2 + (xs - cx) ** 2) / (2 * radius**2))
-
-    frames = torch.zeros(count, time_steps, channels, height, width)
-    for t in range(time_steps):
-        now, before = blob(t), blob(t - 1)
-        on = (now - before).clamp(min=0) * 2.5
-        off = (before - now).clamp(min=0) * 2.5
-        for c, intensity in enumerate((on, off)[:channels]):
-            events = torch.rand(count, height, width, generator=generator) < intensity.clamp(max=1) + NOISE
-            frames[:, t, c] = events.float()
+    steps = torch.tensor([(t - (time_steps - 1) / 2) * speed for t in range(-1, time_steps)]).view(-1, 1, 1, 1)
+    cy = start[:, 0].view(1, -1, 1, 1) + steps * torch.sin(angle).view(1, -1, 1, 1)  # the blob's centre at t = -1 .. T - 1
+    cx = start[:, 1].view(1, -1, 1, 1) + steps * torch.cos(angle).view(1, -1, 1, 1)
+    blobs = torch.exp(-((ys - cy) ** 2 + (xs - cx) ** 2) / (2 * radius**2))  # [T + 1, count, H, W]
+    now, before = blobs[1:], blobs[:-1]
+    on = (now - before).clamp(min=0) * 2.5
+    off = (before - now).clamp(min=0) * 2.5
+    intensity = torch.stack((on, off)[:channels], dim=1).clamp(max=1) + NOISE  # [T, C, count, H, W]
+    events = torch.rand(time_steps, channels, count, height, width, generator=generator) < intensity  # drawn in t, c order
+    frames = events.float().permute(2, 0, 1, 3, 4).contiguous()
     return frames, labels
 
 

@@ -11,11 +11,13 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
 
 from snnfw import rundir
+from snnfw.cli import main
 from snnfw.errors import CheckpointError
 from snnfw.run.loop import run_training
 from snnfw.testing import TINY, tiny_config
@@ -39,6 +41,13 @@ def snnfw(*args, timeout=300):
     result = subprocess.run([sys.executable, "-m", "snnfw", *map(str, args)], cwd=ROOT, capture_output=True, text=True,
                             timeout=timeout)
     return result, time.monotonic() - started
+
+
+def in_process(capsys, *args):
+    """The CLI in this process, for commands that start no ranks and refusals made before any start (a process of its
+    own would spend seconds importing torch); the result has the exit status and standard error a subprocess's has."""
+    status = main([str(a) for a in args])
+    return SimpleNamespace(returncode=status, stderr=capsys.readouterr().err)
 
 
 def one_error_line(result) -> str:
@@ -74,8 +83,9 @@ def test_the_lock_of_an_owner_that_died_is_taken_over_with_a_note(tmp_path, caps
     assert "locked by pid 4194304 on a-node-that-crashed, which is no longer running" in capsys.readouterr().err
 
 
-def test_negative_max_restarts_is_refused_before_launch(tmp_path):
-    result, _ = snnfw("train", tiny_toml(tmp_path), "--nproc", 2, "--run-dir", tmp_path / "run", "--max-restarts", -1)
+def test_negative_max_restarts_is_refused_before_launch(tmp_path, capsys):
+    result = in_process(capsys, "train", tiny_toml(tmp_path), "--nproc", 2, "--run-dir", tmp_path / "run",
+                        "--max-restarts", -1)
     assert result.returncode == 2
     assert "--max-restarts counts restarts" in one_error_line(result)
 
@@ -150,22 +160,23 @@ def test_a_signal_ends_in_one_line_that_says_how_to_go_on(tmp_path, sig, every, 
     assert last.startswith(f"snnfw: error: stopped by {sig.name}{said.format(run=run)}"), last
 
 
-def test_a_run_directory_that_is_a_file_is_refused_before_launch(tmp_path):
+def test_a_run_directory_that_is_a_file_is_refused_before_launch(tmp_path, capsys):
     (tmp_path / "taken").write_text("not a folder")
-    result, _ = snnfw("train", tiny_toml(tmp_path), "--nproc", 2, "--run-dir", tmp_path / "taken")
+    result = in_process(capsys, "train", tiny_toml(tmp_path), "--nproc", 2, "--run-dir", tmp_path / "taken")
     assert result.returncode == 2
     assert "is a file, not a folder" in one_error_line(result)
 
 
-def test_bench_refuses_zero_timed_steps(tmp_path):
-    result, _ = snnfw("bench", tiny_toml(tmp_path), "--nproc", 2, "--steps", 0, "--results", tmp_path / "b.jsonl")
+def test_bench_refuses_zero_timed_steps(tmp_path, capsys):
+    result = in_process(capsys, "bench", tiny_toml(tmp_path), "--nproc", 2, "--steps", 0,
+                        "--results", tmp_path / "b.jsonl")
     assert result.returncode == 2
     assert "--steps 1 or more" in one_error_line(result)
 
 
-def test_plot_leaves_out_a_cut_last_line(tmp_path):
+def test_plot_leaves_out_a_cut_last_line(tmp_path, capsys):
     (tmp_path / rundir.METRICS).write_text('{"step": 1, "loss": 2.3, "lr": 0.01}\n{"step": 2, "lo')
-    result, _ = snnfw("plot", tmp_path, "--out", tmp_path / "run.png")
+    result = in_process(capsys, "plot", tmp_path, "--out", tmp_path / "run.png")
     assert result.returncode == 0, result.stderr
     assert (tmp_path / "run.png").stat().st_size > 0 and "cut off" in result.stderr
 
@@ -184,17 +195,19 @@ def test_a_training_config_scores_weights_under_another_strategy(tmp_path):
     assert json.loads((tmp_path / "scored" / rundir.EVAL).read_text())["plan"]["strategy"] == "dp"
 
 
-def test_export_refuses_a_folder_as_its_output(tmp_path):
+def test_export_refuses_a_folder_as_its_output(tmp_path, capsys):
     run_training(tiny_config("none", checkpoint={"every": 3}), tmp_path / "run")
-    result, _ = snnfw("export", tmp_path / "run", "--out", tmp_path)
+    capsys.readouterr()
+    result = in_process(capsys, "export", tmp_path / "run", "--out", tmp_path)
     assert result.returncode == 2
     assert "is a folder; name the file to write" in one_error_line(result)
-    result, _ = snnfw("export", tmp_path / "run", "--out", tmp_path / "net.pt")
+    result = in_process(capsys, "export", tmp_path / "run", "--out", tmp_path / "net.pt")
     assert result.returncode == 0 and torch.load(tmp_path / "net.pt", weights_only=True)
 
 
-def test_measure_refuses_zero_candidates(tmp_path):
-    result, _ = snnfw("plan", tiny_toml(tmp_path), "--world-size", 2, "--set", "parallel.strategy='auto'", "--measure", 0)
+def test_measure_refuses_zero_candidates(tmp_path, capsys):
+    result = in_process(capsys, "plan", tiny_toml(tmp_path), "--world-size", 2, "--set", "parallel.strategy='auto'",
+                        "--measure", 0)
     assert result.returncode == 2
     assert "--measure K" in one_error_line(result)
 
@@ -376,17 +389,17 @@ def finished_run(tmp_path_factory):
     (lambda run, toml, out: ["eval", toml, "--nproc", 2, "--weights", run / rundir.FINAL_MODEL, "--run-dir", toml],
      "--run-dir {toml} is a file, not a folder"),
 ], ids=["export", "export-folder", "plot", "bench", "predict", "eval", "eval-file"])
-def test_an_output_that_cannot_be_written_is_refused_before_any_work(finished_run, tmp_path, command, said):
+def test_an_output_that_cannot_be_written_is_refused_before_any_work(finished_run, tmp_path, command, said, capsys):
     toml = tiny_toml(tmp_path)
-    result, _ = snnfw(*command(finished_run, toml, UNWRITABLE))
+    result = in_process(capsys, *command(finished_run, toml, UNWRITABLE))
     assert result.returncode == 2
     assert said.format(out=UNWRITABLE, parent=UNWRITABLE.parent, toml=toml) in one_error_line(result)
 
 
-def test_scoring_into_the_run_directory_of_a_run_in_progress_is_refused(finished_run, tmp_path):
+def test_scoring_into_the_run_directory_of_a_run_in_progress_is_refused(finished_run, tmp_path, capsys):
     """eval clears the launch markers of its run directory, so it must not share one with a training that runs."""
     with rundir.locked(tmp_path / "training"):
-        result, _ = snnfw("eval", tiny_toml(tmp_path), "--nproc", 2, "--weights", finished_run / rundir.FINAL_MODEL,
-                          "--run-dir", tmp_path / "training")
+        result = in_process(capsys, "eval", tiny_toml(tmp_path), "--nproc", 2, "--weights",
+                            finished_run / rundir.FINAL_MODEL, "--run-dir", tmp_path / "training")
     assert result.returncode == 2
     assert f"{tmp_path / 'training'} belongs to a run in progress (pid {os.getpid()}" in one_error_line(result)
