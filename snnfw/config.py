@@ -22,7 +22,6 @@ import math
 import re
 import tomllib
 import typing
-from importlib import metadata
 from pathlib import Path
 from typing import Any
 
@@ -375,9 +374,9 @@ def plugin_sections() -> dict[str, type]:
     section); a blocked plugin's (``SNNFW_BLOCK_PLUGINS``), and a third party's when plugins do not autoload, are
     left out as their plugins are."""
     blocked, autoload = entry_points.blocked(), entry_points.autoload()
-    off = {ep.module for ep in metadata.entry_points(group=entry_points.GROUP) if ep.name in blocked}
+    off = {ep.module for ep in entry_points.installed(entry_points.GROUP) if ep.name in blocked}
     found: dict[str, type] = {}
-    for ep in metadata.entry_points(group=entry_points.SECTIONS_GROUP):
+    for ep in entry_points.installed(entry_points.SECTIONS_GROUP):
         dist = ep.dist.name if ep.dist is not None else "no distribution"
         if ep.module in off or (not autoload and not entry_points.is_builtin(ep)):
             continue

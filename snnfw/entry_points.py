@@ -8,7 +8,9 @@ names plugins that do not load.
 
 from __future__ import annotations
 
+import functools
 import os
+import sys
 from importlib import metadata
 
 GROUP = "snnfw"
@@ -29,3 +31,14 @@ def autoload() -> bool:
 
 def is_builtin(ep: metadata.EntryPoint) -> bool:
     return ep.dist is not None and ep.dist.name == "snnfw"
+
+
+def installed(group: str) -> tuple[metadata.EntryPoint, ...]:
+    """The entry points of ``group`` that the installed distributions declare: read once for each ``sys.path``
+    (a read scans every distribution, about 65 ms here), again once it changes."""
+    return _installed(group, tuple(sys.path))
+
+
+@functools.lru_cache(maxsize=16)
+def _installed(group: str, path: tuple[str, ...]) -> tuple[metadata.EntryPoint, ...]:
+    return tuple(metadata.entry_points(group=group))

@@ -78,7 +78,7 @@ def _load_entry_points(pm: pluggy.PluginManager) -> dict[str, metadata.Distribut
     blocked, autoload = entry_points.blocked(), entry_points.autoload()
     loaded: dict[str, metadata.EntryPoint] = {}
     # Built-ins register first, so that third-party implementations run before them.
-    for ep in sorted(metadata.entry_points(group=GROUP), key=lambda ep: not entry_points.is_builtin(ep)):
+    for ep in sorted(entry_points.installed(GROUP), key=lambda ep: not entry_points.is_builtin(ep)):
         if ep.name in blocked:
             pm.set_blocked(ep.name)
             continue

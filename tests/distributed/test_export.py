@@ -112,8 +112,9 @@ def test_a_checkpoint_folder_is_exported_as_it_is(tp_run, tmp_path, capsys):
     assert capsys.readouterr().out.startswith(f"exported step {STEPS} of ")
 
 
-def test_a_folder_without_checkpoints_is_refused_naming_what_was_looked_for(tmp_path):
-    status, stdout, stderr = export_cli(tmp_path, tmp_path / "x.pt")
+def test_a_folder_without_checkpoints_is_refused_naming_what_was_looked_for(tmp_path, capsys):
+    status = main(["export", str(tmp_path), "--out", str(tmp_path / "x.pt")])
+    stdout, stderr = capsys.readouterr()
     assert status == 2 and stdout == ""
     assert stderr.splitlines() == [
         f"snnfw: error: {tmp_path} holds no complete checkpoint: looked for {tmp_path / 'checkpoints'}/step-K folders "
