@@ -3,15 +3,14 @@ would otherwise import for itself, seconds each time. That is torch's compiler f
 FSDP imports on first use; torch.distributed's pipelining, checkpoint and optimizer packages; and the built-in
 plugins."""
 
-from importlib.metadata import entry_points
-
 import torch._dynamo  # noqa: F401
 import torch.distributed.checkpoint  # noqa: F401
 import torch.distributed.optim  # noqa: F401
 import torch.distributed.pipelining  # noqa: F401
 
 import snnfw.testing  # noqa: F401
+from snnfw import entry_points
 
-for _plugin in entry_points(group="snnfw"):
-    if _plugin.value.startswith("snnfw_plugins."):
+for _plugin in entry_points.installed(entry_points.GROUP):
+    if entry_points.is_builtin(_plugin):
         _plugin.load()
