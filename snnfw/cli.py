@@ -154,7 +154,6 @@ def _cmd_train(args) -> int:
     import contextlib
 
     from snnfw import rundir
-    from snnfw.components.checkpoint import check_run_dir
     from snnfw.config import load_config
     from snnfw.errors import ConfigError
     from snnfw.plan.prepare import build_datasets, prepare
@@ -178,7 +177,7 @@ def _cmd_train(args) -> int:
     build_datasets(config, prepared.spec, plugins)
     model = re.sub(r"\W+", "_", prepared.analysis.family.rpartition("/")[2]).strip("_")
     run_dir = Path(args.run_dir or f"runs/{model}-{config.parallel.strategy}-{time.strftime('%Y%m%d-%H%M%S')}")
-    check_run_dir(run_dir, args.resume, args.overwrite)
+    rundir.check_run_dir(run_dir, args.resume, args.overwrite)
     owner = rundir.locked(run_dir) if args.node_rank == 0 else contextlib.nullcontext()  # node 0 holds the shared one
     with owner:
         return launch(

@@ -27,6 +27,8 @@ FINAL_MODEL = "final_model.pt"  # the trained model, whole
 BEST_MODEL = "best_model.pt"  # the same, at the validation with the highest eval_acc
 TENSORBOARD = "tensorboard"  # the folder of TensorBoard event files (``log.tensorboard``)
 CHECKPOINTS = "checkpoints"  # the folder of ``step-N`` checkpoints
+STEP = "step-"  # in CHECKPOINTS: the folder ``step-N`` holds the checkpoint after step N
+STEP_META = "meta.json"  # in a checkpoint: its step, loss and settings, written last (a checkpoint without it is cut)
 PROFILE = "profile"  # the folder of ``log.profile``'s traces and shares, per rank
 MEMORY = "memory"  # the folder of ``log.memory_snapshot``'s records, per rank
 RUN_FILES = (METRICS, SUMMARY, FINAL_MODEL, BEST_MODEL, TENSORBOARD, CHECKPOINTS, PROFILE, MEMORY)  # a run's files
@@ -35,6 +37,51 @@ RANKS = ".ranks"  # the ranks' markers for the launcher
 STOPPED = "stopped"  # in RANKS: the user error that stopped a rank, one line
 LAUNCHED = "SNNFW_LAUNCHED"  # environment: set by ``snnfw train``, which reports a rank's user error itself, once
 AUTO_DECISION = "SNNFW_AUTO_DECISION"  # environment: the launcher's ``auto`` choice (JSON), which every rank applies
+
+
+def checkpoint_step(path: Path) -> int:
+    """N, of the checkpoint folder ``step-N``."""
+    return int(Path(path).name[len(STEP):])
+
+
+def complete_checkpoints(root: Path) -> list[Path]:
+    """The renamed (so whole) checkpoints ``step-N`` in ``root``, oldest first."""
+    root = Path(root)
+    if not root.is_dir():
+        return []
+    found = [p for p in root.iterdir() if p.name.startswith(STEP) and p.name[len(STEP):].isdigit()]
+    return sorted((p for p in found if (p / STEP_META).is_file()), key=checkpoint_step)
+
+
+def earlier_checkpoints(root: Path, newest: Path) -> CheckpointError:
+    """The refusal to start afresh over the checkpoints of an earlier run, the newest being ``newest``."""
+    return CheckpointError(
+        f"{root} holds checkpoints up to step {checkpoint_step(newest)} of an earlier run; "
+        "pass --resume to continue it, --overwrite to replace it, or choose another --run-dir"
+    )
+
+
+def check_run_dir(run_dir: Path, resume: bool, overwrite: bool) -> None:
+    """Refuses to resume where there is no checkpoint, and to start over an earlier run unless ``overwrite``."""
+    done = complete_checkpoints(run_dir / CHECKPOINTS)
+    if resume:
+        if not done:
+            raise CheckpointError(f"--resume continues from a checkpoint, and {run_dir / CHECKPOINTS} holds none; "
+                                  "start without --resume (or with --overwrite over an earlier run)")
+        return
+    if overwrite:
+        return
+    if done:
+        raise earlier_checkpoints(run_dir / CHECKPOINTS, done[-1])
+    if (run_dir / METRICS).exists():
+        raise CheckpointError(f"{run_dir} holds an earlier run (metrics.jsonl); pass --overwrite to replace it, "
+                              "or choose another --run-dir")
+
+
+def clear_run_dir(run_dir: Path) -> None:
+    """Removes an earlier run's files (``--overwrite``); other files stay."""
+    for name in RUN_FILES:
+        remove_whole(run_dir / name)
 
 
 def read_metrics(path: Path, note: bool = True) -> list[dict]:

@@ -19,7 +19,6 @@ import time
 from pathlib import Path
 
 from snnfw import rundir
-from snnfw.components.checkpoint import check_run_dir, clear_run_dir
 from snnfw.config import load_config
 from snnfw.errors import UserError, explain
 from snnfw.plugin.manager import Plugins
@@ -72,9 +71,9 @@ def main(argv: list[str] | None = None) -> int:
             rundir.mark_done(run_dir, rank)
             return 0
         if not restarted:  # a restarted attempt resumes from what its predecessor wrote, or starts afresh
-            check_run_dir(run_dir, args.resume, args.overwrite)
+            rundir.check_run_dir(run_dir, args.resume, args.overwrite)
             if args.overwrite and rank == 0:
-                clear_run_dir(run_dir)
+                rundir.clear_run_dir(run_dir)
         owner = rundir.locked(run_dir) if rank == 0 and not os.environ.get(rundir.LAUNCHED) else contextlib.nullcontext()
         with owner:  # under plain torchrun rank 0 holds the run directory; under snnfw train its launcher does
             summary = run_training(config, run_dir, plugins, resume=args.resume or restarted)

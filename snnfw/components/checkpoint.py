@@ -48,14 +48,20 @@ from snnfw.components.optim import resume_scheduler
 from snnfw.distributed.chunks import Chunked, leaves, whole_shape
 from snnfw.distributed.collectives import barrier
 from snnfw.errors import CheckpointError, DivergedError
-from snnfw.rundir import CHECKPOINTS, METRICS, RUN_FILES, TEMP, remove_whole
+from snnfw.rundir import (
+    CHECKPOINTS,
+    STEP,
+    STEP_META,
+    TEMP,
+    complete_checkpoints,
+    earlier_checkpoints,
+    remove_whole,
+)
 
 FIXED = (  # what a resumed run must share: the model, the optimizer and what fixes the data order
     "model.family", "model.flavor", "model.time_steps", "data.name", "data.root", "data.train_samples", "data.batch_size",
     "train.seed", "train.optimizer", "train.no_decay", "train.dtype",
 )
-PREFIX = "step-"
-META = "meta.json"
 
 
 class _MetadataUnpickler(pickle.Unpickler):
@@ -157,24 +163,11 @@ def _fixed(config) -> dict:
     return json.loads(json.dumps({key: getattr(getattr(config, key.split(".")[0]), key.split(".")[1]) for key in FIXED}))
 
 
-def _step(path: Path) -> int:
-    return int(path.name[len(PREFIX):])
-
-
 def _rng_state() -> dict[str, torch.Tensor]:
     state = {"cpu": torch.get_rng_state()}
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         state["cuda"] = torch.cuda.get_rng_state()
     return state
-
-
-def complete(root: Path) -> list[Path]:
-    """The renamed (so whole) checkpoints ``step-N`` in ``root``, oldest first."""
-    root = Path(root)
-    if not root.is_dir():
-        return []
-    found = [p for p in root.iterdir() if p.name.startswith(PREFIX) and p.name[len(PREFIX):].isdigit()]
-    return sorted((p for p in found if (p / META).is_file()), key=_step)
 
 
 def read(path: Path, wanted: Callable[[tuple], bool] | None = None) -> dict:
@@ -196,38 +189,6 @@ def read(path: Path, wanted: Callable[[tuple], bool] | None = None) -> dict:
     except (OSError, pickle.UnpicklingError, dcp.CheckpointException) as err:
         raise CheckpointError(f"checkpoint {path} cannot be read: {err}") from None
     return _nest(flat, paths)
-
-
-
-
-def _earlier_checkpoints(root: Path, newest: Path) -> CheckpointError:
-    return CheckpointError(
-        f"{root} holds checkpoints up to step {_step(newest)} of an earlier run; "
-        "pass --resume to continue it, --overwrite to replace it, or choose another --run-dir"
-    )
-
-
-def check_run_dir(run_dir: Path, resume: bool, overwrite: bool) -> None:
-    """Refuses to resume where there is no checkpoint, and to start over an earlier run unless ``overwrite``."""
-    done = complete(run_dir / CHECKPOINTS)
-    if resume:
-        if not done:
-            raise CheckpointError(f"--resume continues from a checkpoint, and {run_dir / CHECKPOINTS} holds none; "
-                                  "start without --resume (or with --overwrite over an earlier run)")
-        return
-    if overwrite:
-        return
-    if done:
-        raise _earlier_checkpoints(run_dir / CHECKPOINTS, done[-1])
-    if (run_dir / METRICS).exists():
-        raise CheckpointError(f"{run_dir} holds an earlier run (metrics.jsonl); pass --overwrite to replace it, "
-                              "or choose another --run-dir")
-
-
-def clear_run_dir(run_dir: Path) -> None:
-    """Removes an earlier run's files (``--overwrite``); other files stay."""
-    for name in RUN_FILES:
-        remove_whole(run_dir / name)
 
 
 def _staged(state):
@@ -280,7 +241,7 @@ class Checkpoints:
 
     def complete(self) -> list[Path]:
         """The renamed (so whole) checkpoints, oldest first."""
-        return complete(self.root) if self.root is not None else []
+        return complete_checkpoints(self.root) if self.root is not None else []
 
     def due(self, step: int) -> bool:
         every = self.config.checkpoint.every
@@ -294,7 +255,7 @@ class Checkpoints:
         """
         self.finish()
         if self.root is not None and self.rank == 0:
-            remove_whole(self.root / f"{PREFIX}{step - 1}")
+            remove_whole(self.root / f"{STEP}{step - 1}")
         barrier()
         done = self.complete()
         if done:
@@ -309,7 +270,7 @@ class Checkpoints:
         """Loads the newest checkpoint when resuming; returns its meta (step 0 when starting afresh)."""
         done = self.complete()
         if done and not resume:
-            raise _earlier_checkpoints(self.root, done[-1])
+            raise earlier_checkpoints(self.root, done[-1])
         if not done:
             return {"step": 0, "loss": None}
         meta = self.load(trainer, done[-1])
@@ -321,7 +282,7 @@ class Checkpoints:
         """Writes ``step-N``: every rank its part into a temporary folder, renamed by rank 0 when all are written
         (at once, or with ``checkpoint.async_save`` at the next save or :meth:`finish`); prunes old ones."""
         self.finish()
-        final, temp = self.root / f"{PREFIX}{step}", self.root / f"{TEMP}{PREFIX}{step}"
+        final, temp = self.root / f"{STEP}{step}", self.root / f"{TEMP}{STEP}{step}"
         if self.rank == 0:
             for stale in self.root.glob(f"{TEMP}*"):
                 shutil.rmtree(stale)
@@ -370,7 +331,7 @@ class Checkpoints:
                 ) from None
         barrier()
         if self.rank == 0:
-            (pending.temp / META).write_text(json.dumps(pending.meta) + "\n")
+            (pending.temp / STEP_META).write_text(json.dumps(pending.meta) + "\n")
             remove_whole(pending.final)
             pending.temp.rename(pending.final)
             for old in self.complete()[: -self.config.checkpoint.keep]:
@@ -382,7 +343,7 @@ class Checkpoints:
         (on the curve of the config's ``train.lr``) and this rank's RNG from ``path``; returns its meta.
 
         Each rank reads only what it holds under its strategy (``snnfw_state_dict`` gives the shapes)."""
-        meta = json.loads((path / META).read_text())
+        meta = json.loads((path / STEP_META).read_text())
         mine = _fixed(self.config)
         changed = [
             f"{key} is {value!r} in the checkpoint and {mine[key]!r} in the config"

@@ -18,7 +18,7 @@ import torch
 
 from snnfw.components import checkpoint as ckpt
 from snnfw.errors import CheckpointError
-from snnfw.rundir import CHECKPOINTS, TEMP, check_writable, written_whole
+from snnfw.rundir import CHECKPOINTS, STEP, STEP_META, TEMP, check_writable, complete_checkpoints, written_whole
 
 SAFETENSORS = ".safetensors"
 
@@ -50,15 +50,15 @@ def find(source: str | Path) -> Path:
     source = Path(source)
     if not source.exists():
         raise CheckpointError(f"{source} does not exist; name a run directory or one of its checkpoints/step-K folders")
-    if (source / ckpt.META).is_file() and (source / ".metadata").is_file():
+    if (source / STEP_META).is_file() and (source / ".metadata").is_file():
         return source
-    if source.name.startswith(ckpt.PREFIX) or source.name.startswith(TEMP):
-        raise CheckpointError(f"{source} is not a complete checkpoint (it has no {ckpt.META}); export a complete one")
+    if source.name.startswith(STEP) or source.name.startswith(TEMP):
+        raise CheckpointError(f"{source} is not a complete checkpoint (it has no {STEP_META}); export a complete one")
     root = source if source.name == CHECKPOINTS else source / CHECKPOINTS
-    done = ckpt.complete(root)
+    done = complete_checkpoints(root)
     if not done:
         raise CheckpointError(
-            f"{source} holds no complete checkpoint: looked for {root}/{ckpt.PREFIX}K folders with {ckpt.META} "
+            f"{source} holds no complete checkpoint: looked for {root}/{STEP}K folders with {STEP_META} "
             "(written with checkpoint.every = N and --run-dir)"
         )
     return done[-1]
@@ -104,7 +104,7 @@ def export(source: str | Path, out: str | Path) -> Exported:
     path, out = find(source), Path(out)
     check_writable(out, "--out")
     write = _writer(out)
-    meta = json.loads((path / ckpt.META).read_text())
+    meta = json.loads((path / STEP_META).read_text())
     state, names = model_state(path)
     try:
         with written_whole(out) as temp:

@@ -133,11 +133,9 @@ def launch(
 
 def _stopped(signal_name: str, run_dir: Path, training: bool) -> str:
     """What a signal ended, and for a training how to go on: from its newest checkpoint, or afresh without one."""
-    from snnfw.components.checkpoint import complete
-
     if not training:
         return f"stopped by {signal_name}"
-    if written := complete(run_dir / rundir.CHECKPOINTS):
+    if written := rundir.complete_checkpoints(run_dir / rundir.CHECKPOINTS):
         return (f"stopped by {signal_name}; continue from the newest checkpoint ({written[-1]}) with the same command "
                 "and --resume")
     return (f"stopped by {signal_name} before any checkpoint was written (checkpoint.every sets how often one is); "

@@ -42,19 +42,17 @@ def test_a_removal_killed_midway_leaves_no_half_checkpoint(tmp_path, monkeypatch
     raised by the first file's removal) leaves only a temporary name, never a ``step-N`` without its metadata."""
     import shutil
 
-    from snnfw.components import checkpoint
-
     for step in (2, 4):
-        folder = tmp_path / f"{checkpoint.PREFIX}{step}"
+        folder = tmp_path / f"{rundir.STEP}{step}"
         folder.mkdir()
         (folder / "__0_0.distcp").write_bytes(b"x")
-        (folder / checkpoint.META).write_text("{}")
+        (folder / rundir.STEP_META).write_text("{}")
 
     def killed(path, *args, **kwargs):
         raise KeyboardInterrupt
 
     monkeypatch.setattr(shutil, "rmtree", killed)
     with pytest.raises(KeyboardInterrupt):
-        rundir.remove_whole(tmp_path / f"{checkpoint.PREFIX}2")
-    assert [p.name for p in tmp_path.iterdir() if not p.name.startswith(rundir.TEMP)] == [f"{checkpoint.PREFIX}4"]
-    assert checkpoint.complete(tmp_path) == [tmp_path / f"{checkpoint.PREFIX}4"]
+        rundir.remove_whole(tmp_path / f"{rundir.STEP}2")
+    assert [p.name for p in tmp_path.iterdir() if not p.name.startswith(rundir.TEMP)] == [f"{rundir.STEP}4"]
+    assert rundir.complete_checkpoints(tmp_path) == [tmp_path / f"{rundir.STEP}4"]
