@@ -78,7 +78,7 @@ def test_a_case_stopped_at_its_timeout_leaves_no_rank_running(tmp_path):
     watcher = threading.Thread(target=watch)
     watcher.start()
     try:
-        status, _ = GPU["run_within"](command, timeout_s=25)
+        status, _ = GPU["run_within"](command, timeout_s=15)
     finally:
         stop.set()
         watcher.join()
