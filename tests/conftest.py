@@ -1,12 +1,23 @@
+import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from snnfw.testing import tiny_config
 
 GROUPS = ("unit", "distributed", "e2e", "guarantee")  # tests/<group>/: run one with python -m pytest -m <group>
+
+
+def pytest_configure():
+    """One intra-op thread in this process, in the ranks it forks and in the commands it starts, unless
+    OMP_NUM_THREADS says otherwise: ranks that share the cores (as ``snnfw train`` shares them) then do not wait on
+    each other's thread pools, and tiny in-process runs are no slower on one thread. Ranks of two threads each on
+    2 cores made tests/distributed 30% slower."""
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 
 
 def pytest_collection_modifyitems(items):
@@ -27,19 +38,6 @@ def faults(monkeypatch):
 @pytest.fixture
 def tiny():
     return tiny_config
-
-
-@pytest.fixture(scope="module")
-def one_thread():
-    """In-process runs on one thread, which is faster than two on a shared 2-core machine."""
-    import torch
-
-    threads = torch.get_num_threads()
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("OMP_NUM_THREADS", "1")
-        torch.set_num_threads(1)
-        yield
-    torch.set_num_threads(threads)
 
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "spiking_mlp_plugin"

@@ -18,9 +18,6 @@ from snnfw.testing import run_on_ranks, tiny_config
 TOL = 1e-5
 
 
-pytestmark = pytest.mark.usefixtures("one_thread")
-
-
 def config(strategy="none", steps=6, every=3, microbatches=1, train=(), checkpoint=(), **sections):
     return tiny_config(strategy, microbatches, train={"steps": steps, **dict(train)},
                        checkpoint={"every": every, **dict(checkpoint)}, **sections)

@@ -21,8 +21,6 @@ from snnfw.run.loop import run_training
 from snnfw.run.trainer import Trainer
 from snnfw.testing import run_on_ranks, tiny_config
 
-pytestmark = pytest.mark.usefixtures("one_thread")
-
 NEURONS = {"time_steps": 1, "neuron_backend": "inductor"}
 FEATURES = {
     "both": {"model": NEURONS, "compile": {"enable": True}},

@@ -17,7 +17,6 @@ from snnfw.plugin.manager import Plugins
 from snnfw.testing import run_on_ranks
 from snnfw.tools.dry_run import SavedTensors, dry_run, measure_step
 
-pytestmark = pytest.mark.usefixtures("one_thread")
 MESHES = {"hsdp": ("fsdp2", 4, {"dp_replicate": 2, "dp_shard": 2}), "fsdp2_tp": ("fsdp2_tp", 4, None),
           "dp_memopt": ("dp", 2, None), "fsdp2_tp_memopt": ("fsdp2_tp", 4, None),
           "pp": ("pp", 2, None), "pp_dp": ("pp", 4, {"dp": 2, "pp": 2}), "pp_interleaved": ("pp", 2, None),

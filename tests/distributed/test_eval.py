@@ -1,7 +1,6 @@
 """snnfw eval and predict: weights trained under one strategy, scored under another, each sample once."""
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -29,7 +28,7 @@ def write_toml(path: Path, config) -> Path:
 
 def snnfw(*args):
     return subprocess.run([sys.executable, "-m", "snnfw", *args], cwd=ROOT, capture_output=True, text=True,
-                          timeout=TIMEOUT_S, env={**os.environ, "OMP_NUM_THREADS": "1"})
+                          timeout=TIMEOUT_S)
 
 
 @pytest.fixture(scope="module")

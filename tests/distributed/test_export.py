@@ -17,7 +17,6 @@ from snnfw.testing import run_on_ranks
 from snnfw.testing.checks import final_state
 
 STEPS = 3
-pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def config(strategy, microbatches=1, every=STEPS):

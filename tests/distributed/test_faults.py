@@ -21,7 +21,7 @@ TINY = ["data.batch_size=8", "data.train_samples=64", "data.test_samples=16", "t
 QUICKSTART = "examples/quickstart.toml"
 
 
-pytestmark = pytest.mark.usefixtures("one_thread", "faults")
+pytestmark = pytest.mark.usefixtures("faults")
 
 
 def overrides(*extra):

@@ -15,8 +15,6 @@ from snnfw.plugin.manager import Plugins
 from snnfw.run.loop import run_training
 from snnfw.testing import run_on_ranks, tiny_config, tracked_peak_bytes
 
-pytestmark = pytest.mark.usefixtures("one_thread")
-
 # strategy: (ranks, microbatches of the none run on the same chunks)
 STRATEGIES = {"dp": (2, 2), "tp": (2, 1), "fsdp2": (2, 2), "fsdp2_tp": (4, 2)}
 BLOCKS = 8  # of the tiny spiking VGG

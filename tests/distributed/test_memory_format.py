@@ -12,8 +12,6 @@ from snnfw.plugin.manager import Plugins
 from snnfw.run.loop import run_training
 from snnfw.testing import run_on_ranks, tiny_config
 
-pytestmark = pytest.mark.usefixtures("one_thread")
-
 REL_TOL = 1e-9  # float64: rounding cannot hide a wrong layout's values
 STRATEGIES = {"dp": 2, "fsdp2": 2, "tp": 2, "pp": 2}
 MICROBATCHES = {"none": 2, "dp": 1, "fsdp2": 1, "tp": 2, "pp": 2}  # each replica's: the reference's 2 in all

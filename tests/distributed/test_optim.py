@@ -193,7 +193,7 @@ def test_an_optimizer_without_the_kernel_is_refused_before_the_run():
         check_train(train(optimizer="plain", optimizer_impl="fused"), own)
 
 
-def test_the_fused_kernel_trains_as_the_loop_over_parameters(one_thread):
+def test_the_fused_kernel_trains_as_the_loop_over_parameters():
     """auto's fused Adam against the loop over parameters, 10 float64 steps of none: the same arithmetic."""
     def state_and_kernel(trainer):
         return {"state": final_state(trainer), "fused": trainer.optimizer.defaults["fused"]}
@@ -247,7 +247,7 @@ class Killed(BaseException):
     pass
 
 
-def test_resumed_in_warmup_continues_the_curve(tmp_path, one_thread):
+def test_resumed_in_warmup_continues_the_curve(tmp_path):
     """Killed after step 3 of a 4-step warm-up (checkpoint at step 2): the resumed run's losses and
     learning rates (warm-up, then the cosine) equal the uninterrupted run's."""
     config = tiny_config(train={"steps": 6, "optimizer": "adamw", "lr_schedule": "cosine", "warmup_steps": 4},
@@ -269,7 +269,7 @@ def test_resumed_in_warmup_continues_the_curve(tmp_path, one_thread):
     assert lrs[0] == lrs[1] and lrs[0] == pytest.approx([0.002, 0.004, 0.006, 0.008, 0.01, 0.005], rel=1e-12)
 
 
-def test_zero_killed_in_warmup_resumes_under_none(tmp_path, one_thread, faults):
+def test_zero_killed_in_warmup_resumes_under_none(tmp_path, faults):
     """ZeRO's sharded state of two param groups, saved in warm-up, continues as one process on the same curve."""
     keys = {"steps": 5, "optimizer": "adamw", "weight_decay": 0.05, "no_decay": ["norm", "bias"],
             "lr_schedule": "cosine", "warmup_steps": 3}

@@ -17,7 +17,6 @@ from snnfw.run.loop import run_training
 from snnfw.testing import run_on_ranks, tiny_config
 from snnfw.testing.checks import assert_close
 
-pytestmark = pytest.mark.usefixtures("one_thread")
 STEPS = 4
 
 

@@ -7,7 +7,6 @@ what is inferred, and the refusals that name the key to set.
 """
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -47,13 +46,13 @@ def example_module():
 
 
 def test_the_api_example_and_snnfw_train_give_the_same_losses_and_an_export_the_module_loads(tmp_path):
-    steps, env = "8", {**os.environ, "OMP_NUM_THREADS": "1"}
+    steps = "8"
     api = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(EXAMPLE), "--strategy", "fsdp2",
            "--steps", steps, "--out", str(tmp_path / "api.json"), "--export", str(tmp_path / "net.pt")]
     cli = [sys.executable, "-m", "snnfw", "train", str(ROOT / "examples" / "own_model.toml"), "--nproc", "2",
            "--set", "parallel.strategy=fsdp2", "--set", f"train.steps={steps}", "--run-dir", str(tmp_path / "cli")]
     for command in (api, cli):
-        done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=TIMEOUT_S)
+        done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=TIMEOUT_S)
         assert done.returncode == 0, done.stderr[-3000:]
     from_api = json.loads((tmp_path / "api.json").read_text())
     from_cli = json.loads((tmp_path / "cli" / "summary.json").read_text())
@@ -94,7 +93,7 @@ def test_a_handed_over_module_starts_from_rank_0s_state_on_every_rank(tmp_path):
     script = tmp_path / "handed_over.py"
     script.write_text(HANDED_OVER.format(folder=str(EXAMPLE.parent)))
     done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(script)],
-                          cwd=ROOT, env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True, timeout=TIMEOUT_S)
+                          cwd=ROOT, capture_output=True, text=True, timeout=TIMEOUT_S)
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.count("same start") == 2
 

@@ -26,7 +26,7 @@ def _keys():
             if (section, field.name) not in {("data", "root"), ("data", "builder"), ("model", "builder")}]
 
 
-def test_mutated_configs_plan_or_are_refused_with_a_user_error(one_thread):
+def test_mutated_configs_plan_or_are_refused_with_a_user_error():
     plugins, rng = Plugins(), random.Random(0)
     keys = _keys()
     outcomes = {"done": 0, "refused": 0}

@@ -17,8 +17,6 @@ from snnfw.testing.layouts import cifar10_dvs_layout, split_layout, write_cifar1
 SPEC = InputSpec(4, (2, 32, 32), 10)
 QUICKSTART = "examples/quickstart.toml"
 
-pytestmark = pytest.mark.usefixtures("one_thread")
-
 
 @pytest.fixture(scope="module")
 def plugins():

@@ -18,8 +18,6 @@ from spikingjelly.activation_based import neuron, surrogate
 
 from snnfw_plugins import lif_kernel
 
-pytestmark = pytest.mark.usefixtures("one_thread")
-
 OPTIONS = list(itertools.product((True, False), (True, False), (0.0, None, -0.1)))  # decay_input, detach_reset, v_reset
 
 

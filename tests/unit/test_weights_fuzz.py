@@ -32,7 +32,7 @@ def _mutations(state: dict, data: bytes, rng: random.Random):
     ])
 
 
-def test_mutated_weights_files_load_or_are_refused_with_a_user_error(tmp_path, one_thread):
+def test_mutated_weights_files_load_or_are_refused_with_a_user_error(tmp_path):
     model, _ = build_model(tiny_config(), Plugins())
     state = model.state_dict()
     path = tmp_path / "whole.pt"
