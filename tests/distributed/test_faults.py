@@ -96,7 +96,7 @@ def test_a_user_error_in_the_ranks_exits_2_with_one_line(tmp_path):
 
 
 def test_a_rank_that_stops_answering_fails_the_others_within_the_timeout():
-    config = tiny_config("dp", parallel={"timeout_s": 10})
+    config = tiny_config("dp", parallel={"timeout_s": 5})
     started = time.monotonic()
     with pytest.raises(RankFailure) as failure:
         run_on_ranks(config, 2, timeout_s=150, env={1: {"SNNFW_TEST_HANG_AT_STEP": "2"}})
@@ -119,12 +119,12 @@ def test_a_rank_that_exits_with_a_status_after_its_work_fails_the_run(tmp_path, 
 
 @pytest.mark.parametrize("sig, blamed", [
     (signal.SIGSTOP, "snnfw: error: rank 1 stopped answering (frozen, or stuck outside Python): the others waited "
-                     "parallel.timeout_s = 10 s for it, then it was killed; see the messages above"),
+                     "parallel.timeout_s = 5 s for it, then it was killed; see the messages above"),
     (signal.SIGKILL, "snnfw: error: rank 1 was killed by SIGKILL (the kernel's out-of-memory killer sends SIGKILL); "
                      "the other ranks stopped with it; see the messages above"),
 ], ids=["frozen", "killed"])
 def test_a_stopped_or_killed_rank_is_blamed_alone_and_ends_the_run_within_the_timeout(tmp_path, sig, blamed):
-    run = snnfw_train("--nproc", "2", "--run-dir", str(tmp_path), *overrides("train.steps=2000", "parallel.timeout_s=10"))
+    run = snnfw_train("--nproc", "2", "--run-dir", str(tmp_path), *overrides("train.steps=2000", "parallel.timeout_s=5"))
     metrics = tmp_path / rundir.METRICS
     while not metrics.exists() or len(metrics.read_text().splitlines()) < 2:
         assert run.poll() is None, run.stderr.read()
@@ -133,7 +133,7 @@ def test_a_stopped_or_killed_rank_is_blamed_alone_and_ends_the_run_within_the_ti
     os.kill(rundir.local_rank_pids(tmp_path)[1], sig)
     _, err = run.communicate(timeout=180)
     assert run.returncode == 1 and err.strip().splitlines()[-1] == blamed, err
-    assert time.monotonic() - started < 10 + GRACE_S + 15  # torch's agent alone waits 30 s more for a frozen rank
+    assert time.monotonic() - started < 5 + GRACE_S + 15  # torch's agent alone waits 30 s more for a frozen rank
 
 
 def test_a_done_marker_of_an_earlier_attempt_is_removed_when_a_rank_starts(tmp_path):
