@@ -1,5 +1,4 @@
-import sys
-
+from snnfw import fast_exit
 from snnfw.cli import main
 
-sys.exit(main())
+fast_exit.run(main)

@@ -18,11 +18,10 @@ import threading
 import time
 from pathlib import Path
 
-from snnfw import rundir
+from snnfw import fast_exit, rundir
 from snnfw.config import load_config
 from snnfw.errors import UserError, explain
 from snnfw.plugin.manager import Plugins
-from snnfw.run.loop import run_evaluation, run_training
 
 
 def _end_with_the_launcher() -> None:
@@ -49,6 +48,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--evaluate", metavar="WEIGHTS", help="score these weights on the test split instead of training")
     parser.add_argument("--predict", metavar="FILE", help="with --evaluate: write per-sample predictions (.jsonl)")
     args = parser.parse_args(argv)
+    from snnfw.run.loop import run_evaluation, run_training  # here: fast_exit.run must come before torch's import
+
     if "TORCHELASTIC_RUN_ID" in os.environ:  # started by snnfw train's or torchrun's launcher
         _end_with_the_launcher()
     run_dir = Path(args.run_dir)
@@ -98,8 +99,12 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-if __name__ == "__main__":
+def _interruptible() -> int:
     try:
-        sys.exit(main())
+        return main()
     except KeyboardInterrupt:  # the launcher forwards Ctrl-C to its ranks, and says how the run ended
-        sys.exit(130)
+        return 130
+
+
+if __name__ == "__main__":
+    fast_exit.run(_interruptible)
