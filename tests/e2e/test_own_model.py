@@ -183,11 +183,13 @@ def test_a_session_keeps_what_its_first_step_left_out_of_collections_and_gives_i
 
     import snnfw
 
+    assert gc.get_freeze_count() == 0
     with snnfw.start(own_config()) as run:
-        assert gc.get_freeze_count() == 0
+        before = gc.get_freeze_count()
+        assert before > 10_000, f"{before} objects alive before the session (torch's modules) left out of collections"
         run.step(0)
         frozen = gc.get_freeze_count()
-        assert frozen > 10_000, f"{frozen} objects frozen after the first step"
+        assert frozen > before, f"{frozen - before} objects the session built frozen after the first step"
         garbage = Cycle()
         gone = weakref.ref(garbage)
         del garbage
