@@ -177,19 +177,30 @@ class Cycle:
         self.me = self
 
 
-def test_a_session_keeps_what_its_first_step_left_out_of_collections_and_gives_it_back():
+@pytest.mark.parametrize("freeze_above", [None, 0], ids=["eager", "many-objects"])
+def test_a_session_keeps_what_was_alive_before_it_out_of_collections_and_frees_its_model(freeze_above, monkeypatch):
+    """Before the session, the caller's objects leave the collector's scans; after the first step, the objects it
+    left alive do too when there are many (compiled code; here any number, with ``FREEZE_ABOVE`` at 0). Garbage
+    the session makes is still collected, and closing it frees its model and gives every object back."""
     import gc
     import weakref
 
     import snnfw
+    from snnfw.run.session import Session
 
+    if freeze_above is not None:
+        monkeypatch.setattr(Session, "FREEZE_ABOVE", freeze_above)
     assert gc.get_freeze_count() == 0
     with snnfw.start(own_config()) as run:
         before = gc.get_freeze_count()
         assert before > 10_000, f"{before} objects alive before the session (torch's modules) left out of collections"
+        model = weakref.ref(run.model)
         run.step(0)
         frozen = gc.get_freeze_count()
-        assert frozen > before, f"{frozen - before} objects the session built frozen after the first step"
+        if freeze_above is None:
+            assert frozen <= before, f"{frozen - before} objects of an eager tiny session frozen after its first step"
+        else:
+            assert frozen > before, "the objects the first step left alive are frozen"
         garbage = Cycle()
         gone = weakref.ref(garbage)
         del garbage
@@ -197,4 +208,5 @@ def test_a_session_keeps_what_its_first_step_left_out_of_collections_and_gives_i
         assert gone() is None, "garbage made after the first step is still collected"
         run.step(1)
         assert gc.get_freeze_count() <= frozen, "only the first step freezes (frozen objects that die leave)"
+    assert model() is None, "closing the session frees its model"
     assert gc.get_freeze_count() == 0, "closing the session gives the frozen objects back to the collector"
