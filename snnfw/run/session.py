@@ -211,8 +211,8 @@ def start(
 def _scans_only_the_session() -> Iterator[None]:
     """What was alive before the session (modules, the caller's objects) stays out of the garbage collector's scans
     while it runs, so that its collections (after the first step, at the end) look only at what the session built:
-    for the tiny VGG 23 ms instead of 130-260 ms on a CPU core, most of it torch's modules. Everything is scanned
-    again afterwards."""
+    for the tiny VGG 23 ms instead of 130 ms in a bare process (470 ms in the test suite's), most of it torch's
+    modules. Everything is scanned again afterwards."""
     gc.collect(1)  # young garbage is not kept
     gc.freeze()
     try:
