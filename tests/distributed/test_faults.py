@@ -45,10 +45,10 @@ def snnfw_train(*args, env=None):
 
 def test_a_killed_rank_restarts_the_group_from_the_last_checkpoint(tmp_path):
     """Killed before step 5 and restarted from step 4, the run logs the uninterrupted run's losses bit for bit."""
-    settings = [*TINY, "train.steps=6", "checkpoint.every=2"]
-    run_on_ranks(load_config(QUICKSTART, settings), 2, tmp_path / "whole", timeout_s=240)  # uninterrupted
-    args = [arg for item in settings for arg in ("--set", item)]
-    run = snnfw_train("--nproc", "2", "--max-restarts", "1", "--run-dir", str(tmp_path / "killed"), *args,
+    settings = ("train.steps=6", "checkpoint.every=2")
+    run_on_ranks(load_config(QUICKSTART, [*TINY, *settings]), 2, tmp_path / "whole", timeout_s=240)  # uninterrupted
+    run = snnfw_train("--nproc", "2", "--max-restarts", "1", "--run-dir", str(tmp_path / "killed"),
+                      *overrides(*settings),
                       env={"SNNFW_TEST_CRASH_AT_STEP": "5"})
     _, err = run.communicate(timeout=240)
     assert run.returncode == 0, err
