@@ -133,6 +133,7 @@ def _augment(value: Any) -> tuple[str, ...]:
     return tuple(value)
 
 
+BAD_RECORDINGS = ("refuse", "skip")  # what a raw recording not as its publisher ships it stops: the run, or itself
 FRAMES_BY = ("count", "time")  # bins of equal event counts (SpikingJelly's split_by="number"), or of equal time
 
 
@@ -177,6 +178,7 @@ class DataConfig:
                                                   validator=v.optional([v.gt(0), _finite]))
     frames: Frames = attrs.field(factory=Frames, converter=_frames)  # raw event sets only
     cache: str | None = attrs.field(default=None, validator=v.optional(v.instance_of(str)))  # their frames' folder
+    bad_recordings: str = attrs.field(default="refuse", validator=v.in_(BAD_RECORDINGS))  # raw event sets only
 
 
 @attrs.frozen
