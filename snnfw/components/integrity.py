@@ -5,7 +5,7 @@ wrote, read back once written (in the background with ``checkpoint.async_save``)
 rank 0 adds ``.metadata``'s and writes them into ``meta.json`` (``digests``),
 which is sealed by the digest of its own content (``sealed``). Before a
 checkpoint is read, :func:`verify` checks ``meta.json``, that the folder holds
-exactly the files it lists, and each file's digest. A checkpoint written
+the files it lists and no other ``.distcp`` file, and each file's digest. A checkpoint written
 without digests is checked as far as DCP's own ``.metadata`` allows (every
 file it names there and long enough, none besides) and read with a note.
 """
@@ -101,7 +101,7 @@ def _check_sealed(folder: Path, meta: dict) -> None:
     if folder.name[len(STEP):].isdigit() and meta.get("step") != checkpoint_step(folder):
         raise Damaged(folder, f"{where} is step {meta.get('step')}'s, not this folder's (moved from another checkpoint)")
     listed = meta[DIGESTS]
-    present = {p.name for p in folder.iterdir()} - {STEP_META}
+    present = {p.name for p in folder.glob("*.distcp")} | ({".metadata"} & {p.name for p in folder.iterdir()})
     for name in sorted(listed.keys() - present):
         raise Damaged(folder, f"{folder / name} is missing")
     for name in sorted(present - listed.keys()):
