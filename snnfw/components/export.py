@@ -116,7 +116,7 @@ def export(source: str | Path, out: str | Path) -> Exported:
     try:
         with written_whole(out) as temp:
             write(state, temp)
-            digest = integrity.file_digest(temp)
+            digest = integrity.file_digest(temp, "sha256").partition(":")[2]
         write_text(digest_of(out), f"{digest}  {out.name}\n")
     except OSError as err:  # a full disk, a quota: what check_writable's probe cannot see
         raise CheckpointError(f"--out {out} could not be written ({err.strerror}); free space, or name another "
@@ -137,6 +137,6 @@ def check_digest(path: Path) -> None:
     if not recorded.is_file():
         return
     expected = recorded.read_text(errors="replace").split()[:1]
-    if expected != [integrity.file_digest(path)]:
+    if expected != [integrity.file_digest(path, "sha256").partition(":")[2]]:
         raise CheckpointError(f"{path} does not match the SHA-256 in {recorded} (corrupt or cut); export it again, or "
                               "restore it from a copy")

