@@ -18,10 +18,10 @@ a checkpoint is whole or absent. With ``checkpoint.async_save`` the state is
 staged to CPU and written in the background while training goes on; it is
 renamed when the next save begins or the run ends, and a run that dies before
 leaves the previous checkpoint. ``meta.json`` records each file's digest
-(:mod:`snnfw.components.integrity`), checked before a checkpoint is read; resuming
-passes over a damaged newest checkpoint, with a note. Loading runs no code from the files: DCP's
-metadata is unpickled through an allowlist and its other values through
-``torch.load(weights_only=True)``.
+(:mod:`snnfw.components.integrity`), checked before a checkpoint is read;
+resuming passes over a damaged newest checkpoint, with a note. Loading runs no
+code from the files: DCP's metadata is unpickled through an allowlist and its
+other values through ``torch.load(weights_only=True)``.
 """
 
 from __future__ import annotations
@@ -57,9 +57,9 @@ from snnfw.rundir import (
     STEP_META,
     TEMP,
     complete_checkpoints,
-    write_text,
     earlier_checkpoints,
     remove_whole,
+    write_text,
 )
 
 FIXED = (  # what a resumed run must share: the model, the optimizer and what fixes the data order

@@ -81,8 +81,12 @@ class Damaged(CheckpointError):
                          "an earlier checkpoint")
 
 
+def _numbered(folder: Path) -> bool:
+    return folder.name.startswith(STEP) and folder.name[len(STEP):].isdigit()
+
+
 def _step(folder: Path) -> str:
-    return f"checkpoint step {checkpoint_step(folder)}" if folder.name[len(STEP):].isdigit() else f"checkpoint {folder}"
+    return f"checkpoint step {checkpoint_step(folder)}" if _numbered(folder) else f"checkpoint {folder}"
 
 
 def verify(folder: Path) -> dict:
@@ -93,7 +97,7 @@ def verify(folder: Path) -> dict:
         meta = json.loads(where.read_bytes())
     except FileNotFoundError:
         raise Damaged(folder, f"{where} is missing") from None
-    except (OSError, ValueError) as err:
+    except (OSError, ValueError, RecursionError) as err:
         raise Damaged(folder, f"{where} cannot be read ({type(err).__name__}: cut or corrupt)") from None
     if not isinstance(meta, dict):
         raise Damaged(folder, f"{where} is not a snnfw checkpoint's record")
@@ -108,7 +112,7 @@ def _check_sealed(folder: Path, meta: dict) -> None:
     where, body = folder / STEP_META, {k: v for k, v in meta.items() if k != SEALED}
     if meta.get(SEALED) != seal_of(body) or not isinstance(meta.get(DIGESTS), dict):
         raise Damaged(folder, f"{where} does not match its seal (corrupt)")
-    if folder.name[len(STEP):].isdigit() and meta.get("step") != checkpoint_step(folder):
+    if _numbered(folder) and meta.get("step") != checkpoint_step(folder):
         raise Damaged(folder, f"{where} is step {meta.get('step')}'s, not this folder's (moved from another checkpoint)")
     listed = meta[DIGESTS]
     present = {p.name for p in folder.glob("*.distcp")} | ({".metadata"} & {p.name for p in folder.iterdir()})
@@ -132,7 +136,7 @@ def _check_unsealed(folder: Path, meta: dict) -> None:
     where = folder / STEP_META
     if not meta.keys() <= UNSEALED_KEYS or not isinstance(meta.get("step"), int) or not isinstance(meta.get("fixed"), dict):
         raise Damaged(folder, f"{where} is not a snnfw checkpoint's record (foreign or corrupt)")
-    if folder.name[len(STEP):].isdigit() and meta["step"] != checkpoint_step(folder):
+    if _numbered(folder) and meta["step"] != checkpoint_step(folder):
         raise Damaged(folder, f"{where} is step {meta['step']}'s, not this folder's (moved from another checkpoint)")
     try:
         metadata = metadata_of(folder)
