@@ -116,17 +116,21 @@ def _check_sealed(folder: Path, meta: dict) -> None:
         raise Damaged(folder, f"{where} is step {meta.get('step')}'s, not this folder's (moved from another checkpoint)")
     listed = meta[DIGESTS]
     present = {p.name for p in folder.glob("*.distcp")} | ({".metadata"} & {p.name for p in folder.iterdir()})
-    for name in sorted(listed.keys() - present):
-        raise Damaged(folder, f"{folder / name} is missing")
-    for name in sorted(present - listed.keys()):
-        raise Damaged(folder, f"{folder / name} is not one of the files it was written with")
-    for name, digest in sorted(listed.items()):
-        algorithm = str(digest).partition(":")[0]
-        if algorithm not in ALGORITHMS:
-            raise Damaged(folder, f"{where} records a digest of {name} by {algorithm!r}, which this snnfw does not know")
-        if file_digest(folder / name, algorithm) != digest:
-            raise Damaged(folder, f"{folder / name} does not match the digest recorded when it was written (corrupt "
-                                  "or cut)")
+    missing, extra = sorted(listed.keys() - present), sorted(present - listed.keys())
+    if missing:
+        raise Damaged(folder, f"{folder / missing[0]} is missing")
+    if extra:
+        raise Damaged(folder, f"{folder / extra[0]} is not one of the files it was written with")
+    algorithms = {name: str(digest).partition(":")[0] for name, digest in listed.items()}
+    unknown = sorted(set(algorithms.values()) - set(ALGORITHMS))
+    if unknown:
+        raise Damaged(folder, f"{where} records digests by {unknown[0]!r}, which this snnfw does not know")
+    differ = [name for name in sorted(listed) if file_digest(folder / name, algorithms[name]) != listed[name]]
+    if len(listed) > 1 and len(differ) == len(listed):
+        raise Damaged(folder, f"{where} records the digests of other files than these (it is another checkpoint's)")
+    if differ:
+        raise Damaged(folder, f"{folder / differ[0]} does not match the digest recorded when it was written (corrupt "
+                              "or cut)")
 
 
 def _check_unsealed(folder: Path, meta: dict) -> None:

@@ -56,6 +56,14 @@ def flip_parameter(folder: Path, name: str = PARAMETER) -> None:
     path.write_bytes(bytes(data))
 
 
+def other_files(folder: Path) -> None:
+    """Gives step 2 a sealed meta.json of its step that records step 1's files."""
+    meta = json.loads((folder.parent / "step-1" / "meta.json").read_text())
+    del meta[integrity.SEALED]
+    meta["step"] = 2
+    (folder / "meta.json").write_text(json.dumps({**meta, integrity.SEALED: integrity.seal_of(meta)}))
+
+
 def cut(path: Path, keep: float = 0.5) -> None:
     path.write_bytes(path.read_bytes()[: int(path.stat().st_size * keep)])
 
@@ -65,6 +73,7 @@ BREAKS = {  # how step 2 is broken, and the file its refusal names
     "corrupt meta.json": (lambda f: (f / "meta.json").write_text('{"step": 2, "loss": '), "meta.json"),
     "missing meta.json": (lambda f: (f / "meta.json").unlink(), "meta.json"),
     "foreign meta.json": (lambda f: shutil.copy(f.parent / "step-1" / "meta.json", f / "meta.json"), "meta.json"),
+    "meta.json of other files": (lambda f: other_files(f), "meta.json"),
     "cut .distcp": (lambda f: cut(f / "__0_0.distcp"), "__0_0.distcp"),
     "missing .distcp": (lambda f: (f / "__0_0.distcp").unlink(), "__0_0.distcp"),
     "extra .distcp": (lambda f: shutil.copy(f / "__0_0.distcp", f / "__1_0.distcp"), "__1_0.distcp"),
