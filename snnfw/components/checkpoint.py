@@ -104,6 +104,12 @@ def _failed(err: dcp.CheckpointException) -> str:
                      for rank, trace in sorted(err.failures.items()))
 
 
+def _unreadable(path: Path, err: Exception) -> CheckpointError:
+    """The refusal of checkpoint ``path``, which the allowlist or DCP could not read."""
+    why = _failed(err) if isinstance(err, dcp.CheckpointException) else str(err)
+    return CheckpointError(f"checkpoint {path} cannot be read ({why}); restore it from a copy")
+
+
 class _SafePlanner(DefaultLoadPlanner):
     """Loads a flat state dict, reading non-tensor values with ``weights_only=True``."""
 
@@ -201,10 +207,8 @@ def read(path: Path, wanted: Callable[[tuple], bool] | None = None) -> dict:
         }
         with _quiet():
             dcp.load(flat, storage_reader=reader, planner=_SafePlanner())
-    except (OSError, pickle.UnpicklingError) as err:
-        raise CheckpointError(f"checkpoint {path} cannot be read: {err}") from None
-    except dcp.CheckpointException as err:
-        raise CheckpointError(f"checkpoint {path} cannot be read ({_failed(err)}); restore it from a copy") from None
+    except (OSError, pickle.UnpicklingError, dcp.CheckpointException) as err:
+        raise _unreadable(path, err) from None
     return _nest(flat, paths)
 
 
@@ -351,8 +355,8 @@ class Checkpoints:
                 pending.written.result()
             except dcp.CheckpointException as err:
                 raise CheckpointError(
-                    f"the background write of {pending.final} failed ({_failed(err)}); the checkpoints before it are kept, "
-                    "and --resume continues from the newest"
+                    f"the background write of {pending.final} failed ({_failed(err)}); the checkpoints before it are "
+                    "kept, and --resume continues from the newest"
                 ) from None
         barrier()
         if self.rank == 0:
@@ -386,10 +390,8 @@ class Checkpoints:
             _check_fits(path, reader.read_metadata(), wanted)
             with _quiet():
                 dcp.load(wanted, storage_reader=reader, planner=_HeldLoadPlanner())
-        except (OSError, pickle.UnpicklingError) as err:
-            raise CheckpointError(f"checkpoint {path} cannot be read: {err}") from None
-        except dcp.CheckpointException as err:
-            raise CheckpointError(f"checkpoint {path} cannot be read ({_failed(err)}); restore it from a copy") from None
+        except (OSError, pickle.UnpicklingError, dcp.CheckpointException) as err:
+            raise _unreadable(path, err) from None
         configured = [{k: v for k, v in group.items() if k != "params"} for group in trainer.optimizer.param_groups]
         trainer.plugins.load_state_dict(trainer.model, trainer.optimizer, trainer.plan, held)
         for group, settings in zip(trainer.optimizer.param_groups, configured):

@@ -113,7 +113,8 @@ def _check_sealed(folder: Path, meta: dict) -> None:
     if meta.get(SEALED) != seal_of(body) or not isinstance(meta.get(DIGESTS), dict):
         raise Damaged(folder, f"{where} does not match its seal (corrupt)")
     if _numbered(folder) and meta.get("step") != checkpoint_step(folder):
-        raise Damaged(folder, f"{where} is step {meta.get('step')}'s, not this folder's (moved from another checkpoint)")
+        raise Damaged(folder, f"{where} is step {meta.get('step')}'s, not this folder's (moved from another "
+                              "checkpoint)")
     listed = meta[DIGESTS]
     present = {p.name for p in folder.glob("*.distcp")} | ({".metadata"} & {p.name for p in folder.iterdir()})
     missing, extra = sorted(listed.keys() - present), sorted(present - listed.keys())
@@ -138,7 +139,7 @@ def _check_unsealed(folder: Path, meta: dict) -> None:
     from snnfw.components.checkpoint import metadata_of
 
     where = folder / STEP_META
-    if not meta.keys() <= UNSEALED_KEYS or not isinstance(meta.get("step"), int) or not isinstance(meta.get("fixed"), dict):
+    if not (meta.keys() <= UNSEALED_KEYS and isinstance(meta.get("step"), int) and isinstance(meta.get("fixed"), dict)):
         raise Damaged(folder, f"{where} is not a snnfw checkpoint's record (foreign or corrupt)")
     if _numbered(folder) and meta["step"] != checkpoint_step(folder):
         raise Damaged(folder, f"{where} is step {meta['step']}'s, not this folder's (moved from another checkpoint)")

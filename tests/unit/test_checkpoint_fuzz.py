@@ -53,7 +53,8 @@ def _mutate(folder: Path, files: dict[str, bytes], rng: random.Random) -> str:
 
 def _same(read, expected) -> bool:
     if isinstance(expected, dict):
-        return isinstance(read, dict) and read.keys() == expected.keys() and all(_same(read[k], v) for k, v in expected.items())
+        return isinstance(read, dict) and read.keys() == expected.keys() and all(_same(read[k], expected[k])
+                                                                                  for k in expected)
     if isinstance(expected, list):
         return isinstance(read, list) and len(read) == len(expected) and all(map(_same, read, expected))
     if torch.is_tensor(expected):
