@@ -26,7 +26,7 @@ from pathlib import Path
 from torch.distributed.checkpoint import FileSystemWriter
 
 from snnfw.errors import CheckpointError
-from snnfw.rundir import STEP, STEP_META, TEMP, checkpoint_step
+from snnfw.rundir import LAUNCHED, STEP, STEP_META, TEMP, checkpoint_step
 
 DIGESTS = "digests"  # in meta.json: {file name: "crc32:HEX"}
 ALGORITHMS = ("crc32", "sha256")
@@ -200,7 +200,5 @@ def newest_whole(root: Path, say=None) -> tuple[Path, dict] | None:
 
 def note(text: str) -> None:
     """A note on stderr from the process the user started: not again from the ranks that ``snnfw`` launched."""
-    from snnfw.rundir import LAUNCHED
-
     if not os.environ.get(LAUNCHED) and os.environ.get("RANK", "0") == "0":
         print(f"[snnfw] note: {text}", file=sys.stderr, flush=True)
