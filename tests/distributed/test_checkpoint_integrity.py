@@ -90,7 +90,8 @@ def one_line(text: str) -> str:
 @pytest.mark.parametrize("broken", BREAKS)
 def test_a_broken_checkpoint_is_refused_by_name_and_the_newest_whole_one_used_instead(run_dir, tmp_path, capsys,
                                                                                         broken):
-    """Exporting the broken step is refused in one line naming its file; exporting or resuming the run directory
+    """Exporting or evaluating the broken step is refused in one line naming its file; exporting or resuming the run
+    directory
     (the newest checkpoint) uses step 1, saying in one line why; with no whole one left, resuming is refused."""
     damage, file = BREAKS[broken]
     folder = run_dir / "checkpoints" / "step-2"
@@ -101,6 +102,8 @@ def test_a_broken_checkpoint_is_refused_by_name_and_the_newest_whole_one_used_in
     assert stdout == "" and not out.exists()
     assert one_line(stderr).startswith(f"snnfw: error: checkpoint step 2 is damaged: {folder / file} ")
     assert f"remove {folder} to use an earlier checkpoint" in stderr
+    with pytest.raises(CheckpointError, match=rf"^checkpoint step 2 is damaged: {folder / file} "):
+        read_weights(folder)  # what snnfw eval and predict read, before launch and on every rank
 
     assert main(["export", str(run_dir), "--out", str(out)]) == 0
     stdout, stderr = capsys.readouterr()
