@@ -91,8 +91,8 @@ def one_line(text: str) -> str:
 def test_a_broken_checkpoint_is_refused_by_name_and_the_newest_whole_one_used_instead(run_dir, tmp_path, capsys,
                                                                                         broken):
     """Exporting or evaluating the broken step is refused in one line naming its file; exporting or resuming the run
-    directory
-    (the newest checkpoint) uses step 1, saying in one line why; with no whole one left, resuming is refused."""
+    directory (the newest checkpoint) uses step 1, saying in one line why; with no whole one left, resuming is
+    refused."""
     damage, file = BREAKS[broken]
     folder = run_dir / "checkpoints" / "step-2"
     damage(folder)
