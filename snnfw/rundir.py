@@ -65,6 +65,12 @@ def check_run_dir(run_dir: Path, resume: bool, overwrite: bool) -> None:
     """Refuses to resume where there is no checkpoint, and to start over an earlier run unless ``overwrite``."""
     done = complete_checkpoints(run_dir / CHECKPOINTS)
     if resume:
+        steps = sorted((p for p in (run_dir / CHECKPOINTS).glob(f"{STEP}*") if p.name[len(STEP):].isdigit()),
+                       key=checkpoint_step)
+        if not done and steps:
+            raise CheckpointError(f"{steps[-1] / STEP_META} is missing, so {steps[-1]} is not a whole checkpoint, and "
+                                  f"{run_dir / CHECKPOINTS} holds no other; restore it from a copy, or start over "
+                                  "with --overwrite")
         if not done:
             raise CheckpointError(f"--resume continues from a checkpoint, and {run_dir / CHECKPOINTS} holds none; "
                                   "start without --resume (or with --overwrite over an earlier run)")

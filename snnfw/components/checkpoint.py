@@ -17,9 +17,11 @@ Every rank writes into ``.tmp-step-N``; after a barrier rank 0 renames it, so
 a checkpoint is whole or absent. With ``checkpoint.async_save`` the state is
 staged to CPU and written in the background while training goes on; it is
 renamed when the next save begins or the run ends, and a run that dies before
-leaves the previous checkpoint. Loading runs no code from the files: DCP's
-metadata is unpickled through an allowlist and its other values through
-``torch.load(weights_only=True)``.
+leaves the previous checkpoint. ``meta.json`` records each file's digest
+(:mod:`snnfw.components.integrity`), checked before a checkpoint is read;
+resuming passes over a damaged newest checkpoint, with a note. Loading runs no
+code from the files: DCP's metadata is unpickled through an allowlist and its
+other values through ``torch.load(weights_only=True)``.
 """
 
 from __future__ import annotations
@@ -38,12 +40,13 @@ from typing import Callable
 import attrs
 import torch
 import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint import DefaultLoadPlanner, DefaultSavePlanner, FileSystemReader, FileSystemWriter
+from torch.distributed.checkpoint import DefaultLoadPlanner, DefaultSavePlanner, FileSystemReader
 from torch.distributed.checkpoint._nested_dict import flatten_state_dict
 from torch.distributed.checkpoint._traverse import set_element
 from torch.distributed.checkpoint.metadata import StorageMeta, TensorStorageMetadata
 from torch.distributed.checkpoint.staging import AsyncStager
 
+from snnfw.components import integrity
 from snnfw.components.optim import resume_scheduler
 from snnfw.distributed.chunks import Chunked, leaves, whole_shape
 from snnfw.distributed.collectives import barrier
@@ -56,6 +59,7 @@ from snnfw.rundir import (
     complete_checkpoints,
     earlier_checkpoints,
     remove_whole,
+    write_text,
 )
 
 FIXED = (  # what a resumed run must share: the model, the optimizer and what fixes the data order
@@ -87,6 +91,23 @@ class _SafeReader(FileSystemReader):
         metadata.storage_meta = metadata.storage_meta or StorageMeta()
         metadata.storage_meta.load_id = self.load_id
         return metadata
+
+
+def metadata_of(path: Path):
+    """DCP's ``.metadata`` of checkpoint ``path``, unpickled through the allowlist."""
+    return _SafeReader(path).read_metadata()
+
+
+def _failed(err: dcp.CheckpointException) -> str:
+    """What DCP's exception says of each rank that failed, one line each (its traceback's last)."""
+    return "; ".join(f"rank {rank}: {(str(trace).strip().splitlines() or ['failed'])[-1]}"
+                     for rank, trace in sorted(err.failures.items()))
+
+
+def _unreadable(path: Path, err: Exception) -> CheckpointError:
+    """The refusal of checkpoint ``path``, which the allowlist or DCP could not read."""
+    why = _failed(err) if isinstance(err, dcp.CheckpointException) else str(err)
+    return CheckpointError(f"checkpoint {path} cannot be read ({why}); restore it from a copy")
 
 
 class _SafePlanner(DefaultLoadPlanner):
@@ -187,7 +208,7 @@ def read(path: Path, wanted: Callable[[tuple], bool] | None = None) -> dict:
         with _quiet():
             dcp.load(flat, storage_reader=reader, planner=_SafePlanner())
     except (OSError, pickle.UnpicklingError, dcp.CheckpointException) as err:
-        raise CheckpointError(f"checkpoint {path} cannot be read: {err}") from None
+        raise _unreadable(path, err) from None
     return _nest(flat, paths)
 
 
@@ -267,16 +288,25 @@ class Checkpoints:
         return DivergedError(f"step {step}: the loss is {loss}; training stopped, {kept}")
 
     def begin(self, trainer, resume: bool) -> dict:
-        """Loads the newest checkpoint when resuming; returns its meta (step 0 when starting afresh)."""
+        """Loads the newest whole checkpoint when resuming (newer damaged ones passed over with a note); returns its
+        meta (step 0 when starting afresh)."""
         done = self.complete()
         if done and not resume:
             raise earlier_checkpoints(self.root, done[-1])
-        if not done:
+        found = integrity.newest_whole(self.root, self._note) if resume and self.root is not None else None
+        if found is None:
             return {"step": 0, "loss": None}
-        meta = self.load(trainer, done[-1])
+        path, meta = found
+        if integrity.DIGESTS not in meta:
+            self._note(integrity.unsealed_note(path))
+        self.load(trainer, path, meta)
         if self.rank == 0:
-            print(f"[snnfw] resuming after step {meta['step']} from {done[-1]}", file=sys.stderr, flush=True)
+            print(f"[snnfw] resuming after step {meta['step']} from {path}", file=sys.stderr, flush=True)
         return meta
+
+    def _note(self, text: str) -> None:
+        if self.rank == 0:
+            print(f"[snnfw] note: {text}", file=sys.stderr, flush=True)
 
     def save(self, trainer, step: int, loss: float) -> None:
         """Writes ``step-N``: every rank its part into a temporary folder, renamed by rank 0 when all are written
@@ -298,7 +328,7 @@ class Checkpoints:
         state = {**state, "scheduler": trainer.scheduler.state_dict(), "rng": {f"rank{self.rank}": _rng_state()}}
         meta = {"step": step, "loss": loss, "fixed": _fixed(self.config), "strategy": trainer.plan.strategy,
                 "world_size": trainer.plan.world_size, "loss_scale": trainer.run.loss_scale.state_dict()}
-        writer, planner = FileSystemWriter(temp), _HeldSavePlanner()
+        writer, planner = integrity.DigestingWriter(temp), _HeldSavePlanner()
         if self.config.checkpoint.async_save:
             with _quiet():
                 written = dcp.async_save(state, storage_writer=writer, planner=planner, async_stager=_CpuStager(),
@@ -324,26 +354,25 @@ class Checkpoints:
             try:
                 pending.written.result()
             except dcp.CheckpointException as err:
-                failed = {rank: str(trace).strip().splitlines()[-1] for rank, trace in err.failures.items()}
                 raise CheckpointError(
-                    f"the background write of {pending.final} failed ({failed}); the checkpoints before it are kept, "
-                    "and --resume continues from the newest"
+                    f"the background write of {pending.final} failed ({_failed(err)}); the checkpoints before it are "
+                    "kept, and --resume continues from the newest"
                 ) from None
         barrier()
         if self.rank == 0:
-            (pending.temp / STEP_META).write_text(json.dumps(pending.meta) + "\n")
+            write_text(pending.temp / STEP_META, json.dumps(integrity.seal(pending.temp, pending.meta)) + "\n")
             remove_whole(pending.final)
             pending.temp.rename(pending.final)
             for old in self.complete()[: -self.config.checkpoint.keep]:
                 remove_whole(old)
         barrier()
 
-    def load(self, trainer, path: Path) -> dict:
+    def load(self, trainer, path: Path, meta: dict) -> None:
         """Restores model, optimizer (with the config's hyperparameters), the learning-rate scheduler at its step
-        (on the curve of the config's ``train.lr``) and this rank's RNG from ``path``; returns its meta.
+        (on the curve of the config's ``train.lr``) and this rank's RNG from checkpoint ``path`` (checked whole,
+        with ``meta`` its ``meta.json``).
 
         Each rank reads only what it holds under its strategy (``snnfw_state_dict`` gives the shapes)."""
-        meta = json.loads((path / STEP_META).read_text())
         mine = _fixed(self.config)
         changed = [
             f"{key} is {value!r} in the checkpoint and {mine[key]!r} in the config"
@@ -362,7 +391,7 @@ class Checkpoints:
             with _quiet():
                 dcp.load(wanted, storage_reader=reader, planner=_HeldLoadPlanner())
         except (OSError, pickle.UnpicklingError, dcp.CheckpointException) as err:
-            raise CheckpointError(f"checkpoint {path} cannot be read: {err}") from None
+            raise _unreadable(path, err) from None
         configured = [{k: v for k, v in group.items() if k != "params"} for group in trainer.optimizer.param_groups]
         trainer.plugins.load_state_dict(trainer.model, trainer.optimizer, trainer.plan, held)
         for group, settings in zip(trainer.optimizer.param_groups, configured):
@@ -377,7 +406,6 @@ class Checkpoints:
             torch.set_rng_state(rng["cpu"])
         if "cuda" in rng and torch.cuda.is_available():
             torch.cuda.set_rng_state(rng["cuda"])
-        return meta
 
 
 def _check_fits(path: Path, metadata, wanted: dict) -> None:

@@ -19,7 +19,8 @@ def read_weights(source: str | Path) -> dict[str, torch.Tensor]:
     if source.is_dir() and (source / FINAL_MODEL).is_file():
         source = source / FINAL_MODEL
     if not source.is_file():
-        return export.model_state(export.find(source))[0]
+        return export.model_state(export.find(source)[0])[0]
+    export.check_digest(source)
     try:
         if source.name.endswith(export.SAFETENSORS):
             from safetensors.torch import load_file

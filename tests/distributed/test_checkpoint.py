@@ -10,6 +10,7 @@ import pytest
 import torch
 
 import snnfw.components.checkpoint
+from snnfw.components import integrity
 from snnfw.config import CheckpointConfig
 from snnfw.errors import CheckpointError
 from snnfw.run.loop import run_training
@@ -129,7 +130,14 @@ def test_loading_runs_no_code_from_the_checkpoint(tmp_path):
         def __reduce__(self):
             return (shutil.copy, (str(tmp_path / "metrics.jsonl"), str(marker)))
 
-    (tmp_path / "checkpoints" / "step-1" / ".metadata").write_bytes(pickle.dumps(Exploit()))
+    folder = tmp_path / "checkpoints" / "step-1"
+    (folder / ".metadata").write_bytes(pickle.dumps(Exploit()))
+    with pytest.raises(CheckpointError, match=r"\.metadata does not match the digest"):
+        run_training(config(steps=2, every=1), tmp_path, resume=True)
+    meta = json.loads((folder / "meta.json").read_text())  # sealed anew, as whoever wrote .metadata could
+    meta["digests"][".metadata"] = integrity.file_digest(folder / ".metadata")
+    meta.pop("sealed")
+    (folder / "meta.json").write_text(json.dumps({**meta, "sealed": integrity.seal_of(meta)}))
     with pytest.raises(CheckpointError, match="shutil.copy, which is not allowed"):
         run_training(config(steps=2, every=1), tmp_path, resume=True)
     assert not marker.exists()
@@ -221,14 +229,14 @@ def test_an_async_checkpoint_resumes_bit_for_bit_in_float64(tmp_path):
 
 
 def test_a_crash_during_a_background_write_leaves_the_previous_checkpoint(tmp_path, reference, monkeypatch):
-    write = snnfw.components.checkpoint.FileSystemWriter.write_data
+    write = integrity.FileSystemWriter.write_data
 
     def crash_on_step_2(self, plan, planner):
         if self.path.name.endswith("step-2"):
             raise Killed
         return write(self, plan, planner)
 
-    monkeypatch.setattr(snnfw.components.checkpoint.FileSystemWriter, "write_data", crash_on_step_2)
+    monkeypatch.setattr(integrity.FileSystemWriter, "write_data", crash_on_step_2)
     background = {"every": 1, "async_save": True}
     with pytest.raises(CheckpointError, match="background write of .*step-2 failed .*Killed.* checkpoints before it are kept"):
         run_training(config(steps=3, microbatches=2, checkpoint=background), tmp_path)
