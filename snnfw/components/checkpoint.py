@@ -308,9 +308,12 @@ class Checkpoints:
         if self.rank == 0:
             print(f"[snnfw] note: {text}", file=sys.stderr, flush=True)
 
-    def save(self, trainer, step: int, loss: float) -> None:
+    def save(self, trainer, step: int, loss: float, before_rename: Callable[[], None] = lambda: None) -> None:
         """Writes ``step-N``: every rank its part into a temporary folder, renamed by rank 0 when all are written
-        (at once, or with ``checkpoint.async_save`` at the next save or :meth:`finish`); prunes old ones."""
+        (at once, or with ``checkpoint.async_save`` at the next save or :meth:`finish`); prunes old ones.
+
+        ``before_rename`` runs once the files are written (or handed to the background writer), before the
+        checkpoint can be found: what must be on disk before a resume can start from it (the step's metrics)."""
         self.finish()
         final, temp = self.root / f"{STEP}{step}", self.root / f"{TEMP}{STEP}{step}"
         if self.rank == 0:
@@ -334,10 +337,12 @@ class Checkpoints:
                 written = dcp.async_save(state, storage_writer=writer, planner=planner, async_stager=_CpuStager(),
                                          process_group=self._background_group())
             self.pending = _Pending(written, temp, final, meta)
+            before_rename()
             return
         with _quiet():
             dcp.save(state, storage_writer=writer, planner=planner)
         self.pending = _Pending(None, temp, final, meta)
+        before_rename()
         self.finish()
 
     def _background_group(self):

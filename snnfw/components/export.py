@@ -21,7 +21,8 @@ import torch
 from snnfw.components import checkpoint as ckpt
 from snnfw.components import integrity
 from snnfw.errors import CheckpointError
-from snnfw.rundir import CHECKPOINTS, STEP, STEP_META, TEMP, check_writable, write_text, written_whole
+from snnfw.rundir import (BEST_MODEL, CHECKPOINTS, FINAL_MODEL, STEP, STEP_META, TEMP, check_writable, write_text,
+                          written_whole)
 
 SAFETENSORS = ".safetensors"
 DIGEST = ".sha256"  # beside an export: its SHA-256 and name, as sha256sum writes them
@@ -63,9 +64,11 @@ def find(source: str | Path) -> tuple[Path, dict]:
         root = source if source.name == CHECKPOINTS else source / CHECKPOINTS
         found = integrity.newest_whole(root, integrity.note)
         if found is None:
+            plain = [name for name in (FINAL_MODEL, BEST_MODEL) if (source / name).is_file()]
             raise CheckpointError(
                 f"{source} holds no complete checkpoint: looked for {root}/{STEP}K folders with {STEP_META} "
                 "(written with checkpoint.every = N and --run-dir)"
+                + (f"; its {' and '.join(plain)} are plain state dicts already, to load as they are" if plain else "")
             )
     if integrity.DIGESTS not in found[1]:
         integrity.note(integrity.unsealed_note(found[0]))

@@ -165,10 +165,13 @@ class Session:
 
             raise CheckpointError("Session.save writes into the run directory; pass run_dir to snnfw.start")
         started = time.perf_counter()
-        self.checkpoints.save(self.trainer, step, loss)
-        if self.pending is not None and self.pending["step"] == step:
-            self.pending[CHECKPOINT_MS] = (time.perf_counter() - started) * 1e3  # how long the save held training up
-        self.write_record()
+
+        def record_the_step() -> None:  # before the checkpoint is renamed into place, so a resume finds its record
+            if self.pending is not None and self.pending["step"] == step:
+                self.pending[CHECKPOINT_MS] = (time.perf_counter() - started) * 1e3  # how long the save held training up
+            self.write_record()
+
+        self.checkpoints.save(self.trainer, step, loss, before_rename=record_the_step)
 
     def write_record(self) -> None:
         """Writes the last step's record to the metrics (with a run directory, a progress line on rank 0 every

@@ -154,3 +154,11 @@ def test_the_families_state_maps_onto_spikingjelly_zoo_classes():
     CIFAR10DVSVGG().load_state_dict({k.replace("classifier.0.", "classifier.1."): v for k, v in vgg.items()}, strict=True)
     former = build_model(build_config({"model": {"family": "spikformer", "flavor": "tiny"}}), Plugins())[0].state_dict()
     Spikformer(**TINY).load_state_dict({k.removeprefix("net."): v for k, v in former.items()}, strict=True)
+
+
+def test_a_finished_run_without_checkpoints_is_told_its_models_are_plain_state_dicts(tmp_path, capsys):
+    torch.save({"w": torch.zeros(1)}, tmp_path / "final_model.pt")
+    torch.save({"w": torch.zeros(1)}, tmp_path / "best_model.pt")
+    assert main(["export", str(tmp_path), "--out", str(tmp_path / "x.pt")]) == 2
+    assert capsys.readouterr().err.rstrip().endswith(
+        "; its final_model.pt and best_model.pt are plain state dicts already, to load as they are")
