@@ -44,3 +44,25 @@ def explain(err: BaseException) -> str:
 def keys_phrase(keys: list[str]) -> tuple[str, str]:
     """A refusal's subject and pronoun: ``("a.b is", "it")`` or ``("a.b, c.d are", "them")``."""
     return (f"{keys[0]} is", "it") if len(keys) == 1 else (f"{', '.join(keys)} are", "them")
+
+
+def user_line(err: BaseException) -> str:
+    """``"FILE, line N, in NAME"`` for the deepest frame of ``err``'s traceback in the user's own code (outside
+    Python's library, installed packages and snnfw with its plugins), or ``""`` where no frame is."""
+    import importlib.util
+    import sysconfig
+    import traceback
+    from pathlib import Path
+
+    roots = {Path(sysconfig.get_paths()[key]).resolve() for key in ("stdlib", "platstdlib", "purelib", "platlib")}
+    roots.add(Path(__file__).resolve().parent)
+    plugins = importlib.util.find_spec("snnfw_plugins")
+    folders = (plugins.submodule_search_locations or []) if plugins else []
+    roots.update(Path(folder).resolve() for folder in folders)
+    for frame in reversed(traceback.extract_tb(err.__traceback__)):
+        path = Path(frame.filename).resolve()
+        if frame.filename.startswith("<") or any(path.is_relative_to(root) for root in roots):
+            continue
+        shown = path.relative_to(Path.cwd()) if path.is_relative_to(Path.cwd()) else path
+        return f"{shown}, line {frame.lineno}, in {frame.name}"
+    return ""

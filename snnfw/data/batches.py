@@ -92,6 +92,25 @@ def check_samples(dataset: Dataset, spec: InputSpec, split: str) -> None:
         )
 
 
+LABEL_SAMPLE = 8  # how many items, spread over a data set of the user's own, have their labels checked
+
+
+def check_labels(dataset: Dataset, classes: int, split: str) -> None:
+    """Refuses labels that are no integer class index below ``classes``, in a sample of ``dataset``'s items."""
+    import operator
+
+    for index in sorted({round(i * (len(dataset) - 1) / (LABEL_SAMPLE - 1)) for i in range(LABEL_SAMPLE)}):
+        label = dataset[index][1]
+        try:
+            value = operator.index(label)  # an int, a NumPy or 0-dim torch integer
+        except TypeError:
+            raise ConfigError(f"item {index} of the {split} data set has label {label!r} ({type(label).__name__}); "
+                              "labels are integer class indices: return int(label)") from None
+        if not 0 <= value < classes:
+            raise ConfigError(f"item {index} of the {split} data set has label {value}, outside the model's classes 0 "
+                              f"to {classes - 1}; set model.num_classes = {value + 1} or more, or correct the labels")
+
+
 def global_batch_indices(step: int, batch_size: int, length: int, seed: int, keys: bool = False) -> torch.Tensor:
     """Dataset indices of the global batch of ``step`` (reshuffled every epoch); with ``keys``,
     ``epoch * length + index``, which an augmented set (:mod:`snnfw.data.augment`) reads."""
