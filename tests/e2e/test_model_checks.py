@@ -1,0 +1,129 @@
+"""A model and data of the user's own, checked before launch: every mistake is one line, exit status 2, and no rank
+starts (the run directory stays empty); a layout left at its default is inferred."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from snnfw.config import build_config
+from snnfw.errors import ConfigError
+from snnfw.plan.prepare import build_datasets, prepare
+from snnfw.plugin.manager import Plugins
+from snnfw.run.loop import run_training
+
+NETS = '''
+import torch
+from spikingjelly.activation_based import functional, layer, neuron
+from torch import nn
+
+
+def mlp(inputs=128):
+    """SpikingJelly's multi-step layout: [T, N, C, H, W] in, [T, N, classes] out."""
+    net = nn.Sequential(layer.Flatten(), layer.Linear(inputs, 10), neuron.LIFNode())
+    functional.set_step_mode(net, "m")
+    return net
+
+
+class Averaged(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.net = mlp()
+
+    def forward(self, x):
+        return self.net(x).mean(0)
+
+
+def too_narrow():
+    return mlp(100)
+
+
+class Frames(torch.utils.data.Dataset):
+    def __init__(self, label):
+        self.label = label
+
+    def __len__(self):
+        return 16
+
+    def __getitem__(self, index):
+        return (torch.rand(4, 2, 8, 8) < 0.2).float(), self.label(index)
+
+
+def data():
+    return Frames(lambda i: i % 10), Frames(lambda i: i % 10)
+
+
+def float_labels():
+    return Frames(lambda i: float(i % 10)), Frames(lambda i: float(i % 10))
+
+
+def eleven():
+    return Frames(lambda i: 11), Frames(lambda i: 11)
+'''
+CONFIG = """
+[model]
+builder = "nets.py:mlp"
+input_shape = [2, 8, 8]
+num_classes = 10
+time_steps = 4
+[data]
+builder = "nets.py:data"
+batch_size = 8
+[parallel]
+strategy = "dp"
+[train]
+steps = 2
+"""
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("own")
+    (folder / "nets.py").write_text(NETS)
+    (folder / "own.toml").write_text(CONFIG)
+    return folder
+
+
+@pytest.mark.parametrize("overrides, needle", [
+    # 2 ranks of 4 samples and T = 4: on main this trained without an error, on the wrong axis
+    (["model.input_layout=NT"], 'set model.input_layout = "TN"'),
+    (["model.builder=nets.py:Averaged"], "must return logits [T, N, classes] = [4, 2, 10]"),
+    (["model.builder=nets.py:too_narrow"], "mat1 and mat2 shapes cannot be multiplied (8x128 and 100x10); make model.input_shape"),
+    (["data.builder=nets.py:float_labels"], "has label 0.0 (float); labels are integer class indices: return int(label)"),
+], ids=["layout", "averaged-output", "input-shape", "float-labels"])
+def test_a_mistake_in_the_own_model_or_data_is_one_line_before_any_rank_starts(folder, overrides, needle):
+    run_dir = folder / f"run-{overrides[0]}"
+    sets = [arg for item in overrides for arg in ("--set", item)]
+    done = subprocess.run([sys.executable, "-m", "snnfw", "train", "own.toml", "--nproc", "2", "--run-dir", str(run_dir),
+                           *sets], cwd=folder, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2, done.stderr[-3000:]
+    assert done.stderr.count("\n") == 1 and needle in done.stderr, done.stderr
+    assert not run_dir.exists(), "a rank started"
+
+
+def config_in(folder: Path, **model):
+    return build_config({"model": {"builder": f"{folder / 'nets.py'}:mlp", "input_shape": [2, 8, 8], "num_classes": 10,
+                                   "time_steps": 4, **model},
+                         "data": {"builder": f"{folder / 'nets.py'}:data", "batch_size": 8}, "train": {"steps": 2}})
+
+
+def test_a_layout_left_at_its_default_is_inferred_and_trains_as_the_right_one_declared(folder):
+    inferred = prepare(config_in(folder), 1, Plugins())
+    assert inferred.plan.config.model.input_layout == "TN"
+    assert any(line.startswith('model.input_layout = "TN" (inferred') for line in inferred.plan.rationale)
+    declared = run_training(config_in(folder, input_layout="TN"))
+    assert run_training(config_in(folder))["losses"] == declared["losses"]
+
+
+@pytest.mark.parametrize("model, data, needle", [
+    ({"num_classes": 7}, None, "returns 10 classes a time step, and model.num_classes = 7; set model.num_classes = 10"),
+    ({}, "eleven", "has label 11, outside the model's classes 0 to 9; set model.num_classes = 12"),
+])
+def test_classes_the_model_or_the_labels_do_not_have_are_refused(folder, model, data, needle):
+    config = config_in(folder, **model)
+    if data:
+        config = build_config({**config.to_dict(), "data": {"builder": f"{folder / 'nets.py'}:{data}", "batch_size": 8}})
+    with pytest.raises(ConfigError, match=needle.replace("(", r"\(").replace(")", r"\)")):
+        prepared = prepare(config, 1, Plugins())  # what snnfw train checks before it starts the ranks
+        build_datasets(config, prepared.spec, Plugins())
