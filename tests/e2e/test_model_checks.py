@@ -60,6 +60,27 @@ def float_labels():
 
 def eleven():
     return Frames(lambda i: 11), Frames(lambda i: 11)
+
+
+def corrupt_label(index):
+    if index == 1:  # an item the check's sample of labels leaves out
+        raise ValueError(f"sample {index} is corrupt")
+    return index % 10
+
+
+def corrupt():
+    return Frames(corrupt_label), Frames(corrupt_label)
+
+
+class Strict(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.net = mlp()
+
+    def forward(self, x):
+        if self.training:  # the probe runs in eval mode
+            raise RuntimeError("training needs a mask")
+        return self.net(x)
 '''
 CONFIG = """
 [model]
@@ -127,3 +148,22 @@ def test_classes_the_model_or_the_labels_do_not_have_are_refused(folder, model, 
     with pytest.raises(ConfigError, match=needle.replace("(", r"\(").replace(")", r"\)")):
         prepared = prepare(config, 1, Plugins())  # what snnfw train checks before it starts the ranks
         build_datasets(config, prepared.spec, Plugins())
+
+
+@pytest.mark.parametrize("flags, overrides, raised", [
+    ([], ["data.builder=nets.py:corrupt"], "ValueError: sample 1 is corrupt"),
+    (["--debug"], ["model.builder=nets.py:Strict"], "RuntimeError: training needs a mask"),
+], ids=["data", "model-debug"])
+def test_an_error_in_the_users_code_inside_the_ranks_is_one_line_naming_it(folder, flags, overrides, raised):
+    """Printed once, not once a rank; the traceback in the run directory's error.log, and with --debug on screen."""
+    line = next(n for n, text in enumerate(NETS.splitlines(), 1) if f"raise {raised.partition(':')[0]}" in text)
+    run_dir = folder / f"ranks-{overrides[0]}"
+    sets = [arg for item in [*overrides, "model.input_layout=TN"] for arg in ("--set", item)]
+    done = subprocess.run([sys.executable, "-m", "snnfw", *flags, "train", "own.toml", "--nproc", "2", "--run-dir",
+                           str(run_dir), *sets], cwd=folder, capture_output=True, text=True, timeout=180)
+    assert done.returncode == 2, done.stderr[-3000:]
+    errors = [text for text in done.stderr.splitlines() if text.startswith("snnfw: error:")]
+    assert errors == [f"snnfw: error: nets.py, line {line}, in {'corrupt_label' if 'data' in overrides[0] else 'forward'}: "
+                      f"{raised}; the traceback is in {run_dir / 'error.log'}"], done.stderr[-3000:]
+    assert "Traceback" in (run_dir / "error.log").read_text()
+    assert ("Traceback" in done.stderr) == bool(flags), done.stderr[-3000:]
