@@ -73,6 +73,7 @@ def main() -> None:
     parser.add_argument("--strategy", default="dp", help="none, dp, zero, fsdp2, tp, fsdp2_tp, pp or auto")
     parser.add_argument("--steps", type=int, default=60)
     parser.add_argument("--out", help="write the per-step losses and the test accuracy to this JSON file")
+    parser.add_argument("--run-dir", help="write metrics.jsonl, summary.json and progress lines as snnfw train does")
     parser.add_argument("--export", help="save the trained weights (a plain state dict of build()'s model) here")
     args = parser.parse_args()
     config = {
@@ -82,18 +83,12 @@ def main() -> None:
         "train": {"steps": args.steps, "lr": 3e-3, "optimizer": "adamw", "lr_schedule": "cosine", "warmup_steps": 5},
     }
     train, test = datasets()
-    with snnfw.start(config, model=build, train_set=train, test_set=test) as run:
-        main_rank = run.env.rank == 0
-        losses = []
-        for step in range(run.start_step, run.config.train.steps):
-            record = run.step(step)
-            losses.append(record["loss"])
-            if main_rank and (step + 1) % 10 == 0:
-                print(f"step {step + 1}: loss {record['loss']:.4f}, lr {record['lr']:.2e}, spikes {record['spike_rate']:.1%}")
+    with snnfw.start(config, model=build, train_set=train, test_set=test, run_dir=args.run_dir) as run:
+        losses = [run.step(step)["loss"] for step in range(run.start_step, run.config.train.steps)]  # progress on rank 0
         accuracy = run.evaluate()["eval_acc"]
         if args.export:
             run.export(args.export)
-        if main_rank:
+        if run.rank == 0:
             print(f"{run.plan.strategy} on {run.plan.world_size} rank(s): test accuracy {accuracy:.1%}")
             if args.out:
                 with open(args.out, "w") as f:

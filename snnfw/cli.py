@@ -224,14 +224,26 @@ def _cmd_eval(args) -> int:
 
     config = for_evaluation(load_config(args.config, args.overrides))
     prepared = prepare(config, args.nproc, Plugins(), local_ranks=args.nproc)  # refuse a bad config before any process
-    load_weights(prepared.model, read_weights(args.weights))  # and weights that are not there or do not fit
+    weights = _scored_weights(Path(args.weights))
+    load_weights(prepared.model, read_weights(weights))  # and weights that are not there or do not fit
     predict = getattr(args, "out", None)
     check_predictions_file(predict)
-    run_dir = Path(args.run_dir or f"runs/eval-{time.strftime('%Y%m%d-%H%M%S')}")
-    extra = ["--evaluate", str(args.weights)] + (["--predict", predict] if predict else [])
+    run_dir = Path(args.run_dir) if args.run_dir else weights.parent if weights.is_file() else weights.parent.parent
+    extra = ["--evaluate", str(weights)] + (["--predict", predict] if predict else [])
     with rundir.locked(run_dir):  # not a folder a run in progress writes, nor a file or a place that cannot be written
         return launch(args.config, args.nproc, run_dir, args.overrides, config.parallel.timeout_s, extra=extra,
                       decision=prepared.decision.to_json() if prepared.decision else None, debug=args.debug)
+
+
+def _scored_weights(weights: Path) -> Path:
+    """The file or checkpoint folder ``--weights`` names: itself, a run directory's ``final_model.pt``, else the run
+    directory's newest complete checkpoint."""
+    from snnfw import rundir
+    from snnfw.components import export
+
+    if weights.is_dir() and (weights / rundir.FINAL_MODEL).is_file():
+        return weights / rundir.FINAL_MODEL
+    return export.find(weights) if weights.is_dir() else weights
 
 
 def _cmd_plot(args) -> int:
@@ -265,7 +277,7 @@ def parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("train", help="train on N local ranks (gloo on CPU, NCCL on GPU)")
     p.add_argument("config")
-    p.add_argument("--nproc", type=int, default=1)
+    p.add_argument("--nproc", type=int, default=1, help="ranks to start on this node (default 1)")
     p.add_argument("--run-dir", help="where metrics.jsonl and summary.json go (default runs/FAMILY-STRATEGY-TIME)")
     p.add_argument("--set", **overrides)
     p.add_argument("--resume", action="store_true", help="continue from the newest checkpoint in --run-dir")
@@ -278,7 +290,7 @@ def parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("bench", help="time a config: warm-up, timed steps, one JSON record appended")
     p.add_argument("config", nargs="?")
-    p.add_argument("--nproc", type=int, default=1)
+    p.add_argument("--nproc", type=int, default=1, help="ranks to start (default 1)")
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--steps", type=int, default=5)
     p.add_argument("--regime", default="throughput", help="throughput, latency or memory (a label for the record)")
@@ -304,8 +316,8 @@ def parser() -> argparse.ArgumentParser:
         p.add_argument("config")
         p.add_argument("--weights", required=True, metavar="PATH",
                        help="a run directory (its final_model.pt, else newest checkpoint), a checkpoint, or a .pt file")
-        p.add_argument("--nproc", type=int, default=1)
-        p.add_argument("--run-dir", help="where eval.json goes (default runs/eval-TIME)")
+        p.add_argument("--nproc", type=int, default=1, help="ranks to start (default 1)")
+        p.add_argument("--run-dir", help="where eval.json goes (default: beside the weights, in their run directory)")
         p.add_argument("--set", **overrides)
         if name == "predict":
             p.add_argument("--out", required=True, metavar="FILE.jsonl")

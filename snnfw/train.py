@@ -72,8 +72,7 @@ def main(argv: list[str] | None = None) -> int:
             result = run_evaluation(config, args.evaluate, run_dir, args.predict, plugins)
             if rank == 0:
                 print(f"[snnfw] {args.evaluate}: test accuracy {result['eval_acc']:.1%}, loss {result['eval_loss']:.4f}"
-                      f"; {run_dir / rundir.EVAL}" + (f", predictions in {args.predict}" if args.predict else ""),
-                      file=sys.stderr)
+                      f"; {run_dir / rundir.EVAL}" + (f", predictions in {args.predict}" if args.predict else ""))
             rundir.mark_done(run_dir, rank)
             return 0
         if not restarted:  # a restarted attempt resumes from what its predecessor wrote, or starts afresh
@@ -98,8 +97,7 @@ def main(argv: list[str] | None = None) -> int:
     if rank == 0:
         print(
             f"[snnfw] done: {summary['steps']} steps, final loss {summary['final_loss']:.4f}, "
-            f"test accuracy {summary['test_accuracy']:.1%}, {summary['wall_s']:.1f} s; results in {run_dir}",
-            file=sys.stderr,
+            f"test accuracy {summary['test_accuracy']:.1%}, {summary['wall_s']:.1f} s; results in {run_dir}"
         )
     rundir.mark_done(run_dir, rank)
     sys.stdout.flush()

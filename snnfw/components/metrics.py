@@ -99,6 +99,13 @@ def peak_memory_mb(device: torch.device) -> float:
 
 
 
+def progress_line(record: dict[str, Any], total_steps: int) -> str:
+    """Rank 0's line for a step, short enough for a terminal; ``metrics.jsonl`` holds every figure."""
+    line = (f"[snnfw] step {record['step']}/{total_steps} epoch {record['epoch']:.2f} loss {record['loss']:.4f} "
+            f"acc {record['train_acc']:.1%} spikes {record['spike_rate']:.1%} {record['step_ms']:.0f} ms")
+    return line + (f" | eval {record['eval_acc']:.1%}" if "eval_acc" in record else "")
+
+
 def board_tag(key: str) -> str:
     """The TensorBoard tag of a metrics key: ``eval_acc`` -> ``eval/acc``, ``loss`` -> ``train/loss``."""
     return f"eval/{key[5:]}" if key.startswith("eval_") else f"train/{key}"
@@ -144,34 +151,26 @@ class MetricsLog:
         if self._wandb:
             self._wandb.log(scalars, step=record["step"])
         if show:
-            print(
-                f"[snnfw] step {record['step']}/{self.total_steps} epoch {record['epoch']:.2f} loss {record['loss']:.4f} lr {record['lr']:.3g} "
-                f"grad {record['grad_norm']:.3g} "
-                f"acc {record['train_acc']:.1%} spikes {record['spike_rate']:.1%} "
-                f"{record['step_ms']:.0f} ms {record['samples_per_s']:.1f} samples/s "
-                f"peak {record['peak_mem_mb']:.0f} MB"
-                + (f" eval acc {record['eval_acc']:.1%} loss {record['eval_loss']:.4f}" if "eval_acc" in record else "")
-                + self._eta(record["step"]),
-                file=sys.stderr,
-                flush=True,
-            )
+            print(progress_line(record, self.total_steps) + self._eta(record["step"]), flush=True)
 
     def _eta(self, step: int) -> str:
-        """`` eta 1m05s`` from the median of this run's recent step times; empty on the last step."""
+        """`` | eta 1m05s`` from the median of this run's recent step times; empty on the last step."""
         left = self.total_steps - step
         if left <= 0:
             return ""
         recent = sorted(r["step_ms"] for r in self.records[-20:])
         seconds = math.ceil(left * recent[len(recent) // 2] / 1e3)
-        return f" eta {seconds // 60}m{seconds % 60:02d}s"
+        return f" | eta {seconds // 60}m{seconds % 60:02d}s"
 
     def close(self) -> None:
+        """Closes the file and loggers (again: nothing)."""
         if self._file:
             self._file.close()
         if self._board:
             self._board.close()
         if self._wandb:
             self._wandb.finish()
+        self._file = self._board = self._wandb = None
 
 
 def open_wandb(run_dir: Path, mode: str, project: str, config: dict):

@@ -68,7 +68,7 @@ def check_own_data(config: Config, given: bool) -> None:
     if keys := [f"data.{key}" for key in REGISTERED_ONLY if f"data.{key}" in config.explicit]:
         subject, pronoun = keys_phrase(keys)
         where = "data sets handed to snnfw.start" if given else f"data.builder {config.data.builder!r}"
-        raise ConfigError(f"{subject} choose a registered data set, and the data come from {where}; remove {pronoun}")
+        raise ConfigError(f"{subject} meant for a registered data set, and the data come from {where}; remove {pronoun}")
 
 
 def own_datasets(build: Callable, name: str) -> tuple:

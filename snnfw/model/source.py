@@ -63,7 +63,10 @@ def import_object(path: str, key: str) -> Any:
     if where.endswith(".py"):
         file = Path(where)
         if not file.is_file():
-            raise ConfigError(f"{key}: no file {file} (relative paths start at the working directory {Path.cwd()})")
+            raise ConfigError(f"{key}: no file {file} (a relative path starts at the config file's folder, else at the "
+                              f"working directory {Path.cwd()})")
+        if str(file.resolve().parent) not in sys.path:  # the modules beside it import, as beside a script
+            sys.path.insert(0, str(file.resolve().parent))
         spec = importlib.util.spec_from_file_location(f"snnfw_user_{file.stem}", file)
         module = importlib.util.module_from_spec(spec)
         sys.modules[spec.name] = module  # pickling and dataclasses look classes up by module

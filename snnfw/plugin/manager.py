@@ -150,7 +150,7 @@ class Plugins:
             name = self.pm.get_name(err.plugin)
             raise PluginError(f"plugin {name!r} implements a hook that does not exist: {err}") from None
         self.hook = _Hooks(self)
-        self.registries = {kind: Registry(kind) for kind in _REGISTRATION_HOOKS}
+        self.registries = {kind: Registry(kind, ("auto",) if kind == "strategy" else ()) for kind in _REGISTRATION_HOOKS}
         for kind, hook_name in _REGISTRATION_HOOKS.items():
             registry = self.registries[kind]
             impls = getattr(self.pm.hook, hook_name).get_hookimpls()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import difflib
 from typing import Any, Callable
 
 import attrs
@@ -28,8 +29,9 @@ class Entry:
 class Registry:
     """Names of one kind ("strategy", "model family", ...) mapped to plugin objects."""
 
-    def __init__(self, kind: str):
-        self.kind = kind
+    def __init__(self, kind: str, choosers: tuple[str, ...] = ()):
+        """``choosers``: names the core takes beside the registered ones (``auto`` for a strategy)."""
+        self.kind, self.choosers = kind, choosers
         self._entries: dict[str, Entry] = {}
         self.losers: list[Entry] = []
 
@@ -64,9 +66,11 @@ class Registry:
         try:
             return self._entries[name]
         except KeyError:
-            known = ", ".join(sorted(self._entries)) or "none"
+            known = sorted(self._entries) + list(self.choosers)
+            close = difflib.get_close_matches(str(name), known, n=1)
             raise UnknownNameError(
-                f"unknown {self.kind} {name!r}; registered {self.kind} names: {known}"
+                f"unknown {self.kind} {name!r}" + (f" (did you mean {close[0]!r}?)" if close else "")
+                + f"; registered {self.kind} names: {', '.join(known) or 'none'}"
             ) from None
 
     def get(self, name: str) -> Any:

@@ -24,7 +24,9 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import json
 import os
+import sys
 import time
 from pathlib import Path
 from typing import Any, Iterator
@@ -33,16 +35,20 @@ import torch
 import torch.distributed as dist
 
 from snnfw.components.checkpoint import Checkpoints
-from snnfw.components.metrics import peak_memory_mb
+from snnfw.components.metrics import MetricsLog, peak_memory_mb
 from snnfw.config import Config, build_config, load_config
 from snnfw.distributed import cpu_allocator
 from snnfw.distributed.chunks import gather_whole
 from snnfw.distributed.collectives import RankEnv, all_reduce, decided_once, device_for, process_group, set_cpu_threads
 from snnfw.plan.auto import Decision
 from snnfw.plan.prepare import prepare
+from snnfw.errors import ConfigError, PlanError, keys_phrase
 from snnfw.plugin.manager import Plugins, check_same_plugins_on_all_ranks
 from snnfw.run.trainer import Trainer
-from snnfw.rundir import AUTO_DECISION, written_whole
+from snnfw.rundir import AUTO_DECISION, SUMMARY, write_text, written_whole
+
+CHECKPOINT_MS = "checkpoint_ms"  # a step's metric: the time its checkpoint save held training up
+WRITES_INTO_RUN_DIR = ("tensorboard", "wandb", "profile", "memory_snapshot")  # [log] keys
 
 
 def as_config(config: Config | dict | str | Path | None) -> Config:
@@ -61,11 +67,29 @@ class Session:
     # 330,000 objects for the tiny VGG against 51,000 eager) takes them out of the collector's scans.
     FREEZE_ABOVE = 100_000
 
-    def __init__(self, trainer: Trainer, env: RankEnv, mesh, checkpoints: Checkpoints, start_step: int, resumed_loss: float):
-        self.trainer, self.env, self.mesh, self.checkpoints = trainer, env, mesh, checkpoints
+    def __init__(self, trainer: Trainer, env: RankEnv, mesh, checkpoints: Checkpoints, start_step: int,
+                 resumed_loss: float, log: MetricsLog, run_dir: Path | None):
+        self.trainer, self.env, self.mesh, self.checkpoints, self.log = trainer, env, mesh, checkpoints, log
+        self.run_dir = run_dir
         self.start_step, self.resumed_loss = start_step, resumed_loss
         self.config, self.plan, self.device = trainer.config, trainer.plan, trainer.device
-        self.first_step_done = self.heap_frozen = False
+        self.first_step_done = self.heap_frozen = self.summary_written = False
+        self.pending: dict[str, Any] | None = None  # the last step's record, written when the next step starts
+        self.evaluations = [  # every validation with its step, a resumed run's included
+            {"step": r["step"], **{k: v for k, v in r.items() if k.startswith("eval_")}}
+            for r in log.earlier if "eval_acc" in r
+        ]
+        self.started = time.perf_counter()
+
+    @property
+    def rank(self) -> int:
+        """This process's rank in the job (0 without torchrun); kept after the session closes."""
+        return self.env.rank
+
+    @property
+    def world_size(self) -> int:
+        """How many ranks train together (1 without torchrun)."""
+        return self.env.world_size
 
     @property
     def model(self) -> torch.nn.Module:
@@ -87,12 +111,17 @@ class Session:
     def step(self, step: int) -> dict[str, Any]:
         """Trains optimizer step ``step`` (from 0) on its global batch; returns its record, the same on every rank.
 
+        With a run directory the record is written to ``metrics.jsonl`` (and rank 0 prints a progress line every
+        ``train.log_every`` steps) once the step's validation and checkpoint, if any, have added to it: when the
+        next step starts, a checkpoint is saved, or the session ends.
+
         A collective: every rank calls it with the same ``step``. What was alive before the session is out of the
         garbage collector's scans (:func:`start`). After the first step, garbage is collected, and when compiled code
         is in place (more than ``FREEZE_ABOVE`` objects) the objects then alive leave the scans too (``gc.freeze``):
         a full collection over them paused a rank for a quarter of a second with inductor neuron kernels, and every
         rank with it at the next collective. :meth:`close` gives them back.
         """
+        self.write_record()
         started = time.perf_counter()
         record = {"step": step + 1, **self.trainer.step(step)}
         elapsed = time.perf_counter() - started
@@ -111,12 +140,18 @@ class Session:
             peak_mem_mb=max(peaks),
             peak_mem_mb_per_rank=peaks,
         )
+        self.pending = record
         return record
 
     def evaluate(self) -> dict[str, float]:
         """``eval_loss``, ``eval_acc`` (``eval_acc5`` with more than 5 classes) and ``eval_spike_rate``
-        on the test split, every sample scored once over the replicas (a collective)."""
-        return self.trainer.evaluate()
+        on the test split, every sample scored once over the replicas (a collective). Right after a step they join
+        that step's record and :attr:`evaluations`."""
+        scores = self.trainer.evaluate()
+        if self.pending is not None and "eval_acc" not in self.pending:
+            self.pending.update(scores)
+            self.evaluations.append({"step": self.pending["step"], **scores})
+        return scores
 
     def predict(self) -> list[dict]:
         """Every test sample's ``index``, ``label``, ``predicted`` class and time-averaged ``logits``, in data
@@ -129,7 +164,62 @@ class Session:
             from snnfw.errors import CheckpointError
 
             raise CheckpointError("Session.save writes into the run directory; pass run_dir to snnfw.start")
+        started = time.perf_counter()
         self.checkpoints.save(self.trainer, step, loss)
+        if self.pending is not None and self.pending["step"] == step:
+            self.pending[CHECKPOINT_MS] = (time.perf_counter() - started) * 1e3  # how long the save held training up
+        self.write_record()
+
+    def write_record(self) -> None:
+        """Writes the last step's record to the metrics (a progress line on rank 0 every ``train.log_every``
+        steps and at the last), if it is not written yet."""
+        record, self.pending = self.pending, None
+        if record is not None:
+            steps = self.config.train.steps
+            show = self.env.rank == 0 and (record["step"] % self.config.train.log_every == 0 or record["step"] == steps)
+            self.log.write(record, show=show)
+
+    def summary(self) -> dict[str, Any]:
+        """The run so far, as ``summary.json`` holds it: final loss, every validation and the best, mean step time,
+        the plan and config, and the losses, spike rates and gradient norms of every step (a collective)."""
+        self.write_record()
+        whole_run = self.log.earlier + self.log.records  # a resumed run's steps before the checkpoint included
+        timed = self.log.records[1:] or self.log.records
+        best = max(self.evaluations, key=lambda e: e["eval_acc"], default=None)  # the first of equals
+        last = self.evaluations[-1] if self.evaluations else None
+        return {
+            "steps": whole_run[-1]["step"] if whole_run else self.start_step,
+            "final_loss": self.log.records[-1]["loss"] if self.log.records else self.resumed_loss,
+            "resumed_from": self.start_step,
+            **({"test_accuracy": last["eval_acc"], "eval": {k: v for k, v in last.items() if k != "step"}} if last else {}),
+            "evaluations": self.evaluations,
+            **({"best_eval_acc": best["eval_acc"], "best_step": best["step"]} if best else {}),
+            "mean_step_ms": sum(r["step_ms"] for r in timed) / max(len(timed), 1),
+            "wall_s": time.perf_counter() - self.started,
+            "materialize_s": self.trainer.materialize_s,
+            "plan": self.plan.to_dict(),
+            "config": self.config.to_dict(),
+            "losses": [r["loss"] for r in whole_run],
+            "spike_rates": [r["spike_rate"] for r in whole_run],
+            "grad_norms": [r["grad_norm"] for r in whole_run],
+            **({"loss_scales": [r.get("loss_scale") for r in whole_run]} if self.config.train.precision == "fp16" else {}),
+            "layer_spike_rates": self.trainer.layer_spike_rates(),
+        }
+
+    def write_summary(self, summary: dict[str, Any]) -> None:
+        """Rank 0 writes ``summary`` as the run directory's ``summary.json``."""
+        if self.env.rank == 0 and self.run_dir is not None:
+            write_text(self.run_dir / SUMMARY, json.dumps(summary, indent=2) + "\n")
+        self.summary_written = True
+
+    def finish(self) -> None:
+        """Writes what the run directory still lacks: the last record, and ``summary.json`` unless the loop wrote
+        its own (a collective, at the end of ``with snnfw.start(...)``)."""
+        self.checkpoints.finish()  # an async save still being written
+        self.write_record()
+        if self.run_dir is not None and not self.summary_written:
+            self.write_summary(self.summary())
+        self.log.close()
 
     def state_dict(self, everywhere: bool = False) -> dict[str, torch.Tensor]:
         """The whole model's parameters and buffers by the model's own names, on CPU, on rank 0 (every rank with
@@ -156,6 +246,7 @@ class Session:
 
     def close(self) -> None:
         """Lets go of the model and optimizer, which must go before their process group does."""
+        self.log.close()
         self.trainer = None
         if self.heap_frozen:  # the model among the objects the first step froze: a full collection
             gc.unfreeze()
@@ -192,16 +283,21 @@ def start(
 
     ``model`` (a module, or a callable building one) and ``train_set`` with
     ``test_set`` replace the config's model and data set. ``run_dir`` is where
-    checkpoints go (``checkpoint.every`` and :meth:`Session.save`); with
+    the run is written as ``snnfw train`` writes it: ``metrics.jsonl`` (a
+    progress line on rank 0 every ``train.log_every`` steps), ``summary.json``
+    at the end of the ``with`` block, and checkpoints (``checkpoint.every``
+    and :meth:`Session.save`); with
     ``resume`` the session starts from its newest checkpoint
     (``Session.start_step``). ``weights`` (a state dict by the model's own
     names, :func:`snnfw.components.weights.read_weights`) replace the initial ones. Errors in the config are raised before any
     process group work.
     """
     config = as_config(config)
+    if run_dir is None and (keys := [f"log.{key}" for key in WRITES_INTO_RUN_DIR if getattr(config.log, key)]):
+        subject, pronoun = keys_phrase(keys)
+        raise ConfigError(f"{subject} written into the run directory, and this run has none; pass a run directory, "
+                          f"or remove {pronoun}")
     if (train_set is None) != (test_set is None):
-        from snnfw.errors import ConfigError
-
         raise ConfigError("snnfw.start takes train_set and test_set together; pass both, or neither for the config's data set")
     with _scans_only_the_session():
         yield from _started(config, model, train_set, test_set, run_dir, resume, weights, plugins)
@@ -228,6 +324,12 @@ def _started(config: Config, model, train_set, test_set, run_dir, resume, weight
     started = dist.is_initialized()
     try:
         prepared = prepare(config, env.world_size, plugins, model=model, datasets=datasets, agree=_agreement(env, config))
+    except PlanError as err:
+        if "WORLD_SIZE" in os.environ or config.parallel.strategy == "none":
+            raise
+        script = Path(sys.argv[0]).name or "script.py"
+        raise PlanError(f"{err}; this process was not started by torchrun, so it is one rank: launch it with "
+                        f"`torchrun --nproc_per_node=2 {script}`") from None
     except BaseException:
         if dist.is_initialized() and not started:  # auto's agreement started it; nothing else will end it
             dist.destroy_process_group()
@@ -242,12 +344,15 @@ def _started(config: Config, model, train_set, test_set, run_dir, resume, weight
         cpu_allocator.apply(config.parallel.cpu_allocator, device.type)
         trainer = Trainer(config, prepared, plugins, mesh, device, datasets, weights)
         del prepared  # the session holds the model alone, so that close lets go of it
-        checkpoints = Checkpoints(Path(run_dir) if run_dir is not None else None, config, env.rank)
+        run_dir = Path(run_dir) if run_dir is not None else None
+        checkpoints = Checkpoints(run_dir, config, env.rank)
         resumed = checkpoints.begin(trainer, resume)
-        session = Session(trainer, env, mesh, checkpoints, resumed["step"], resumed["loss"])
+        wandb = (config.log.wandb, config.log.wandb_project, config.to_dict()) if config.log.wandb else None
+        log = MetricsLog(run_dir, env.rank == 0, config.train.steps, resumed["step"], config.log.tensorboard, wandb)
+        session = Session(trainer, env, mesh, checkpoints, resumed["step"], resumed["loss"], log, run_dir)
         del trainer
         try:
             yield session
-            session.checkpoints.finish()  # an async save still being written
+            session.finish()
         finally:
             session.close()

@@ -26,7 +26,7 @@ from snnfw.config import load_config
 from snnfw.errors import UserError
 from snnfw.plan.prepare import prepare
 from snnfw.plugin.manager import Plugins
-from snnfw.run.loop import CHECKPOINT_MS
+from snnfw.run.session import CHECKPOINT_MS
 from snnfw.rundir import METRICS, SUMMARY, check_writable, write_text
 from snnfw.tools.launch import launch
 

@@ -10,6 +10,7 @@ from snnfw.rundir import METRICS, PROFILE, check_writable, read_metrics, written
 
 PANELS = (("loss", "training loss"), ("train_acc", "training accuracy"), ("eval_acc", "test accuracy"),
           ("lr", "learning rate"), ("spike_rate", "firing rate"), ("step_ms", "step time (ms)"))
+FEW = 5  # validations up to this many are labelled with their values
 
 
 def records(run_dir: Path) -> list[dict]:
@@ -39,11 +40,18 @@ def plot(run_dirs: list[str | Path], out: str | Path) -> Path:
     runs = {str(run_dir): records(run_dir) for run_dir in run_dirs}
     profiled = {Path(name).name: shares for name in runs if (shares := rank_shares(Path(name)))}
     fig, axes = plt.subplots(3 if profiled else 2, 3, figsize=(13, 9.5 if profiled else 6.5))
+    last_step = max((r["step"] for rows in runs.values() for r in rows), default=1)
     for ax, (key, title) in zip(axes.flat, PANELS):
         for name, rows in runs.items():
             points = [(r["step"], r[key]) for r in rows if key in r]
             if points:
                 ax.plot(*zip(*points), marker="o" if key == "eval_acc" else None, markersize=3, label=Path(name).name)
+            if key == "eval_acc" and 0 < len(points) <= FEW:  # a few validations: their values, on the run's steps
+                for step, value in points:
+                    ax.annotate(f"{value:.1%}", (step, value), textcoords="offset points", xytext=(0, 6), ha="center",
+                                fontsize=8)
+        if key == "eval_acc":
+            ax.set_xlim(0, last_step * 1.05)
         ax.set_title(title)
         ax.set_xlabel("step")
         ax.grid(alpha=0.3)

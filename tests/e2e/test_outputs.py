@@ -91,3 +91,20 @@ def test_run_directories_are_not_overwritten_by_surprise_and_a_resumed_run_says_
     assert main(["train", str(config), "--run-dir", str(run), "--resume", "--set", "train.steps=3", *every]) == 0
     first = next(line for line in capfd.readouterr().err.splitlines() if line.startswith("[snnfw]"))
     assert first == f"[snnfw] resuming after step 2 from {run / 'checkpoints' / 'step-2'}"
+
+
+def test_a_plot_of_one_validation_labels_it_on_the_runs_steps(tmp_path, monkeypatch):
+    import matplotlib.pyplot as plt
+
+    from snnfw.tools.plot import plot
+
+    rows = [{"step": s, "loss": 1.0 / s, "train_acc": 0.5, "lr": 1e-3, "spike_rate": 0.1, "step_ms": 5.0} for s in range(1, 41)]
+    rows[-1].update(eval_acc=0.625, eval_loss=1.0)
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    drawn = []
+    monkeypatch.setattr(plt, "close", drawn.append)
+    plot([tmp_path / "run"], tmp_path / "run.png")
+    panel = drawn[0].axes[2]  # test accuracy
+    assert panel.get_title() == "test accuracy" and panel.get_xlim()[1] >= 40 and panel.get_xlim()[0] <= 1
+    assert [text.get_text() for text in panel.texts] == ["62.5%"]

@@ -48,7 +48,8 @@ def example_module():
 def test_the_api_example_and_snnfw_train_give_the_same_losses_and_an_export_the_module_loads(tmp_path):
     steps = "8"
     api = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(EXAMPLE), "--strategy", "fsdp2",
-           "--steps", steps, "--out", str(tmp_path / "api.json"), "--export", str(tmp_path / "net.pt")]
+           "--steps", steps, "--out", str(tmp_path / "api.json"), "--export", str(tmp_path / "net.pt"),
+           "--run-dir", str(tmp_path / "api")]
     cli = [sys.executable, "-m", "snnfw", "train", str(ROOT / "examples" / "own_model.toml"), "--nproc", "2",
            "--set", "parallel.strategy=fsdp2", "--set", f"train.steps={steps}", "--run-dir", str(tmp_path / "cli")]
     for command in (api, cli):
@@ -58,6 +59,10 @@ def test_the_api_example_and_snnfw_train_give_the_same_losses_and_an_export_the_
     from_cli = json.loads((tmp_path / "cli" / "summary.json").read_text())
     assert from_api["losses"] == from_cli["losses"] and len(from_api["losses"]) == 8
     assert from_api["test_accuracy"] == from_cli["test_accuracy"]
+    api_summary = json.loads((tmp_path / "api" / "summary.json").read_text())  # the API writes its run directory too
+    assert api_summary["losses"] == from_cli["losses"] and api_summary["plan"]["strategy"] == "fsdp2"
+    api_records = [json.loads(line) for line in (tmp_path / "api" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["loss"] for r in api_records] == from_cli["losses"] and api_records[-1]["eval_acc"] == from_api["test_accuracy"]
     final = torch.load(tmp_path / "cli" / "final_model.pt", weights_only=True)  # what every run leaves behind
     exported = torch.load(tmp_path / "net.pt", weights_only=True)
     assert final.keys() == exported.keys() and all(torch.equal(final[k], exported[k]) for k in final)
@@ -210,3 +215,56 @@ def test_a_session_keeps_what_was_alive_before_it_out_of_collections_and_frees_i
         assert gc.get_freeze_count() <= frozen, "only the first step freezes (frozen objects that die leave)"
     assert model() is None, "closing the session frees its model"
     assert gc.get_freeze_count() == 0, "closing the session gives the frozen objects back to the collector"
+
+
+def test_a_script_started_without_torchrun_is_told_how_to_launch(monkeypatch):
+    import snnfw
+
+    for name in ("WORLD_SIZE", "RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE"):
+        monkeypatch.delenv(name, raising=False)
+    with pytest.raises(UserError, match=r"not started by torchrun.*launch it with `torchrun --nproc_per_node=2 \S+`$"):
+        with snnfw.start(own_config(parallel={"strategy": "fsdp2"})):
+            pass
+
+
+def test_a_session_names_its_rank_and_writes_its_run_directory(tmp_path, monkeypatch):
+    import snnfw
+
+    for name in ("WORLD_SIZE", "RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE"):
+        monkeypatch.delenv(name, raising=False)
+    with snnfw.start(own_config(train={"steps": 2, "log_every": 1}), run_dir=tmp_path / "run") as run:
+        records = [run.step(step) for step in range(2)]
+        scores = run.evaluate()
+    assert (run.rank, run.world_size) == (0, 1)  # still there after the session
+    written = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["loss"] for r in written] == [r["loss"] for r in records] and written[-1]["eval_acc"] == scores["eval_acc"]
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["losses"] == [r["loss"] for r in records] and summary["test_accuracy"] == scores["eval_acc"]
+
+
+SIBLING_NET = '''
+from torch import nn
+from spikingjelly.activation_based import layer, neuron
+from blocks import WIDTH  # a module beside this file, as a script imports it
+
+
+def build():
+    return nn.Sequential(layer.Flatten(step_mode="m"), layer.Linear(2 * 16 * 16, WIDTH, step_mode="m"),
+                         neuron.LIFNode(step_mode="m"), layer.Linear(WIDTH, 10, step_mode="m"))
+'''
+
+
+def test_a_builder_file_starts_at_its_config_file_and_imports_what_lies_beside_it(tmp_path, monkeypatch):
+    from snnfw.config import load_config
+
+    folder = tmp_path / "project"
+    folder.mkdir()
+    (folder / "net.py").write_text(SIBLING_NET)
+    (folder / "blocks.py").write_text("WIDTH = 32\n")
+    (folder / "my.toml").write_text('[model]\nbuilder = "net.py:build"\ninput_shape = [2, 16, 16]\nnum_classes = 10\n'
+                                    'input_layout = "TN"\n')
+    monkeypatch.chdir(tmp_path)  # not the config's folder
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    config = load_config(folder / "my.toml")
+    assert config.model.builder == f"{folder / 'net.py'}:build"
+    assert prepare(config, 1, Plugins()).analysis.parameters == 2 * 16 * 16 * 32 + 32 + 32 * 10 + 10

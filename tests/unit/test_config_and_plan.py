@@ -95,7 +95,8 @@ def test_missing_config_file_says_so(tmp_path):
         (tiny_config("none", model={"family": "resnet"}), 1, UnknownNameError, "registered model family names: cifar10dvs_vgg"),
         (tiny_config("none", model={"flavor": "huge"}), 1, UnknownNameError, "flavors: full, tiny"),
         (tiny_config("none", data={"name": "mnist"}), 1, UnknownNameError,
-         "unknown dataset 'mnist'; registered dataset names: cifar10, cifar10_dvs, dvs128_gesture, n_mnist, shd, ssc, synthetic_dvs"),
+         "unknown dataset 'mnist' (did you mean 'n_mnist'?); registered dataset names: cifar10, cifar10_dvs, "
+         "dvs128_gesture, n_mnist, shd, ssc, synthetic_dvs"),
         (tiny_config("none"), 2, PlanError, "use --nproc 1"),
         (tiny_config("dp"), 1, PlanError, "at least 2 ranks"),
         (tiny_config("dp"), 3, PlanError, "divisible by data-parallel size 3"),
@@ -117,12 +118,15 @@ def test_none_plans_with_its_own_mesh(plugins):
     assert prepare(tiny_config("none", parallel={"mesh": {"dp": 1}}), 1, plugins).plan.mesh == (("dp", 1),)
 
 
-def test_unknown_strategy_lists_every_registered_one(plugins):
+def test_unknown_strategy_lists_every_registered_one_and_auto_and_the_closest(plugins):
     with pytest.raises(UnknownNameError) as err:
         prepare(tiny_config("fsdp9"), 2, plugins)
     names = plugins.strategies.names()
     assert {"none", "dp", "zero", "tp"} <= set(names)
-    assert str(err.value) == f"unknown strategy 'fsdp9'; registered strategy names: {', '.join(names)}"
+    assert str(err.value) == (f"unknown strategy 'fsdp9' (did you mean 'fsdp2'?); registered strategy names: "
+                              f"{', '.join(names)}, auto")
+    with pytest.raises(UnknownNameError, match=r"^unknown strategy 'xyzzy'; registered strategy names: .*, auto$"):
+        prepare(tiny_config("xyzzy"), 2, plugins)
 
 
 def test_plan_records_layout_and_rationale(plugins):
