@@ -23,6 +23,11 @@ if TYPE_CHECKING:
 FRAMES = {"TN": "[T, N, C, H, W]", "NT": "[N, T, C, H, W]"}
 
 
+def _samples(spec: InputSpec) -> int:
+    """The probe batch's N: 2, or 3 where T = 2."""
+    return 3 if spec.time_steps == 2 else 2
+
+
 @attrs.frozen
 class Outcome:
     """What the model did with the probe batch in one layout: the shape it returned, or what it raised."""
@@ -41,7 +46,7 @@ def _run(model: nn.Module, spec: InputSpec, layout: str) -> Outcome:
     """The model on a probe batch in ``layout``."""
     import torch
 
-    samples = 3 if spec.time_steps == 2 else 2
+    samples = _samples(spec)
     first = next(iter(model.parameters()), None)
     device, dtype = (first.device, first.dtype) if first is not None else (torch.device("cpu"), torch.float32)
     dims = (spec.time_steps, samples) if layout == "TN" else (samples, spec.time_steps)
@@ -50,7 +55,8 @@ def _run(model: nn.Module, spec: InputSpec, layout: str) -> Outcome:
         out = model(frames)
     except Exception as err:  # whatever the user's network raises is the finding
         where = user_line(err)
-        return Outcome(raised=f"{type(err).__name__}: {err}" + (f" ({where})" if where else ""))
+        said = " ".join(str(err).split())[:300]
+        return Outcome(raised=f"{type(err).__name__}: {said}" + (f" ({where})" if where else ""))
     if not isinstance(out, torch.Tensor):
         return Outcome(returned=type(out).__name__)
     return Outcome(shape=tuple(out.shape))
@@ -81,7 +87,7 @@ def probe(model: nn.Module, spec: InputSpec, configured: str, want: tuple[int, .
 def check_model(model: nn.Module, name: str, spec: InputSpec, configured: str, explicit: bool) -> tuple[str, tuple[str, ...]]:
     """The input layout ``model`` takes and the plan's lines about it; refuses a model that fits neither layout,
     returns no ``[T, N, classes]`` with ``spec.num_classes``, or whose ``model.input_layout`` was set wrong."""
-    samples = 3 if spec.time_steps == 2 else 2
+    samples = _samples(spec)
     want = (spec.time_steps, samples, spec.num_classes)
     outcomes = probe(model, spec, configured, want)
     fits = [layout for layout, outcome in outcomes.items() if outcome.shape == want]
