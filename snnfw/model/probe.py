@@ -3,8 +3,9 @@
 The probe batch has N = 2 samples (3 where T = 2), so that a model reading the
 batch as time steps returns a shape that gives it away. It runs in eval mode
 without gradients, on the device and dtype of the model's parameters (the meta
-device for the dry run), and the neurons are reset after it: a millisecond for
-a small network, and nothing of the model's state changes.
+device for the dry run), and the neurons are reset after it, so nothing of the
+model's state changes; a real forward pass rather than fake tensors, whose
+first use in a process costs over a second.
 """
 
 from __future__ import annotations
