@@ -3,6 +3,8 @@
 The CLI turns any :class:`UserError` into one line on stderr and exit status 2.
 """
 
+import contextlib
+
 
 class UserError(Exception):
     """A mistake in a config, a name or a request; not a bug in snnfw."""
@@ -66,3 +68,16 @@ def user_line(err: BaseException) -> str:
         shown = path.relative_to(Path.cwd()) if path.is_relative_to(Path.cwd()) else path
         return f"{shown}, line {frame.lineno}, in {frame.name}"
     return ""
+
+
+@contextlib.contextmanager
+def users_code(what: str):
+    """Turns an exception that the user's code raises while ``what`` runs into a :class:`ConfigError` of one line."""
+    try:
+        yield
+    except UserError:
+        raise
+    except Exception as err:
+        where = user_line(err)
+        raise ConfigError(f"{what} raised {type(err).__name__}: {' '.join(str(err).split())[:300]}"
+                          + (f" ({where})" if where else "") + "; correct it (snnfw --debug shows the traceback)") from err

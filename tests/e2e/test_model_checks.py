@@ -58,6 +58,10 @@ def float_labels():
     return Frames(lambda i: float(i % 10)), Frames(lambda i: float(i % 10))
 
 
+def broken():
+    return Frames(lambda i: [][i]), Frames(lambda i: [][i])
+
+
 def eleven():
     return Frames(lambda i: 11), Frames(lambda i: 11)
 
@@ -112,7 +116,10 @@ def folder(tmp_path_factory):
     (["model.builder=nets.py:Averaged"], "must return logits [T, N, classes] = [4, 2, 10]"),
     (["model.builder=nets.py:too_narrow"], "mat1 and mat2 shapes cannot be multiplied (8x128 and 100x10); make model.input_shape"),
     (["data.builder=nets.py:float_labels"], "has label 0.0 (float); labels are integer class indices: return int(label)"),
-], ids=["layout", "averaged-output", "input-shape", "float-labels"])
+    (["data.builder=nets.py:broken"], "item 0 of the train data set raised IndexError: list index out of range (nets.py, "
+                                      f"line {next(n for n, text in enumerate(NETS.splitlines(), 1) if '[][i]' in text)}, "
+                                      "in <lambda>)"),
+], ids=["layout", "averaged-output", "input-shape", "float-labels", "broken-data"])
 def test_a_mistake_in_the_own_model_or_data_is_one_line_before_any_rank_starts(folder, overrides, needle):
     run_dir = folder / f"run-{overrides[0]}"
     sets = [arg for item in overrides for arg in ("--set", item)]
