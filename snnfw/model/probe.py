@@ -112,8 +112,12 @@ def check_model(model: nn.Module, name: str, spec: InputSpec, configured: str, e
         raise ConfigError(f"{name} returns {classes} classes a time step, and model.num_classes = {spec.num_classes}; "
                           f"set model.num_classes = {classes}, or give the network {spec.num_classes} outputs")
     probe_frames = f"a probe batch of T = {spec.time_steps}, N = {samples}, [C, H, W] = {list(spec.shape)}"
+    single = [module for module in model.modules() if getattr(module, "step_mode", "m") == "s"]
+    step_mode = (f"; {len(single)} of its SpikingJelly modules are in single-step mode: call "
+                 "functional.set_step_mode(net, \"m\") on the network") if single else ""
     if all(o.raised for o in outcomes.values()):
         raise ConfigError(f"{name} cannot take {probe_frames} (model.input_shape): {told}; make model.input_shape "
-                          "one time step's frame as the network takes it, or correct the network")
+                          f"one time step's frame as the network takes it, or correct the network{step_mode}")
     raise ConfigError(f"{name} must return logits [T, N, classes] = {list(want)}, every time step's (multi-step "
-                      f"mode, not averaged over time), on {probe_frames}: {told}; return them from its forward")
+                      f"mode, not averaged over time), on {probe_frames}: {told}; return them from its forward"
+                      f"{step_mode}")

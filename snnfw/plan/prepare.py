@@ -20,7 +20,7 @@ from snnfw.config import Config, check_log_steps
 from snnfw.data import batches as datalib
 from snnfw.data.augment import check_augment
 from snnfw.distributed import cpu_allocator
-from snnfw.errors import ConfigError, UserError
+from snnfw.errors import ConfigError, users_code
 from snnfw.model import source as models
 from snnfw.model.analysis import Analysis, analyze
 from snnfw.model.probe import check_model
@@ -38,13 +38,8 @@ def build_model(config: Config, plugins: Plugins, given=None):
 def _build(config: Config, source: models.Source) -> tuple[Config, torch.nn.Module, tuple[str, ...]]:
     """The config (with the input layout a model of the user's own takes), the model, and the plan's lines on it."""
     torch.manual_seed(config.train.seed)
-    try:
+    with users_code(f"building {source.name}"):
         model = source.build()
-    except UserError:
-        raise
-    except Exception as err:
-        raise ConfigError(f"building {source.name} raised {type(err).__name__}: {err}; correct the builder "
-                          "(snnfw --debug shows the traceback)") from err
     if not isinstance(model, torch.nn.Module):
         raise ConfigError(f"{source.name} returned {type(model).__name__}, not a torch.nn.Module; return the network")
     notes = ()

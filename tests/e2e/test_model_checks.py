@@ -58,6 +58,10 @@ def float_labels():
     return Frames(lambda i: float(i % 10)), Frames(lambda i: float(i % 10))
 
 
+def single_step():
+    return nn.Sequential(layer.Conv2d(2, 4, 3, padding=1), neuron.LIFNode(), layer.Flatten(), layer.Linear(256, 10))
+
+
 def broken():
     return Frames(lambda i: [][i]), Frames(lambda i: [][i])
 
@@ -174,3 +178,9 @@ def test_an_error_in_the_users_code_inside_the_ranks_is_one_line_naming_it(folde
                       f"{raised}; the traceback is in {run_dir / 'error.log'}"], done.stderr[-3000:]
     assert "Traceback" in (run_dir / "error.log").read_text()
     assert ("Traceback" in done.stderr) == bool(flags), done.stderr[-3000:]
+
+
+def test_a_network_left_in_single_step_mode_is_told_to_switch(folder):
+    with pytest.raises(ConfigError, match=r"4 of its SpikingJelly modules are in single-step mode: call "
+                                          r"functional.set_step_mode\(net, \"m\"\) on the network$"):
+        prepare(config_in(folder, builder=f"{folder / 'nets.py'}:single_step"), 1, Plugins())
