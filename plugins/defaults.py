@@ -66,7 +66,14 @@ def _step(options, train):
     return lambda step: gamma ** ((step - start) // size)
 
 
+def _check_decay(options, name: str) -> None:
+    if options["gamma"] > 1:
+        raise ConfigError(f"train.gamma = {options['gamma']} would raise the learning rate at each decay of "
+                          f"lr_schedule \"{name}\", which multiplies it by gamma to lower it; set train.gamma below 1")
+
+
 def _check_step(options, train):
+    _check_decay(options, "step")
     if options["step_size"] >= train.steps - train.warmup_steps:
         raise ConfigError(
             f"train.step_size ({options['step_size']}) never decays within the {train.steps - train.warmup_steps} "
@@ -80,6 +87,7 @@ def _multistep(options, train):
 
 
 def _check_multistep(options, train):
+    _check_decay(options, "multistep")
     milestones = list(options["milestones"])
     if not milestones or milestones != sorted(set(milestones)) or not train.warmup_steps < milestones[0] <= milestones[-1] < train.steps:
         raise ConfigError(

@@ -159,7 +159,7 @@ def _cmd_train(args) -> int:
     from snnfw.errors import ConfigError
     from snnfw.plan.prepare import build_datasets, prepare
     from snnfw.plugin.manager import Plugins
-    from snnfw.tools.launch import launch
+    from snnfw.tools.launch import check_extras, launch
 
     if args.nnodes > 1 and not (args.rdzv_endpoint and args.run_dir):
         raise ConfigError("--nnodes 2 or more needs --rdzv-endpoint HOST:PORT (node rank 0's host) and a shared --run-dir")
@@ -172,6 +172,7 @@ def _cmd_train(args) -> int:
     if args.resume and args.overwrite:
         raise ConfigError("--resume continues the run in --run-dir and --overwrite replaces it; pass one of them")
     config = load_config(args.config, args.overrides)
+    check_extras(config)
     plugins = Plugins()
     # refuse a bad config before starting any process
     prepared = prepare(config, args.nproc * args.nnodes, plugins, local_ranks=args.nproc)

@@ -29,7 +29,7 @@ import attrs
 from attrs import validators as v
 
 from snnfw import entry_points
-from snnfw.errors import ConfigError
+from snnfw.errors import ConfigError, shortened, shown
 
 _positive = [v.instance_of(int), v.gt(0)]
 SEED_RANGE = 2**32  # what every generator a run seeds takes (numpy's the narrowest)
@@ -38,7 +38,7 @@ MAX_TIMEOUT_S = 7 * 24 * 3600  # a week: a collective's timeout must fit torch's
 
 def _finite(instance, attribute, value) -> None:
     if value is not None and not math.isfinite(value):
-        raise ValueError(f"'{attribute.name}' must be a finite number, got {value!r}")
+        raise ValueError(f"'{attribute.name}' must be a finite number, got {shown(value)}")
 
 
 def _fractions(instance, attribute, value) -> None:
@@ -51,9 +51,9 @@ def _mesh(value: Any) -> tuple[tuple[str, int], ...] | None:
     if value is None or isinstance(value, tuple):
         return value
     if not isinstance(value, dict) or not all(
-        isinstance(k, str) and isinstance(n, int) and n > 0 for k, n in value.items()
+        isinstance(k, str) and isinstance(n, int) and not isinstance(n, bool) and n > 0 for k, n in value.items()
     ):
-        raise ConfigError(f"parallel.mesh must be a table of dimension sizes like {{dp = 2}}, got {value!r}")
+        raise ConfigError(f"parallel.mesh must be a table of dimension sizes like {{dp = 2}}, got {shown(value)}")
     return tuple(value.items())
 
 
@@ -64,7 +64,7 @@ def _names(key: str):
         if value is None or isinstance(value, tuple):
             return value
         if not isinstance(value, list) or not all(isinstance(x, str) for x in value):
-            raise ConfigError(f"model.{key} must be an array of module names like [\"blocks.0\", \"blocks.1\"], got {value!r}")
+            raise ConfigError(f"model.{key} must be an array of module names like [\"blocks.0\", \"blocks.1\"], got {shown(value)}")
         return tuple(value)
 
     return convert
@@ -74,7 +74,7 @@ def _input_shape(value: Any) -> tuple[int, int, int] | None:
     if value is None or isinstance(value, tuple):
         return value
     if not isinstance(value, list) or len(value) != 3 or not all(isinstance(x, int) and not isinstance(x, bool) and x > 0 for x in value):
-        raise ConfigError(f"model.input_shape must be the frame shape [C, H, W] of one time step, like [2, 32, 32]; got {value!r}")
+        raise ConfigError(f"model.input_shape must be the frame shape [C, H, W] of one time step, like [2, 32, 32]; got {shown(value)}")
     return tuple(value)
 
 
@@ -85,7 +85,7 @@ def _tp_plan(value: Any) -> tuple[tuple[str, str], ...] | None:
     if not isinstance(value, dict) or not all(isinstance(style, str) for style in value.values()):
         raise ConfigError(
             f"model.tp_plan must be a table of module name to tensor-parallel style, like "
-            f"{{\"blocks.0\" = \"conv_bn_neuron\"}}; got {value!r}"
+            f"{{\"blocks.0\" = \"conv_bn_neuron\"}}; got {shown(value)}"
         )
     return tuple(value.items())
 
@@ -129,10 +129,11 @@ def _augment(value: Any) -> tuple[str, ...]:
     if isinstance(value, tuple):
         return value
     if not isinstance(value, list) or any(name not in AUGMENTS for name in value) or len(set(value)) != len(value):
-        raise ConfigError(f"data.augment lists training-set transforms, some of {list(AUGMENTS)} once each; got {value!r}")
+        raise ConfigError(f"data.augment lists training-set transforms, some of {list(AUGMENTS)} once each; got {shown(value)}")
     return tuple(value)
 
 
+BAD_RECORDINGS = ("refuse", "skip")  # what a raw recording not as its publisher ships it stops: the run, or itself
 FRAMES_BY = ("count", "time")  # bins of equal event counts (SpikingJelly's split_by="number"), or of equal time
 
 
@@ -150,7 +151,7 @@ def _frames(value: Any) -> Frames:
         return value
     keys = [f.name for f in attrs.fields(Frames)]
     if not isinstance(value, dict) or not set(value) <= set(keys):
-        raise ConfigError(f'data.frames must be a table like {{by = "time"}} with keys {", ".join(keys)}, got {value!r}')
+        raise ConfigError(f'data.frames must be a table like {{by = "time"}} with keys {", ".join(keys)}, got {shown(value)}')
     try:
         return Frames(**value)
     except (TypeError, ValueError) as err:
@@ -177,6 +178,7 @@ class DataConfig:
                                                   validator=v.optional([v.gt(0), _finite]))
     frames: Frames = attrs.field(factory=Frames, converter=_frames)  # raw event sets only
     cache: str | None = attrs.field(default=None, validator=v.optional(v.instance_of(str)))  # their frames' folder
+    bad_recordings: str = attrs.field(default="refuse", validator=v.in_(BAD_RECORDINGS))  # raw event sets only
 
 
 @attrs.frozen
@@ -200,7 +202,7 @@ def _numbers(key: str, kind: type, length: int | None = None, example: str = "")
         if not isinstance(value, list) or not all(isinstance(x, accepted) and not isinstance(x, bool) for x in value) or (
             length is not None and len(value) != length
         ):
-            raise ConfigError(f"train.{key} must be an array like {example}, got {value!r}")
+            raise ConfigError(f"train.{key} must be an array like {example}, got {shown(value)}")
         return tuple(kind(x) for x in value)
 
     return convert
@@ -214,7 +216,7 @@ def _no_decay(value: Any) -> tuple[str, ...]:
         return value
     if not isinstance(value, list) or any(kind not in NO_DECAY_KINDS for kind in value):
         raise ConfigError(
-            f"train.no_decay lists parameter kinds exempt from weight decay, some of {list(NO_DECAY_KINDS)}; got {value!r}"
+            f"train.no_decay lists parameter kinds exempt from weight decay, some of {list(NO_DECAY_KINDS)}; got {shown(value)}"
         )
     return tuple(value)
 
@@ -291,16 +293,16 @@ def _profile(value: Any) -> Profile | None:
         return value
     example = 'a table like {steps = "10-12", ranks = "all"} (ranks: "all" or a list such as [0, 3])'
     if not isinstance(value, dict) or "steps" not in value or not set(value) <= {"steps", "ranks"}:
-        raise ConfigError(f"log.profile must be {example}, got {value!r}")
+        raise ConfigError(f"log.profile must be {example}, got {shown(value)}")
     steps, ranks = value["steps"], value.get("ranks", "all")
     match = re.fullmatch(r"\s*(\d+)\s*(?:-\s*(\d+)\s*)?", str(steps)) if not isinstance(steps, bool) else None
     first, last = (int(match.group(1)), int(match.group(2) or match.group(1))) if match else (0, 0)
     if not 1 <= first <= last:
         raise ConfigError(f'log.profile.steps must be a step or a range of steps counted from 1, such as "10-12", '
-                          f"got {steps!r}")
+                          f"got {shown(steps)}")
     if ranks != "all" and not (isinstance(ranks, list) and ranks and all(
             isinstance(r, int) and not isinstance(r, bool) and r >= 0 for r in ranks)):
-        raise ConfigError(f'log.profile.ranks must be "all" or a list of ranks such as [0, 3], got {ranks!r}')
+        raise ConfigError(f'log.profile.ranks must be "all" or a list of ranks such as [0, 3], got {shown(ranks)}')
     return Profile((first, last), None if ranks == "all" else tuple(sorted(set(ranks))))
 
 
@@ -446,7 +448,7 @@ def parse_override(text: str) -> tuple[str, str, Any]:
     key, sep, raw = text.partition("=")
     section, dot, name = key.strip().partition(".")
     if not sep or not dot or not name:
-        raise ConfigError(f"--set expects section.key=value (for example train.steps=10), got {text!r}")
+        raise ConfigError(f"--set expects section.key=value (for example train.steps=10), got {shown(text)}")
     try:
         value = tomllib.loads(f"v = {raw.strip()}")["v"]
     except tomllib.TOMLDecodeError:
@@ -469,7 +471,7 @@ def _check_kind(cls: type, section: str, key: str, value: Any) -> None:
     accepted = (int, float) if kind is float else kind  # an integer is a number
     if isinstance(value, accepted) and (kind is bool or not isinstance(value, bool)):
         return
-    raise ConfigError(f"{section}.{key} must be {_KINDS[kind]}, got {value!r} ({type(value).__name__})")
+    raise ConfigError(f"{section}.{key} must be {_KINDS[kind]}, got {shown(value)} ({type(value).__name__})")
 
 
 def build_config(data: dict[str, Any], overrides: list[str] = ()) -> Config:
@@ -494,7 +496,7 @@ def build_config(data: dict[str, Any], overrides: list[str] = ()) -> Config:
     for text in overrides:
         section, name, value = parse_override(text)
         if section not in classes:
-            raise ConfigError(f"unknown config section in --set {text!r}; sections are {', '.join(classes)}")
+            raise ConfigError(f"unknown config section in --set {shown(text)}; sections are {', '.join(classes)}")
         merged.setdefault(section, {})[name] = value
     explicit = {f"{section}.{key}" for section, table in merged.items() for key in table}
     if listed is not None:  # every key is present; the listed ones and the overrides were set
@@ -508,13 +510,13 @@ def build_config(data: dict[str, Any], overrides: list[str] = ()) -> Config:
         known = {f.name for f in attrs.fields(cls)}
         for key in table:
             if key not in known:
-                raise ConfigError(f"unknown config key {section}.{key}; keys of [{section}] are {', '.join(sorted(known))}")
+                raise ConfigError(f"unknown config key {shortened(f'{section}.{key}')}; keys of [{section}] are {', '.join(sorted(known))}")
             _check_kind(cls, section, key, table[key])
         try:
             sections[section] = cls(**table)
         except (TypeError, ValueError) as err:
             reason = err.args[0] if err.args else err
-            raise ConfigError(f"invalid value in [{section}]: {reason}") from None
+            raise ConfigError(f"invalid value in [{section}]: {shortened(str(reason))}") from None
     every, steps = sections["checkpoint"].every, sections["train"].steps
     if every > steps and sections["train"].epochs is None:
         raise ConfigError(
@@ -572,6 +574,8 @@ def load_config(path: str | Path | None, overrides: list[str] = ()) -> Config:
     data: dict[str, Any] = {}
     if path is not None:
         path = Path(path)
+        if path.is_dir():
+            raise ConfigError(f"config file {path} is a folder; pass a TOML file such as examples/quickstart.toml")
         if not path.is_file():
             raise ConfigError(f"config file {path} does not exist; pass a TOML file such as examples/quickstart.toml")
         try:

@@ -38,6 +38,19 @@ class DivergedError(UserError):
     """Training produced a non-finite loss."""
 
 
+LONGEST = 200  # characters of a value that a message shows
+
+
+def shown(value) -> str:
+    """``repr(value)``, cut to :data:`LONGEST` characters saying how long it is, so that a message stays readable."""
+    return shortened(repr(value))
+
+
+def shortened(text: str) -> str:
+    """``text`` cut to :data:`LONGEST` characters, saying how long it is."""
+    return text if len(text) <= LONGEST else f"{text[:LONGEST]}... ({len(text):,} characters)"
+
+
 def explain(err: BaseException) -> str:
     """The message with its notes (such as the plugin that raised it) on one line."""
     return "; ".join([str(err), *getattr(err, "__notes__", ())])

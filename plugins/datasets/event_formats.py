@@ -9,11 +9,14 @@
 - ``shd``: ``shd_train.h5`` and ``shd_test.h5`` (gunzipped), read as tonic's SHD reads them; ``ssc``:
   ``ssc_train.h5`` and ``ssc_test.h5`` alike (SSC's validation file is not read).
 
-:data:`URLS` says where each is fetched from; nothing is downloaded.
+:data:`URLS` says where each is fetched from; nothing is downloaded. Every file is checked where it is opened,
+listing included: one that is empty, cut, or not in its format's layout raises :class:`BadRecording` naming it
+and what is wrong, as does a recording whose events fall outside the sensor (:func:`check_events`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import re
 import struct
@@ -22,6 +25,8 @@ from typing import Callable
 
 import attrs
 import numpy as np
+
+from snnfw.errors import DataError
 
 URLS = {
     "n_mnist": "https://www.garrickorchard.com/datasets/n-mnist (train.zip and test.zip, unzipped into data.root)",
@@ -34,6 +39,51 @@ URLS = {
 }
 
 
+class BadRecording(DataError):
+    """A raw file of data set ``name`` that is not as its publisher ships it: ``path`` and what is wrong with it."""
+
+    def __init__(self, name: str, path: Path, what: str):
+        super().__init__(f"{path} is not a {name} recording as its publisher ships it: {what}; get it again from "
+                         f"{URLS[name]}")
+        self.path = path
+
+
+# what libraries raise on a file that is not what they read (h5py: OSError, KeyError, TypeError; numpy's loadtxt:
+# ValueError; struct: struct.error)
+_UNREADABLE = (OSError, ValueError, KeyError, IndexError, TypeError, struct.error, UnicodeDecodeError, AssertionError)
+
+
+@contextlib.contextmanager
+def opening(path: Path, name: str):
+    """Turns a failure to read ``path``, a file of data set ``name``, into :class:`BadRecording` naming it."""
+    try:
+        yield
+    except BadRecording:
+        raise
+    except _UNREADABLE as err:
+        reason = " ".join(str(err).split())[:200] or type(err).__name__
+        if isinstance(err, OSError) and "signature not found" in reason:
+            reason = "it is not an HDF5 file"
+        raise BadRecording(name, path, reason) from None
+
+
+def check_events(events: np.ndarray, sensor: tuple[int, int, int]) -> np.ndarray:
+    """``events`` if they are some and lie on the sensor (W, H, P) at times from 0; ValueError saying which not.
+    (A sensor of one polarity counts every event in it, as tonic's ToFrame does.)"""
+    if len(events) == 0:
+        raise ValueError("it holds no events")
+    limits = {"x": sensor[0], "y": sensor[1], **({"p": sensor[2]} if sensor[2] > 1 else {})}
+    for field in events.dtype.names:
+        values = events[field]
+        low, high = values.min(), values.max()
+        if field == "t" and low < 0:
+            raise ValueError(f"it holds an event at time {low}, before 0")
+        if field in limits and (low < 0 or high >= limits[field]):
+            raise ValueError(f"it holds an event of {field} = {low if low < 0 else high}, outside the sensor's "
+                             f"0 to {limits[field] - 1}")
+    return events
+
+
 @attrs.frozen
 class RawSet:
     """One publisher's layout: the recordings of a split, how to read one, and the sensor's (W, H, P)."""
@@ -42,6 +92,11 @@ class RawSet:
     read: Callable[[Path, object], np.ndarray]  # (root, recording) -> tonic's structured events
     sensor: tuple[int, int, int]
     fingerprint: Callable[[Path, str], list]  # (root, split) -> what the cache key covers of the raw files
+    source: Callable[[Path, object], Path]  # (root, recording) -> the file it is read from
+
+
+def _itself(root: Path, path: Path) -> Path:
+    return path
 
 
 def _file_stats(files: list[Path], root: Path) -> list:
@@ -59,8 +114,17 @@ def _nmnist_files(root: Path, split: str) -> list[tuple[Path, int]]:
 
 
 def _nmnist_read(root: Path, path: Path) -> np.ndarray:
+    """tonic's reader, on a file checked first: whole 5-byte events, each on the 34x34 sensor (so none of the
+    format's time-overflow markers, y = 240, which 0.3 s recordings of 23-bit microsecond times never need)."""
     from tonic.io import read_mnist_file
 
+    raw = np.frombuffer(path.read_bytes(), np.uint8)
+    if len(raw) == 0:
+        raise ValueError("it is empty")
+    if len(raw) % 5:
+        raise ValueError(f"its events are cut: it has {len(raw)} bytes, and N-MNIST events are 5 bytes each")
+    if (corner := max(raw[0::5].max(), raw[1::5].max())) >= 34:
+        raise ValueError(f"it holds an event at x or y = {corner}, outside the 34x34 sensor")
     return read_mnist_file(str(path), dtype=np.dtype([("x", int), ("y", int), ("t", int), ("p", int)]))
 
 
@@ -87,45 +151,83 @@ def _cifar10_dvs_files(root: Path, split: str) -> list[tuple[Path, int]]:
 
 
 def _cifar10_dvs_read(root: Path, path: Path) -> np.ndarray:
-    """Decoded as SpikingJelly's CIFAR10DVS decodes the publisher's files (x and y mirrored, polarity flipped)."""
-    from tonic.io import get_aer_events_from_file, make_structured_array, read_aedat_header_from_file
+    """Decoded as SpikingJelly's CIFAR10DVS decodes the publisher's files (x and y mirrored, polarity flipped),
+    after a header of ``#`` lines of text, the first ``#!AER-DAT2.0``; addresses are the DVS128's 15 bits (and its
+    external-event flag), so a byte of text read as an event is refused."""
+    from tonic.io import make_structured_array
 
-    version, start, _ = read_aedat_header_from_file(str(path))
-    if (path.stat().st_size - start) % 8:
+    data = path.read_bytes()
+    if not data.startswith(b"#!AER-DAT2.0\r\n"):
+        raise ValueError("it does not begin with the AEDAT 2.0 header line #!AER-DAT2.0")
+    start = 0
+    while data.startswith(b"#", start):
+        end = data.find(b"\r\n", start) + 2
+        if end < 2 or any(byte < 32 or byte == 127 for byte in data[start:end - 2]):
+            raise ValueError(f"its header line at byte {start} is not a line of text ending in \\r\\n")
+        start = end
+    if (len(data) - start) % 8:
         raise ValueError("its events are cut: AEDAT 2.0 events are 8 bytes each")
-    raw = get_aer_events_from_file(str(path), version, start)
-    address, t = raw["address"].astype(np.int64), raw["timeStamp"].astype(np.int64)
+    raw = np.frombuffer(data, ">u4", offset=start).reshape(-1, 2).astype(np.int64)
+    address, t = raw[:, 0], raw[:, 1]
+    if len(address) and (wide := int(address.max())) >> 16:
+        raise ValueError(f"it holds an event address {wide:#x}, wider than the DVS128's 16 bits")
     x, y, p = (address & 0xFE) >> 1, (address & 0x7F00) >> 8, address & 1
     return make_structured_array(127 - y, 127 - x, t, 1 - p)
 
 
 # DVS128 Gesture: one AEDAT 3.1 file per trial (a user under a lighting), its gestures' classes and time spans in
 # a CSV beside it; trials_to_train.txt and trials_to_test.txt list the trials of each split.
+GESTURES = 11
+
+
 def _gesture_recordings(root: Path, split: str) -> list[tuple[tuple[Path, int, int], int]]:
     folder = root / "DvsGesture"
     listed = folder / f"trials_to_{split}.txt"
     if not listed.is_file():
         return []
     recordings = []
-    for trial in listed.read_text().split():
-        spans = np.loadtxt(folder / trial.replace(".aedat", "_labels.csv"), dtype=np.int64, delimiter=",",
-                           skiprows=1, ndmin=2)
+    with opening(listed, "dvs128_gesture"):
+        trials = listed.read_text(encoding="ascii").split()
+    for trial in trials:
+        if not trial.endswith(".aedat") or not (folder / trial).is_file():
+            raise BadRecording("dvs128_gesture", listed, f"it lists {trial!r}, which is not an .aedat file in {folder}")
+        labels = folder / trial.replace(".aedat", "_labels.csv")
+        with opening(labels, "dvs128_gesture"):
+            spans = np.loadtxt(labels, dtype=np.int64, delimiter=",", skiprows=1, ndmin=2)
+            if spans.shape[1] != 3 or not (1 <= spans[:, 0]).all() or not (spans[:, 0] <= GESTURES).all() or (
+                    spans[:, 1] >= spans[:, 2]).any():
+                raise ValueError(f"its rows are not class (1 to {GESTURES}), startTime_usec, endTime_usec with the "
+                                 "start before the end")
         recordings += [((folder / trial, start, end), int(label) - 1) for label, start, end in spans]
     return recordings
 
 
-@functools.lru_cache(maxsize=2)  # a trial's gestures are read one after another
 def _aedat3_polarity_events(path: Path) -> np.ndarray:
     """The polarity events (type 1) of an AEDAT 3.1 file, decoded as SpikingJelly's ``load_aedat_v3`` does."""
+    return _aedat3_decoded(path, *(lambda stat: (stat.st_size, stat.st_mtime_ns))(path.stat()))
+
+
+@functools.lru_cache(maxsize=2)  # a trial's gestures are read one after another; the file's size and time key it
+def _aedat3_decoded(path: Path, size: int, mtime_ns: int) -> np.ndarray:
+    """Checked as it is decoded: the DVS128 writes special (type 0) and polarity (type 1) packets of 8-byte events,
+    their timestamps' overflow counter starting at 0 and counting up by one."""
     from tonic.io import make_structured_array
 
     data = path.read_bytes()
+    if not data.startswith(b"#!AER-DAT3.1\r\n") or b"#!END-HEADER\r\n" not in data:
+        raise ValueError("it is not an AEDAT 3.1 file (#!AER-DAT3.1, then a header ending in #!END-HEADER)")
     start = data.index(b"#!END-HEADER\r\n") + len(b"#!END-HEADER\r\n")
-    packets, offset = [], start
+    packets, offset, counted = [], start, 0
     while offset < len(data):
-        (kind,), (size,) = struct.unpack_from("<H", data, offset), struct.unpack_from("<I", data, offset + 4)
-        overflow, capacity = struct.unpack_from("<II", data, offset + 12)
-        body = offset + 28
+        if offset + 28 > len(data):
+            raise ValueError("its last event packet is cut")
+        kind, _, size, ts_offset, overflow, capacity, number, valid = struct.unpack_from("<HHIIIIII", data, offset)
+        if kind not in (0, 1) or size != 8 or ts_offset != 4 or not valid <= number <= capacity:
+            raise ValueError(f"its event packet at byte {offset} is not a DVS128's (type {kind}, {size}-byte events)")
+        if overflow not in (counted, counted + 1):
+            raise ValueError(f"its event packet at byte {offset} counts {overflow} timestamp overflows after "
+                             f"{counted}")
+        counted, body = overflow, offset + 28
         if body + capacity * size > len(data):
             raise ValueError("its last event packet is cut")
         if kind == 1:
@@ -160,8 +262,13 @@ def _heidelberg(prefix: str) -> RawSet:
 
         if not file(root, split).is_file():
             return []
-        with h5py.File(file(root, split), "r") as opened:
-            return [((split, index), int(label)) for index, label in enumerate(opened["labels"][()])]
+        with opening(file(root, split), prefix), h5py.File(file(root, split), "r") as opened:
+            labels = opened["labels"][()]
+            samples = [len(opened[key]) for key in ("spikes/times", "spikes/units")]
+            if labels.ndim != 1 or labels.dtype.kind not in "iu" or samples != [len(labels)] * 2:
+                raise ValueError(f"its labels ({labels.dtype}, shape {labels.shape}) are not one integer per sample "
+                                 f"of spikes/times and spikes/units ({samples[0]} and {samples[1]})")
+            return [((split, index), int(label)) for index, label in enumerate(labels)]
 
     def read(root: Path, key: tuple[str, int]) -> np.ndarray:
         """As tonic's SHD reads a sample: times in microseconds, the channel as x, polarity 1."""
@@ -171,22 +278,35 @@ def _heidelberg(prefix: str) -> RawSet:
         split, index = key
         with h5py.File(file(root, split), "r") as opened:
             times, units = opened["spikes/times"][index], opened["spikes/units"][index]
+        if len(times) != len(units) or not np.isfinite(times).all() or (times < 0).any():
+            raise ValueError(f"its sample {index} has {len(times)} spike times and {len(units)} channels, which are "
+                             "not as many finite times from 0 as channels")
         return make_structured_array(times.astype(np.float64) * 1e6, units, 1,
                                      dtype=np.dtype([("t", int), ("x", int), ("p", int)]))
 
-    return RawSet(recordings, read, (700, 1, 1), lambda root, split: _file_stats([file(root, split)], root))
+    return RawSet(recordings, read, (700, 1, 1), lambda root, split: _file_stats([file(root, split)], root),
+                  lambda root, key: file(root, key[0]))
 
 
 SETS = {
     "n_mnist": RawSet(_nmnist_files, _nmnist_read, (34, 34, 2),
-                      lambda root, split: _file_stats([f for f, _ in _nmnist_files(root, split)], root)),
+                      lambda root, split: _file_stats([f for f, _ in _nmnist_files(root, split)], root), _itself),
     "cifar10_dvs": RawSet(_cifar10_dvs_files, _cifar10_dvs_read, (128, 128, 2),
-                          lambda root, split: _file_stats([f for f, _ in _cifar10_dvs_files(root, split)], root)),
+                          lambda root, split: _file_stats([f for f, _ in _cifar10_dvs_files(root, split)], root),
+                          _itself),
     "dvs128_gesture": RawSet(_gesture_recordings, _gesture_read, (128, 128, 2),
-                             lambda root, split: _file_stats(_gesture_files(root, split), root)),
+                             lambda root, split: _file_stats(_gesture_files(root, split), root),
+                             lambda root, key: key[0]),
     "shd": _heidelberg("shd"),
     "ssc": _heidelberg("ssc"),
 }
+
+
+def read(name: str, root: Path, recording) -> np.ndarray:
+    """Recording ``recording`` of data set ``name``, checked (:class:`BadRecording` if it is not as shipped)."""
+    raw = SETS[name]
+    with opening(raw.source(root, recording), name):
+        return check_events(raw.read(root, recording), raw.sensor)
 
 
 def holds_events(name: str, root: Path) -> bool:

@@ -16,6 +16,7 @@ import contextlib
 import fcntl
 import hashlib
 import json
+import shutil
 import sys
 from pathlib import Path
 
@@ -24,9 +25,9 @@ import numpy as np
 
 from snnfw import rundir
 from snnfw.errors import DataError
-from snnfw_plugins.datasets.event_formats import SETS, URLS, holds_events
+from snnfw_plugins.datasets.event_formats import SETS, URLS, BadRecording, holds_events, read
 
-RAW_ONLY = ("frames", "cache")  # the [data] keys only raw recordings read
+RAW_ONLY = ("frames", "cache", "bad_recordings")  # the [data] keys only raw recordings read
 COUNTS = np.uint16  # per-pixel event counts of one frame, as cached
 
 
@@ -47,8 +48,9 @@ def cache_folder(config, name: str, split: str, time_steps: int) -> Path:
     import tonic
 
     root = Path(config.root)
+    skip = ["bad recordings skipped"] if config.bad_recordings == "skip" else []  # a run that refuses does not read a cache that skipped
     key = json.dumps([name, split, time_steps, attrs.asdict(config.frames), tonic.__version__,
-                      SETS[name].fingerprint(root, split)])
+                      SETS[name].fingerprint(root, split), *skip])
     digest = hashlib.sha256(key.encode()).hexdigest()[:16]
     base = Path(config.cache) if config.cache is not None else root / ".snnfw-frames"
     return base / f"{name}-{split}-T{time_steps}-{config.frames.by}-{digest}"
@@ -60,17 +62,36 @@ def cached_frames(config, name: str, split: str, time_steps: int) -> tuple[np.nd
         raise DataError(f"data.frames.denoise_us drops events without a neighbour in the pixel grid, and {name} "
                         "records channels, not pixels; remove it")
     folder = cache_folder(config, name, split, time_steps)
+    lock_path = folder.parent / f".{folder.name}.lock"
     try:
         folder.parent.mkdir(parents=True, exist_ok=True)
-        lock = open(folder.parent / f".{folder.name}.lock", "w")
+        lock = open(lock_path, "w")
     except OSError as err:
         raise DataError(f"cannot write the frames cache in {folder.parent} ({err.strerror}); set data.cache to a "
                         "folder you can write") from None
     with lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # the first process integrates; the others wait, then read
         if not (folder / "labels.npy").exists():
-            _integrate(config, name, split, time_steps, folder)
+            try:
+                _integrate(config, name, split, time_steps, folder)
+            except BaseException:  # refused or stopped: nothing half-made stays in the cache
+                lock_path.unlink(missing_ok=True)
+                with contextlib.suppress(OSError):
+                    folder.parent.rmdir()  # only if it is empty
+                raise
+    if (skipped := folder / SKIPPED).exists():
+        _say_skipped(name, split, skipped.read_text().splitlines())
     return np.load(folder / "frames.npy", mmap_mode="r"), np.load(folder / "labels.npy")
+
+
+SKIPPED = "skipped.txt"  # in a cache made with data.bad_recordings = "skip": the recordings left out, one a line
+KEPT = "kept.npy"  # and the listing's positions of those cached
+
+
+def _say_skipped(name: str, split: str, skipped: list[str]) -> None:
+    print(f"[snnfw] {name} {split}: {len(skipped)} recordings left out as not as their publisher ships them "
+          f'(data.bad_recordings = "skip"; listed in the cache\'s {SKIPPED}), the first: {skipped[0]}',
+          file=sys.stderr, flush=True)
 
 
 def _integrate(config, name: str, split: str, time_steps: int, folder: Path) -> None:
@@ -83,19 +104,14 @@ def _integrate(config, name: str, split: str, time_steps: int, folder: Path) -> 
           file=sys.stderr, flush=True)
     temp = folder.with_name(f"{rundir.TEMP}{folder.name}")
     temp.mkdir(parents=True, exist_ok=True)
-    frames = np.lib.format.open_memmap(temp / "frames.npy", mode="w+", dtype=COUNTS,
-                                       shape=(len(recordings), time_steps, polarities, height, width))
-    for index, (recording, _) in enumerate(recordings):
-        try:
-            events = raw.read(root, recording)
-        except (OSError, ValueError, KeyError, AssertionError, NotImplementedError) as err:
-            raise DataError(f"{recording} is not a {name} recording as its publisher ships it ({err}); get it "
-                            f"again from {URLS[name]}") from None
-        counts = to_frames(events, raw.sensor, time_steps, config.frames)
-        frames[index] = np.clip(counts, 0, np.iinfo(COUNTS).max)
-    frames.flush()
-    del frames
-    np.save(temp / "labels.npy", np.array([label for _, label in recordings], dtype=np.int64))
+    try:
+        labels, skipped = _write_frames(config, name, recordings, temp, (time_steps, polarities, height, width))
+    except BaseException:
+        shutil.rmtree(temp, ignore_errors=True)
+        raise
+    np.save(temp / "labels.npy", np.array(labels, dtype=np.int64))
+    if skipped:
+        (temp / SKIPPED).write_text("".join(f"{line}\n" for line in skipped))
     with contextlib.suppress(FileNotFoundError):
         for stale in folder.iterdir():
             stale.unlink()
@@ -103,13 +119,55 @@ def _integrate(config, name: str, split: str, time_steps: int, folder: Path) -> 
     temp.rename(folder)
 
 
+def _write_frames(config, name: str, recordings: list, temp: Path, shape: tuple) -> tuple[list[int], list[str]]:
+    """Writes ``temp/frames.npy``; returns the labels of the recordings written, and what was wrong with those left
+    out (with ``data.bad_recordings = "skip"``, whose positions in the listing go to ``temp/KEPT``; otherwise the
+    first bad one is refused)."""
+    root, labels, kept, skipped = Path(config.root), [], [], []
+    frames = np.lib.format.open_memmap(temp / "frames.npy", mode="w+", dtype=COUNTS, shape=(len(recordings), *shape))
+    for position, (recording, label) in enumerate(recordings):
+        try:
+            events = read(name, root, recording)
+        except BadRecording as bad:
+            if config.bad_recordings != "skip":
+                raise DataError(f'{bad}; or set data.bad_recordings = "skip" to leave out such recordings') from None
+            skipped.append(str(bad).partition("; get it again")[0])
+            continue
+        frames[len(labels)] = np.clip(to_frames(events, SETS[name].sensor, shape[0], config.frames), 0,
+                                      np.iinfo(COUNTS).max)
+        labels.append(label)
+        kept.append(position)
+    if not labels:
+        raise DataError(f"none of the {len(recordings)} recordings of {name} in {root} is as its publisher ships it "
+                        f"(the first: {skipped[0]}); get them again from {URLS[name]}")
+    if skipped:  # the frames written, in a file of their own size
+        written = np.lib.format.open_memmap(temp / "written.npy", mode="w+", dtype=COUNTS, shape=(len(labels), *shape))
+        for index in range(len(labels)):
+            written[index] = frames[index]
+        written.flush()
+        del written
+        np.save(temp / KEPT, np.array(kept, dtype=np.int64))
+    frames.flush()
+    del frames
+    if skipped:
+        (temp / "written.npy").replace(temp / "frames.npy")
+    return labels, skipped
+
+
+def kept_positions(config, name: str, split: str, time_steps: int) -> np.ndarray | None:
+    """Where in the split's listing each cached sample's recording is, when bad ones were left out (else None)."""
+    kept = cache_folder(config, name, split, time_steps) / KEPT
+    return np.load(kept) if kept.exists() else None
+
+
 class CachedFrames:
     """``(frames [T, C, H, W] float, label)`` from a split's cached counts, resized to the model's input; with
     event augmentation, from the recording's events (:meth:`with_events`)."""
 
-    def __init__(self, frames: np.ndarray, labels: np.ndarray, size: tuple[int, int], name: str, split: str, config):
+    def __init__(self, frames: np.ndarray, labels: np.ndarray, size: tuple[int, int], name: str, split: str, config,
+                 kept: np.ndarray | None = None):
         self.frames, self.labels, self.size, self.name, self.split, self.config = frames, labels, size, name, split, config
-        self._recordings = None
+        self.kept, self._recordings = kept, None  # kept: the listing's positions of the samples, when some were left out
 
     def __len__(self) -> int:
         return len(self.labels)
@@ -135,7 +193,7 @@ class CachedFrames:
         raw, root = SETS[self.name], Path(self.config.root)
         if self._recordings is None:
             self._recordings = [recording for recording, _ in raw.recordings(root, self.split)]
-        events = raw.read(root, self._recordings[index])
+        events = read(self.name, root, self._recordings[index if self.kept is None else int(self.kept[index])])
         with _numpy_seeded(seed):
             for name in names:
                 events = _event_transform(name, raw.sensor, options)(events)
@@ -186,7 +244,8 @@ def build_raw(name: str, config, spec, split: str) -> CachedFrames:
     if "spatial_jitter" in config.augment and SETS[name].sensor[1] == 1:
         raise DataError(f"data.augment's 'spatial_jitter' moves events in the pixel grid, and {name} records "
                         "channels, not pixels; remove it")
-    return CachedFrames(frames, labels, tuple(spec.shape[1:]), name, split, config)
+    return CachedFrames(frames, labels, tuple(spec.shape[1:]), name, split, config,
+                        kept_positions(config, name, split, spec.time_steps))
 
 
 def builder(name: str):

@@ -114,9 +114,9 @@ def builder(name: str):
                 f"{candidates[0]} does not exist: data set {name} expects the frames of model.time_steps = "
                 f"{spec.time_steps} that {made_by} writes, as <split>/<class>/*.npz" + (f"; or {raw}" if raw else "")
             )
-        if config.frames != Frames() or config.cache is not None:
-            raise DataError(f"data.frames and data.cache apply to raw recordings, and {root} holds SpikingJelly's "
-                            "frames, integrated already; remove them")
+        if config.frames != Frames() or config.cache is not None or config.bad_recordings != "refuse":
+            raise DataError(f"data.frames, data.cache and data.bad_recordings apply to raw recordings, and {root} "
+                            "holds SpikingJelly's frames, integrated already; remove them")
         folder, samples = _samples(frames_root, split)
         if not samples:
             raise DataError(f"{folder} holds no {split} samples: expected {split}/<class>/*.npz frame files")

@@ -69,6 +69,10 @@ def time_split_refusal(request, size: int) -> str | None:
     if config.compile.enable:
         return ("its neurons exchange state point to point inside the forward pass, which torch.compile does not "
                 "trace; set compile.enable = false")
+    microbatch = config.data.batch_size // (request.topology.world_size // size) // (config.train.microbatches or 1)
+    if config.tsp.slices > microbatch:
+        return (f"tsp.slices = {config.tsp.slices} is more than the {microbatch} samples of a microbatch, which a "
+                f"neuron runs in slices; set tsp.slices to {microbatch} or fewer")
     return time_mixing_layer(request.model) if request.model is not None else None
 
 

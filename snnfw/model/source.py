@@ -106,7 +106,7 @@ def source(config: Config, plugins, given: Any = None) -> Source:
     """The model ``config`` describes, or ``given`` (a module, or a callable that builds one)."""
     model = config.model
     if given is None and model.builder is None:
-        _refuse_set(config, OWN_MODEL_KEYS, f"describe a model given by model.builder, and model family {model.family!r} declares its own")
+        _refuse_set(config, OWN_MODEL_KEYS, f"for a model given by model.builder, and model family {model.family!r} declares its own")
         flavor = plugins.families.get(model.family).flavor(model.flavor)
         build, classes = flavor.build, flavor.num_classes
         if model.num_classes is not None and model.num_classes != classes:
@@ -119,7 +119,7 @@ def source(config: Config, plugins, given: Any = None) -> Source:
         return Source(model.family, build, datalib.InputSpec(model.time_steps, flavor.input_shape, classes), own=False)
     if given is not None and model.builder is not None:
         raise ConfigError("a model was handed to snnfw.start and model.builder names another; remove model.builder")
-    _refuse_set(config, ("family", "flavor"), "name a registered family, and the model is given by model.builder or the Python API")
+    _refuse_set(config, ("family", "flavor"), "for naming a registered family, and the model is given by model.builder or the Python API")
     if model.input_shape is None or model.num_classes is None:
         raise ConfigError(
             "a model of your own needs model.input_shape = [C, H, W] (one time step's frame) and model.num_classes; set both"

@@ -171,12 +171,13 @@ class Session:
         self.write_record()
 
     def write_record(self) -> None:
-        """Writes the last step's record to the metrics (a progress line on rank 0 every ``train.log_every``
-        steps and at the last), if it is not written yet."""
+        """Writes the last step's record to the metrics (with a run directory, a progress line on rank 0 every
+        ``train.log_every`` steps and at the last), if it is not written yet."""
         record, self.pending = self.pending, None
         if record is not None:
             steps = self.config.train.steps
-            show = self.env.rank == 0 and (record["step"] % self.config.train.log_every == 0 or record["step"] == steps)
+            due = record["step"] % self.config.train.log_every == 0 or record["step"] == steps
+            show = self.env.rank == 0 and self.run_dir is not None and due
             self.log.write(record, show=show)
 
     def summary(self) -> dict[str, Any]:

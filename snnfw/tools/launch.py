@@ -136,6 +136,31 @@ def launch(
     return 0
 
 
+def check_extras(config) -> None:
+    """Refuses, before any rank starts, a ``[log]`` setting whose optional package is not installed, and Weights &
+    Biases online without a login (its API key in ``WANDB_API_KEY`` or the netrc file; no network is asked)."""
+    import importlib.util
+    import netrc
+
+    from snnfw.errors import ConfigError
+
+    wanted = [("log.tensorboard", "tensorboard", config.log.tensorboard), ("log.wandb", "wandb", config.log.wandb)]
+    for key, package, on in wanted:
+        if on and importlib.util.find_spec(package) is None:
+            raise ConfigError(f"{key} needs the package {package}, which is not installed; pip install {package}, "
+                              f"or remove {key}")
+    if config.log.wandb == "online" and not os.environ.get("WANDB_API_KEY"):
+        host = os.environ.get("WANDB_BASE_URL", "https://api.wandb.ai").split("://")[-1].split("/")[0].split(":")[0]
+        path = Path(os.environ.get("NETRC", Path.home() / ".netrc"))
+        try:
+            login = netrc.netrc(path).authenticators(host) if path.is_file() else None
+        except (netrc.NetrcParseError, OSError):
+            login = None
+        if not login or not login[2]:
+            raise ConfigError(f'log.wandb = "online" logs to Weights & Biases, and no login was found (WANDB_API_KEY, '
+                              f'or {host} in {path}); run wandb login, or set log.wandb = "offline"')
+
+
 def _reachable(endpoint: str, timeout_s: float) -> bool:
     """Whether node 0's rendezvous at ``endpoint`` accepts a connection within ``timeout_s``.
 

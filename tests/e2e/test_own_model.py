@@ -227,7 +227,7 @@ def test_a_script_started_without_torchrun_is_told_how_to_launch(monkeypatch):
             pass
 
 
-def test_a_session_names_its_rank_and_writes_its_run_directory(tmp_path, monkeypatch):
+def test_a_session_names_its_rank_and_writes_its_run_directory(tmp_path, monkeypatch, capsys):
     import snnfw
 
     for name in ("WORLD_SIZE", "RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE"):
@@ -240,6 +240,8 @@ def test_a_session_names_its_rank_and_writes_its_run_directory(tmp_path, monkeyp
     assert [r["loss"] for r in written] == [r["loss"] for r in records] and written[-1]["eval_acc"] == scores["eval_acc"]
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["losses"] == [r["loss"] for r in records] and summary["test_accuracy"] == scores["eval_acc"]
+    progress = [line for line in capsys.readouterr().out.splitlines() if line.startswith("[snnfw] step")]
+    assert [line.split()[2] for line in progress] == ["1/2", "2/2"] and progress[-1].endswith(f"| eval {scores['eval_acc']:.1%}")
 
 
 SIBLING_NET = '''

@@ -174,3 +174,55 @@ def test_a_family_plans_under_every_strategy_of_the_guarantee_matrix(family):
     for case in CASES:
         plan = prepare(case_config(family, case, "float64"), case.ranks, plugins).plan
         assert (plan.strategy, plan.world_size) == (case.strategy, case.ranks), case.name
+
+
+def test_a_config_path_that_is_a_folder_is_refused_as_a_folder(tmp_path):
+    with pytest.raises(ConfigError, match=f"config file {tmp_path} is a folder; pass a TOML file"):
+        load_config(tmp_path)
+
+
+def test_a_mesh_size_of_true_is_refused_not_read_as_one():
+    with pytest.raises(ConfigError, match=r"parallel.mesh must be a table of dimension sizes like \{dp = 2\}, got"):
+        build_config({"parallel": {"mesh": {"dp": True}}})
+
+
+@pytest.mark.parametrize("schedule", [{"lr_schedule": "step", "step_size": 5}, {"lr_schedule": "multistep",
+                                                                               "milestones": [5, 10]}])
+def test_a_decay_by_gamma_above_one_is_refused(plugins, schedule):
+    config = build_config({"train": {"steps": 20, "gamma": 1e6, **schedule}})
+    with pytest.raises(ConfigError, match=r"train.gamma = 1000000.0 would raise the learning rate at each decay of "
+                                          r"lr_schedule \"\w+\", which multiplies it by gamma to lower it; set "
+                                          r"train.gamma below 1"):
+        prepare(config, 1, plugins)
+    prepare(build_config({"train": {"steps": 20, "gamma": 0.5, **schedule}}), 1, plugins)
+
+
+def test_more_tsp_slices_than_microbatch_samples_are_refused_in_the_plan(plugins):
+    config = {"parallel": {"strategy": "tsp"}, "data": {"batch_size": 8}, "model": {"time_steps": 4}}
+    with pytest.raises(PlanError, match=r"tsp.slices = 64 is more than the 4 samples of a microbatch, which a neuron "
+                                        r"runs in slices; set tsp.slices to 4 or fewer"):
+        prepare(build_config({**config, "train": {"microbatches": 2}, "tsp": {"slices": 64}}), 2, plugins)
+    assert prepare(build_config({**config, "tsp": {"slices": 8}}), 2, plugins).plan.strategy == "tsp"
+
+
+@pytest.mark.parametrize("setting", ["train.lr=", "train.precision=", "train.nokey", "nosection.x="])
+def test_a_huge_set_value_is_not_echoed_whole(setting):
+    with pytest.raises(ConfigError) as refused:
+        build_config({}, [setting + "a" * 120_000 + ("=1" if setting.endswith("nokey") else "")])
+    assert len(str(refused.value)) < 1000 and "characters)" in str(refused.value)
+
+
+@pytest.mark.parametrize("model, said", [
+    ({"blocks": ["blocks.0"]}, "model.blocks is for a model given by model.builder, and model family "
+                               "'cifar10dvs_vgg' declares its own; remove it"),
+    ({"blocks": ["blocks.0"], "stage_units": ["blocks.0"]}, "model.blocks, model.stage_units are for a model given "
+                                                             "by model.builder"),
+    ({"builder": "m:f", "flavor": "full"}, "model.flavor is for naming a registered family, and the model is given "
+                                           "by model.builder or the Python API; remove it"),
+    ({"builder": "m:f", "family": "x", "flavor": "full"}, "model.family, model.flavor are for naming a registered "
+                                                          "family"),
+])
+def test_refusals_of_family_keys_read_grammatically(plugins, model, said):
+    with pytest.raises(ConfigError) as refused:
+        prepare(build_config({"model": model}), 1, plugins)
+    assert said in str(refused.value)

@@ -1,6 +1,7 @@
 """Raw event recordings: read in their publishers' formats, integrated by tonic's ToFrame, cached once."""
 
 import functools
+import re
 import importlib.util
 import sys
 import types
@@ -201,3 +202,82 @@ def test_frames_by_count_are_spikingjellys_split_by_number_but_for_the_remainder
         assert np.array_equal(np.asarray(frames[index]), theirs), index
         remainders.add(len(left_out))
     assert remainders != {0} or name == "cifar10_dvs"  # the remainder was there to tell apart (600 events split evenly)
+
+
+def refusal(name, root, split="train"):
+    """The one-line DataError that integrating ``split`` raises, and what the cache holds after it."""
+    with pytest.raises(DataError) as refused:
+        events.cached_frames(data_config(name, root, cache=str(root / "cache")), name, split, T)
+    message = str(refused.value)
+    assert "\n" not in message and "Traceback" not in message
+    return message, sorted(p.name for p in (root / "cache").rglob("*")) if (root / "cache").exists() else []
+
+
+@pytest.mark.parametrize("name, damage, said", [
+    ("n_mnist", lambda root: (root / "Train/1/00002.bin").write_bytes(b"\x01" * 7),
+     r"Train/1/00002.bin is not a n_mnist recording .*: its events are cut: it has 7 bytes"),
+    ("n_mnist", lambda root: (root / "Train/1/00002.bin").write_bytes(b""), r"Train/1/00002.bin .*: it is empty"),
+    ("n_mnist", lambda root: (root / "Train/1/00002.bin").write_bytes(bytes([40, 3, 0, 0, 9])),
+     r"00002.bin .*: it holds an event at x or y = 40, outside the 34x34 sensor"),
+    ("cifar10_dvs", lambda root: (root / "bird/cifar10_bird_3.aedat").write_bytes(b"#!AER-DAT2.0\r\n\x00\x00\x00"),
+     r"cifar10_bird_3.aedat .*: its events are cut"),
+    ("cifar10_dvs", lambda root: (root / "bird/cifar10_bird_3.aedat").write_bytes(b"PK\x03\x04zipped"),
+     r"cifar10_bird_3.aedat .*: it does not begin with the AEDAT 2.0 header line"),
+    ("shd", lambda root: (root / "shd_train.h5").write_bytes(b"not HDF5 at all"),
+     r"shd_train.h5 is not a shd recording .*: it is not an HDF5 file"),
+    ("shd", lambda root: (root / "shd_train.h5").write_bytes((root / "shd_train.h5").read_bytes()[:3000]),
+     r"shd_train.h5 is not a shd recording as its publisher ships it: "),
+    ("ssc", lambda root: _without_labels(root / "ssc_train.h5"), r"ssc_train.h5 .*: .*labels"),
+    ("dvs128_gesture", lambda root: (root / "DvsGesture/user01_led_labels.csv").write_text("gesture;start\n3;9\n"),
+     r"user01_led_labels.csv is not a dvs128_gesture recording .*: "),
+    ("dvs128_gesture", lambda root: (root / "DvsGesture/trials_to_train.txt").write_text("user01_led.avi\n"),
+     r"trials_to_train.txt .*: it lists 'user01_led.avi', which is not an .aedat file"),
+    ("dvs128_gesture", lambda root: (root / "DvsGesture/user01_led.aedat").write_bytes(
+        (root / "DvsGesture/user01_led.aedat").read_bytes()[:-5]), r"user01_led.aedat .*: its last event packet is cut"),
+], ids=["nmnist-7-bytes", "nmnist-empty", "nmnist-off-sensor", "cifar10dvs-cut", "cifar10dvs-zip", "shd-not-hdf5",
+        "shd-cut", "ssc-no-labels", "gesture-csv-layout", "gesture-trial-list", "gesture-cut"])
+def test_a_bad_recording_of_any_format_is_refused_in_one_line_naming_it_and_leaves_no_cache(tmp_path, name, damage,
+                                                                                          said):
+    WRITERS[name](tmp_path)
+    damage(tmp_path)
+    message, cached = refusal(name, tmp_path)
+    assert re.search(said, message), message
+    assert f"get it again from {event_formats.URLS[name]}" in message
+    assert cached == []  # no temporary folder, no frames, no lock
+
+
+def _without_labels(path):
+    import h5py
+
+    with h5py.File(path, "a") as file:
+        del file["labels"]
+
+
+def test_a_bad_recording_is_refused_where_the_set_is_first_listed(tmp_path):
+    """The builder lists the recordings to tell raw ones from SpikingJelly's frames: a foreign file is refused there."""
+    write_dvs128_gesture(tmp_path)
+    (tmp_path / "DvsGesture/user02_led_labels.csv").write_text("class,startTime_usec,endTime_usec\n12,5,9\n")
+    spec = InputSpec(time_steps=T, shape=(2, 32, 32), num_classes=11)
+    with pytest.raises(DataError, match=r"user02_led_labels.csv .*: its rows are not class \(1 to 11\)"):
+        neuromorphic.builder("dvs128_gesture")(data_config("dvs128_gesture", tmp_path), spec, "train", 0)
+    assert not (tmp_path / ".snnfw-frames").exists()
+
+
+def test_bad_recordings_are_skipped_with_a_count_when_the_setting_says_so(tmp_path, capfd):
+    written = write_nmnist(tmp_path)
+    (tmp_path / "Train/0/00001.bin").write_bytes(b"")
+    (tmp_path / "Train/2/00003.bin").write_bytes(b"\x01" * 12)
+    message, _ = refusal("n_mnist", tmp_path)
+    assert message.endswith('or set data.bad_recordings = "skip" to leave out such recordings')
+    config = data_config("n_mnist", tmp_path, bad_recordings="skip", augment=["drop_event"])
+    spec = InputSpec(time_steps=T, shape=(2, 34, 34), num_classes=10)
+    train = neuromorphic.builder("n_mnist")(config, spec, "train", 0)
+    assert "n_mnist train: 2 recordings left out as not as their publisher ships them" in capfd.readouterr().err
+    kept = [sample for index, sample in enumerate(written["train"]) if index not in (1, 11)]
+    assert len(train) == 14 and train.labels.tolist() == [label for _, label in kept]
+    expected = ToFrame(sensor_size=(34, 34, 2), n_event_bins=T)(kept[10][0])
+    assert np.array_equal(np.asarray(train.frames[10]).reshape(expected.shape), expected)
+    again = train.with_events(10, (), {}, seed=0)[0]  # read again from its own recording, not a neighbour's
+    assert torch.equal(again, torch.from_numpy(np.asarray(train.frames[10], dtype=np.float32)))
+    refused, _ = refusal("n_mnist", tmp_path)  # a run that refuses does not read the cache that skipped
+    assert "00001.bin" in refused
