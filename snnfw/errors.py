@@ -62,21 +62,22 @@ def keys_phrase(keys: list[str]) -> tuple[str, str]:
 
 
 def user_line(err: BaseException) -> str:
-    """``"FILE, line N, in NAME"`` for the deepest frame of ``err``'s traceback in the user's own code (outside
-    Python's library, installed packages and snnfw with its plugins), or ``""`` where no frame is."""
+    """``"FILE, line N, in NAME"`` where the user's own code raised ``err`` or called the library that did: the
+    deepest frame of its traceback outside Python's library and installed packages, unless that frame is snnfw's
+    (or its plugins'), whose errors are its own; ``""`` where no such frame is."""
     import importlib.util
     import sysconfig
     import traceback
     from pathlib import Path
 
-    roots = {Path(sysconfig.get_paths()[key]).resolve() for key in ("stdlib", "platstdlib", "purelib", "platlib")}
-    roots.add(Path(__file__).resolve().parent)
+    libraries = {Path(sysconfig.get_paths()[key]).resolve() for key in ("stdlib", "platstdlib", "purelib", "platlib")}
     plugins = importlib.util.find_spec("snnfw_plugins")
-    folders = (plugins.submodule_search_locations or []) if plugins else []
-    roots.update(Path(folder).resolve() for folder in folders)
+    own = {Path(__file__).resolve().parent, *(Path(f).resolve() for f in (plugins.submodule_search_locations or []))}
     for frame in reversed(traceback.extract_tb(err.__traceback__)):
         path = Path(frame.filename).resolve()
-        if frame.filename.startswith("<") or any(path.is_relative_to(root) for root in roots):
+        if any(path.is_relative_to(root) for root in own):
+            return ""
+        if frame.filename.startswith("<") or any(path.is_relative_to(root) for root in libraries):
             continue
         shown = path.relative_to(Path.cwd()) if path.is_relative_to(Path.cwd()) else path
         return f"{shown}, line {frame.lineno}, in {frame.name}"
