@@ -62,6 +62,11 @@ def single_step():
     return nn.Sequential(layer.Conv2d(2, 4, 3, padding=1), neuron.LIFNode(), layer.Flatten(), layer.Linear(256, 10))
 
 
+class Pair(Averaged):
+    def forward(self, x):
+        return self.net(x), x
+
+
 def broken():
     return Frames(lambda i: [][i]), Frames(lambda i: [][i])
 
@@ -184,3 +189,20 @@ def test_a_network_left_in_single_step_mode_is_told_to_switch(folder):
     with pytest.raises(ConfigError, match=r"4 of its SpikingJelly modules are in single-step mode: call "
                                           r"functional.set_step_mode\(net, \"m\"\) on the network$"):
         prepare(config_in(folder, builder=f"{folder / 'nets.py'}:single_step"), 1, Plugins())
+
+
+def test_a_model_that_returns_no_tensor_is_told_what_it_returned(folder):
+    with pytest.raises(ConfigError, match=r"in either layout it returned a tuple; return them from its forward$"):
+        prepare(config_in(folder, builder=f"{folder / 'nets.py'}:Pair"), 1, Plugins())
+
+
+def test_data_sets_handed_to_the_api_have_their_labels_checked(folder):
+    import snnfw
+    from snnfw.model.source import import_object
+
+    nets = str(folder / "nets.py")
+    train, test = import_object(f"{nets}:float_labels", "data.builder")()
+    config = {"model": {"input_shape": [2, 8, 8], "num_classes": 10, "time_steps": 4}, "data": {"batch_size": 8}}
+    with pytest.raises(ConfigError, match=r"item 0 of the train data set has label 0\.0 \(float\)"):
+        with snnfw.start(config, model=import_object(f"{nets}:mlp", "model.builder"), train_set=train, test_set=test):
+            pass
