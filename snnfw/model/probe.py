@@ -55,6 +55,8 @@ def _run(model: nn.Module, spec: InputSpec, layout: str) -> Outcome:
     try:
         out = model(frames)
     except Exception as err:  # whatever the user's network raises is the finding
+        if frames.is_meta:  # a meta tensor has no values: the dry run builds the model for real and probes again
+            raise
         where = user_line(err)
         said = " ".join(str(err).split())[:300]
         return Outcome(raised=f"{type(err).__name__}: {said}" + (f" ({where})" if where else ""))

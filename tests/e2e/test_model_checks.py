@@ -67,6 +67,11 @@ class Pair(Averaged):
         return self.net(x), x
 
 
+class Valued(Averaged):
+    def forward(self, x):
+        return x if x.sum().item() > 1e9 else self.net(x)  # a value, which a meta tensor has not
+
+
 def broken():
     return Frames(lambda i: [][i]), Frames(lambda i: [][i])
 
@@ -206,3 +211,10 @@ def test_data_sets_handed_to_the_api_have_their_labels_checked(folder):
     with pytest.raises(ConfigError, match=r"item 0 of the train data set has label 0\.0 \(float\)"):
         with snnfw.start(config, model=import_object(f"{nets}:mlp", "model.builder"), train_set=train, test_set=test):
             pass
+
+
+def test_the_dry_run_probes_a_model_that_needs_values_for_real(folder):
+    from snnfw.tools.dry_run import dry_run
+
+    plan, footprints = dry_run(config_in(folder, builder=f"{folder / 'nets.py'}:Valued"), 1, Plugins())
+    assert plan.config.model.input_layout == "TN" and footprints[0][1].total > 0
