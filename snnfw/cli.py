@@ -1,7 +1,8 @@
 """The ``snnfw`` command: ``plugins``, ``plan``, ``train``, ``bench``, ``export``, ``eval``, ``predict`` and ``plot``.
 
-A user error (bad config, unknown name, impossible layout) exits with status 2
-and one message on stderr; ``--debug`` shows the traceback.
+A user error (bad config, unknown name, impossible layout), or an error raised
+in the user's own code inside a rank, exits with status 2 and one message on
+stderr; ``--debug`` shows the traceback.
 """
 
 from __future__ import annotations
@@ -185,7 +186,7 @@ def _cmd_train(args) -> int:
             args.config, args.nproc, run_dir, args.overrides, config.parallel.timeout_s, nnodes=args.nnodes,
             node_rank=args.node_rank, rdzv_endpoint=args.rdzv_endpoint, max_restarts=args.max_restarts,
             resume=args.resume, extra=["--overwrite"] if args.overwrite else [],
-            decision=prepared.decision.to_json() if prepared.decision else None,
+            decision=prepared.decision.to_json() if prepared.decision else None, debug=args.debug,
         )
 
 
@@ -232,7 +233,7 @@ def _cmd_eval(args) -> int:
     extra = ["--evaluate", str(weights)] + (["--predict", predict] if predict else [])
     with rundir.locked(run_dir):  # not a folder a run in progress writes, nor a file or a place that cannot be written
         return launch(args.config, args.nproc, run_dir, args.overrides, config.parallel.timeout_s, extra=extra,
-                      decision=prepared.decision.to_json() if prepared.decision else None)
+                      decision=prepared.decision.to_json() if prepared.decision else None, debug=args.debug)
 
 
 def _scored_weights(weights: Path) -> Path:

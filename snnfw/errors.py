@@ -3,6 +3,8 @@
 The CLI turns any :class:`UserError` into one line on stderr and exit status 2.
 """
 
+import contextlib
+
 
 class UserError(Exception):
     """A mistake in a config, a name or a request; not a bug in snnfw."""
@@ -57,3 +59,39 @@ def explain(err: BaseException) -> str:
 def keys_phrase(keys: list[str]) -> tuple[str, str]:
     """A refusal's subject and pronoun: ``("a.b is", "it")`` or ``("a.b, c.d are", "them")``."""
     return (f"{keys[0]} is", "it") if len(keys) == 1 else (f"{', '.join(keys)} are", "them")
+
+
+def user_line(err: BaseException) -> str:
+    """``"FILE, line N, in NAME"`` where the user's own code raised ``err`` or called the library that did: the
+    deepest frame of its traceback outside Python's library and installed packages, unless that frame is snnfw's
+    (or its plugins'), whose errors are its own; ``""`` where no such frame is."""
+    import importlib.util
+    import sysconfig
+    import traceback
+    from pathlib import Path
+
+    libraries = {Path(sysconfig.get_paths()[key]).resolve() for key in ("stdlib", "platstdlib", "purelib", "platlib")}
+    plugins = importlib.util.find_spec("snnfw_plugins")
+    own = {Path(__file__).resolve().parent, *(Path(f).resolve() for f in (plugins.submodule_search_locations or []))}
+    for frame in reversed(traceback.extract_tb(err.__traceback__)):
+        path = Path(frame.filename).resolve()
+        if any(path.is_relative_to(root) for root in own):
+            return ""
+        if frame.filename.startswith("<") or any(path.is_relative_to(root) for root in libraries):
+            continue
+        shown = path.relative_to(Path.cwd()) if path.is_relative_to(Path.cwd()) else path
+        return f"{shown}, line {frame.lineno}, in {frame.name}"
+    return ""
+
+
+@contextlib.contextmanager
+def users_code(what: str):
+    """Turns an exception that the user's code raises while ``what`` runs into a :class:`ConfigError` of one line."""
+    try:
+        yield
+    except UserError:
+        raise
+    except Exception as err:
+        where = user_line(err)
+        raise ConfigError(f"{what} raised {type(err).__name__}: {' '.join(str(err).split())[:300]}"
+                          + (f" ({where})" if where else "") + "; correct it (snnfw --debug shows the traceback)") from err

@@ -33,9 +33,11 @@ PROFILE = "profile"  # the folder of ``log.profile``'s traces and shares, per ra
 MEMORY = "memory"  # the folder of ``log.memory_snapshot``'s records, per rank
 RUN_FILES = (METRICS, SUMMARY, FINAL_MODEL, BEST_MODEL, TENSORBOARD, CHECKPOINTS, PROFILE, MEMORY)  # a run's files
 
+ERROR_LOG = "error.log"  # the traceback of an error in the user's own code that ended a rank
 RANKS = ".ranks"  # the ranks' markers for the launcher
 STOPPED = "stopped"  # in RANKS: the user error that stopped a rank, one line
 LAUNCHED = "SNNFW_LAUNCHED"  # environment: set by ``snnfw train``, which reports a rank's user error itself, once
+DEBUG = "SNNFW_DEBUG"  # environment: set by ``snnfw --debug train``: ranks show tracebacks on screen too
 AUTO_DECISION = "SNNFW_AUTO_DECISION"  # environment: the launcher's ``auto`` choice (JSON), which every rank applies
 
 
@@ -133,6 +135,14 @@ def stopped_marker(run_dir: Path) -> Path:
     return Path(run_dir) / RANKS / STOPPED
 
 
+def stopped_since(run_dir: Path, since: float) -> bool:
+    """Whether a rank stopped on a user error after ``since`` (a ``time.time()``)."""
+    try:
+        return stopped_marker(run_dir).stat().st_mtime >= since
+    except FileNotFoundError:
+        return False
+
+
 def mark_started(run_dir: Path, rank: int) -> None:
     """Records this rank's process (host and pid), so its launcher can stop it if it stops answering."""
     write_text(Path(run_dir) / RANKS / f"rank{rank}.pid", f"{socket.gethostname()} {os.getpid()}\n")
@@ -168,7 +178,8 @@ def rank_failures(run_dir: Path) -> dict[int, str]:
 
 
 def clear_markers(run_dir: Path) -> None:
-    """Removes an earlier launch's markers."""
+    """Removes an earlier launch's markers and error log."""
+    (Path(run_dir) / ERROR_LOG).unlink(missing_ok=True)
     folder = Path(run_dir) / RANKS
     if folder.exists():
         for marker in folder.iterdir():

@@ -4,7 +4,10 @@
 plain torchrun. Rank 0 prints progress and writes the run directory. A
 restarted attempt (``TORCHELASTIC_RESTART_COUNT`` > 0) resumes from the newest
 checkpoint, unless an earlier attempt stopped on a user error, which a
-restart would only repeat. A rank ends when its launcher is gone.
+restart would only repeat. An error raised in the user's own code (a model
+or data set of theirs) ends a rank as a user error does, naming their file
+and line, with the traceback in the run directory's ``error.log``. A rank
+ends when its launcher is gone.
 """
 
 from __future__ import annotations
@@ -16,11 +19,12 @@ import signal
 import sys
 import threading
 import time
+import traceback
 from pathlib import Path
 
 from snnfw import fast_exit, rundir
 from snnfw.config import load_config
-from snnfw.errors import UserError, explain
+from snnfw.errors import UserError, explain, user_line
 from snnfw.plugin.manager import Plugins
 
 
@@ -52,6 +56,7 @@ def main(argv: list[str] | None = None) -> int:
 
     if "TORCHELASTIC_RUN_ID" in os.environ:  # started by snnfw train's or torchrun's launcher
         _end_with_the_launcher()
+    started = time.time()
     run_dir = Path(args.run_dir)
     rank = int(os.environ.get("RANK", "0"))
     restarted = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0
@@ -83,6 +88,10 @@ def main(argv: list[str] | None = None) -> int:
         rundir.mark_stopped(run_dir, explain(err))
         return 2
     except Exception as err:  # reported by the launcher beside the ranks that ended with it
+        if where := user_line(err):
+            return _stopped_in_user_code(err, where, run_dir, rank)
+        if rundir.stopped_since(run_dir, started):  # a peer stopped on a user error, and this rank lost it
+            return 2
         rundir.mark_failed(run_dir, rank, f"{type(err).__name__}: {explain(err)}"[:400])
         raise
     if rank == 0:
@@ -95,6 +104,21 @@ def main(argv: list[str] | None = None) -> int:
     sys.stderr.flush()
     plugins.rank_done(rank)
     return 0
+
+
+def _stopped_in_user_code(err: Exception, where: str, run_dir: Path, rank: int) -> int:
+    """Ends this rank on an error raised in the user's own code (their model, their data set) as on a user error:
+    one line naming it, the traceback in the run directory's error log (and on screen with ``snnfw --debug``)."""
+    text = "".join(traceback.format_exception(err))
+    log = run_dir / rundir.ERROR_LOG
+    rundir.write_text(log, f"rank {rank}:\n{text}")
+    if os.environ.get(rundir.DEBUG):
+        print(text, file=sys.stderr, end="")
+    message = f"{where}: {type(err).__name__}: {' '.join(str(err).split())[:300]}; the traceback is in {log}"
+    if not os.environ.get(rundir.LAUNCHED):
+        print(f"snnfw: error: {message}", file=sys.stderr)
+    rundir.mark_stopped(run_dir, message)
+    return 2
 
 
 def _interruptible() -> int:

@@ -116,10 +116,26 @@ def _propose(request) -> Proposal:
         dp_dims=dp_dims,
         rationale=(
             f"fully_shard on {units}; {layout}; parameters, gradients and optimizer state on dim 0",
+            *_one_block(request),
             f"{fully_shard_options(parallel)}; gradients reduced after each step's last microbatch",
         ),
         estimate=_estimate(request, sizes.get("dp_shard", sizes.get("dp")), world),
     )
+
+
+def _one_block(request) -> tuple[str, ...]:
+    """The plan's line on a model of one block whose children could be blocks of their own."""
+    blocks, analysis = request.analysis.blocks, request.analysis
+    if len(blocks) != 1 or request.model is None:
+        return ()
+    inner = [f"{blocks[0]}.{name}" for name, child in submodule(request.model, blocks[0]).named_children()
+             if any(True for _ in child.parameters())]
+    if len(inner) < 2:
+        return ()
+    where = ("model.blocks = [" + ", ".join(f'"{name}"' for name in inner) + "]" if analysis.own else
+             "more blocks in the family's snnfw_analyze")
+    return (f"one block found ({blocks[0]}): each rank gathers all its parameters at once; declare {where} to "
+            "gather one at a time",)
 
 
 def fully_shard_options(parallel) -> str:

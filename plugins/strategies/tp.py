@@ -1,15 +1,15 @@
 """``tp``: tensor parallel on a 1-D ``tp`` mesh, neuron state sharded with its activations.
 
-The family's ``tp_plan`` names a style (see ``tp_styles``) per module; every
-rank of the group sees the same batch. Every sharded neuron, whatever its
-``snnfw_shard_neuron`` rule, checks that it receives its local channels, so a
-shard that went wrong fails by name instead of silently re-creating full-size state.
+The model's ``tp_plan`` names a style (see ``tp_styles``) per module or run of
+layers; every rank of the group sees the same batch. Every sharded neuron,
+whatever its ``snnfw_shard_neuron`` rule, checks that it receives its local
+channels, so a shard that went wrong fails by name instead of silently
+re-creating full-size state.
 """
 
 import difflib
 
 from snnfw import hookimpl
-from snnfw.model.analysis import submodule
 from snnfw.plan.estimate import estimate, ring_bytes
 from snnfw.plan.layout import Proposal
 from snnfw.plugin.strategy import Strategy
@@ -18,32 +18,53 @@ NAME = "tp"
 
 
 def check_tp_plan(request, size: int) -> str | None:
-    """Why the family's tp_plan cannot run with ``size`` shards, or None."""
+    """Why the model's tp_plan cannot run with ``size`` shards, or None."""
     from snnfw_plugins.defaults import state_name
-    from snnfw_plugins.strategies.tp_styles import STYLES
+    from snnfw_plugins.strategies.tp_styles import STYLES, Indivisible, unit
 
-    plan = request.analysis.tp_plan
+    plan, analysis = request.analysis.tp_plan, request.analysis
+    where = "model.tp_plan" if analysis.own else "the family's snnfw_analyze"
     if not plan:
-        example = '{"blocks.0" = "conv_bn_neuron"}' if request.analysis.own else ""
-        return f"{request.analysis.missing('tp_plan', example)}; choose another strategy"
+        if not analysis.own:
+            return f"{analysis.missing('tp_plan', '')}; use strategy dp or fsdp2"
+        if "tp_plan" in analysis.inferred:
+            return (f"model {analysis.family!r} has nothing tp can shard: no container, nor run of an nn.Sequential's "
+                    "layers, is Conv, BatchNorm, neuron (conv_bn_neuron) or Linear, neuron, Linear (linear_mlp); use "
+                    "strategy dp or fsdp2, or declare model.tp_plan")
+        found = _inferred_inside(request.model, "") if request.model is not None else ""
+        return "model.tp_plan is empty; " + (f"name units in it ({found}), or use strategy dp or fsdp2" if found else
+                                             "use strategy dp or fsdp2")
     for name, style in plan:
         if style not in STYLES:
             return f"{name} names the unknown tp style {style!r}; styles: {', '.join(sorted(STYLES))}"
         if request.model is None:
             continue
         try:
-            module = submodule(request.model, name)
+            module = unit(request.model, name)
         except AttributeError:
             names = [state_name(n) for n, _ in request.model.named_modules() if n]
             nearest = ", ".join(difflib.get_close_matches(name, names, n=3, cutoff=0))
-            where = "model.tp_plan" if request.analysis.own else "the family's snnfw_analyze"
             return (
-                f"the tp_plan of {request.analysis.family!r} names module {name!r}, which the model "
+                f"the tp_plan of {analysis.family!r} names module {name!r}, which the model "
                 f"does not have (nearest: {nearest}); correct the name in {where}"
             )
         if reason := STYLES[style].check(module, size):
-            return f"{name} ({style}): {reason}; choose a tp size that divides it"
+            if isinstance(reason, Indivisible):
+                return f"{name} ({style}): {reason}; choose a tp size that divides it"
+            inside = _inferred_inside(module, name) if analysis.own else ""
+            return f"{name} ({style}): {reason}; " + (f"name the units inside it in {where}: {inside}" if inside else
+                                                      f"name a unit that fits the style in {where}")
     return None
+
+
+def _inferred_inside(module, name: str) -> str:
+    """The units snnfw infers inside ``module`` (named ``name``), as model.tp_plan entries; "" for none."""
+    from torch import nn
+
+    from snnfw.model.source import infer_tp_plan
+
+    found = infer_tp_plan(module) if isinstance(module, nn.Module) else ()
+    return ", ".join(f'"{name}{"." if name else ""}{inner}" = "{style}"' for inner, style in found)
 
 
 def tp_estimate(request, tp: int, replicas: int = 1):
@@ -62,12 +83,12 @@ def tp_estimate(request, tp: int, replicas: int = 1):
 
 def apply_tensor_parallel(model, analysis, tp_mesh, hooks) -> None:
     """Shards every module of the family's tp_plan over ``tp_mesh`` (1-D), in place."""
-    from snnfw_plugins.strategies.tp_styles import STYLES, Shard
+    from snnfw_plugins.strategies.tp_styles import STYLES, Shard, unit
 
     names = {id(m): name for name, m in model.named_modules()}
     shard = Shard(tp_mesh, tp_mesh.get_group(), tp_mesh.get_local_rank(), tp_mesh.size(), hooks, names)
     for name, style in analysis.tp_plan:
-        STYLES[style].apply(submodule(model, name), shard)
+        STYLES[style].apply(unit(model, name), shard)
 
 
 class TensorParallel(Strategy):

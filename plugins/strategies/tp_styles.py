@@ -15,6 +15,10 @@ which then only ever see (and keep) their local channels.
 - ``linear_mlp``: Linear-neuron-Linear through torch's DTensor
   ``ColwiseParallel`` and ``RowwiseParallel``.
 
+A plan entry names a module, or a run of an ``nn.Sequential``'s children as a
+slice, ``"name.start:stop"`` (``"1:4"`` in a Sequential model): the layers of a
+flat Sequential, sharded where they are (a :class:`Run`), their names unchanged.
+
 Every sliced parameter and buffer is noted in its module's ``snnfw_slices``
 (a :class:`TensorSlice` per name), so checkpoints can gather and re-slice it.
 """
@@ -82,6 +86,48 @@ class TensorSlice:
     dim: int
     index: torch.Tensor
     group: object
+
+
+@attrs.frozen(eq=False)
+class Run:
+    """Children of an ``nn.Sequential`` run one after another, taken by a style as it takes a container of them:
+    a hook before it goes on the first, one after it on the last."""
+
+    members: tuple[tuple[str, nn.Module], ...]
+
+    def named_children(self):
+        return iter(self.members)
+
+    def children(self):
+        return (member for _, member in self.members)
+
+    def modules(self):
+        return (module for member in self.children() for module in member.modules())
+
+    def register_forward_pre_hook(self, hook):
+        return self.members[0][1].register_forward_pre_hook(hook)
+
+    def register_forward_hook(self, hook):
+        return self.members[-1][1].register_forward_hook(hook)
+
+
+def unit(model: nn.Module, name: str) -> nn.Module | Run:
+    """What a tp_plan entry names: a module, or the run ``"parent.start:stop"`` of an ``nn.Sequential``'s children."""
+    from snnfw.model.analysis import submodule
+
+    parent, _, last = name.rpartition(".")
+    if ":" not in last:
+        return submodule(model, name)
+    start, _, stop = last.partition(":")
+    container = submodule(model, parent)
+    if not (isinstance(container, nn.Sequential) and start.isdigit() and stop.isdigit()
+            and int(start) < int(stop) <= len(container)):
+        raise AttributeError(f"{name!r} is no run of an nn.Sequential's children (\"name.start:stop\")")
+    return Run(tuple(list(container.named_children())[int(start):int(stop)]))
+
+
+class Indivisible(str):
+    """A style's reason that another tp size would answer."""
 
 
 def _note(module: nn.Module, names: tuple[str, ...], dim: int, index: torch.Tensor, shard: Shard) -> None:
@@ -161,7 +207,7 @@ def shard_neuron(neuron: nn.Module, local: int, total: int, shard: Shard) -> Non
 
 def _channels(module: nn.Module, size: int, what: str, total: int) -> str | None:
     if total % size:
-        return f"{what} has {total} channels, not divisible by tp={size}"
+        return Indivisible(f"{what} has {total} channels, not divisible by tp={size}")
     return None
 
 
@@ -215,7 +261,7 @@ def check_self_attention(module: nn.Module, size: int) -> str | None:
     if heads is None or not hasattr(module, "qkv_conv_bn"):
         return "expects SpikingJelly's SpikingSelfAttention (num_heads, qkv_conv_bn, proj_conv_bn)"
     if heads % size:
-        return f"its {heads} heads are not divisible by tp={size}"
+        return Indivisible(f"its {heads} heads are not divisible by tp={size}")
     return None
 
 
@@ -244,7 +290,7 @@ def check_linear_mlp(module: nn.Module, size: int) -> str | None:
     return _channels(module, size, "its hidden layer", linears[0].out_features)
 
 
-def apply_linear_mlp(module: nn.Module, shard: Shard) -> None:
+def apply_linear_mlp(module: nn.Module | Run, shard: Shard) -> None:
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
     children = list(module.named_children())
@@ -253,8 +299,8 @@ def apply_linear_mlp(module: nn.Module, shard: Shard) -> None:
     for _, child in children[first + 1 : second]:
         for neuron in _neurons(child):
             shard_neuron(neuron, hidden // shard.size, hidden, shard)
-    plan = {children[first][0]: ColwiseParallel(), children[second][0]: RowwiseParallel()}
-    parallelize_module(module, shard.mesh, plan)
+    parallelize_module(children[first][1], shard.mesh, ColwiseParallel())
+    parallelize_module(children[second][1], shard.mesh, RowwiseParallel())
     count_dtensor_mlp(module)
 
 

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Callable
 import attrs
 
 from snnfw.config import Config, DataConfig
-from snnfw.errors import ConfigError, keys_phrase
+from snnfw.errors import ConfigError, keys_phrase, users_code
 
 if TYPE_CHECKING:
     import torch
@@ -73,7 +73,8 @@ def check_own_data(config: Config, given: bool) -> None:
 
 def own_datasets(build: Callable, name: str) -> tuple:
     """The ``(train, test)`` map-style data sets that ``build()`` returns; ``name`` is its import path."""
-    built = build() if callable(build) else None
+    with users_code(f"data.builder {name!r}"):
+        built = build() if callable(build) else None
     if not (isinstance(built, (tuple, list)) and len(built) == 2 and all(hasattr(d, "__getitem__") and hasattr(d, "__len__") for d in built)):
         raise ConfigError(f"data.builder {name!r} must be a function returning (train, test) map-style Datasets of (frames, label)")
     return tuple(built)
@@ -83,13 +84,34 @@ def check_samples(dataset: Dataset, spec: InputSpec, split: str) -> None:
     """Refuses a data set whose frames are not ``[T, C, H, W]`` as the model's config says, before training on it."""
     if not len(dataset):
         raise ConfigError(f"the {split} data set is empty")
-    frames, label = dataset[0]
+    with users_code(f"item 0 of the {split} data set"):
+        frames, label = dataset[0]
     expected = (spec.time_steps, *spec.shape)
     if tuple(getattr(frames, "shape", ())) != expected:
         raise ConfigError(
             f"the {split} data set's frames have shape {list(getattr(frames, 'shape', []))}, but the model takes "
             f"[T, C, H, W] = {list(expected)} per sample (model.time_steps and the input shape); make them agree"
         )
+
+
+LABEL_SAMPLE = 8  # how many items, spread over a data set of the user's own, have their labels checked
+
+
+def check_labels(dataset: Dataset, classes: int, split: str) -> None:
+    """Refuses labels that are no integer class index below ``classes``, in a sample of ``dataset``'s items."""
+    import operator
+
+    for index in sorted({round(i * (len(dataset) - 1) / (LABEL_SAMPLE - 1)) for i in range(LABEL_SAMPLE)}):
+        with users_code(f"item {index} of the {split} data set"):
+            label = dataset[index][1]
+        try:
+            value = operator.index(label)  # an int, a NumPy or 0-dim torch integer
+        except TypeError:
+            raise ConfigError(f"item {index} of the {split} data set has label {label!r} ({type(label).__name__}); "
+                              "labels are integer class indices: return int(label)") from None
+        if not 0 <= value < classes:
+            raise ConfigError(f"item {index} of the {split} data set has label {value}, outside the model's classes 0 "
+                              f"to {classes - 1}; set model.num_classes = {value + 1} or more, or correct the labels")
 
 
 def global_batch_indices(step: int, batch_size: int, length: int, seed: int, keys: bool = False) -> torch.Tensor:

@@ -9,7 +9,8 @@ or leaves them to be inferred where that is safe:
 - ``stage_units``: the children of an ``nn.Sequential`` model;
 - ``tp_plan``: every container whose children are Conv, optional BatchNorm,
   neuron and optional pooling (``conv_bn_neuron``), or Linear, neuron, Linear
-  and an optional neuron (``linear_mlp``).
+  and an optional neuron (``linear_mlp``); within an ``nn.Sequential``, every
+  run of its children in such an order (``"name.start:stop"``, as a slice).
 
 With ``model.input_layout = "TN"`` the model takes SpikingJelly's
 ``[T, N, ...]``: snnfw's frames ``[N, T, ...]`` are transposed on the way in.
@@ -167,18 +168,36 @@ def _kinds(module: nn.Module) -> str:
 
 
 INFERRED_STYLES = {"conv_bn_neuron": ("cbn", "cn", "cbnp", "cnp"), "linear_mlp": ("lnl", "lnln")}
+PATTERNS = sorted(((pattern, style) for style, patterns in INFERRED_STYLES.items() for pattern in patterns),
+                  key=lambda item: -len(item[0]))  # the longest run first
+
+
+def _runs(name: str, kinds: str) -> list[tuple[str, str]]:
+    """The runs of layers among an ``nn.Sequential``'s children that match a style, as ``"name.start:stop"``."""
+    found, start = [], 0
+    while start < len(kinds):
+        pattern, style = next(((p, s) for p, s in PATTERNS if kinds.startswith(p, start)), ("?", None))
+        if style:
+            found.append((f"{name}{'.' if name else ''}{start}:{start + len(pattern)}", style))
+        start += len(pattern)
+    return found
 
 
 def infer_tp_plan(model: nn.Module) -> tuple[tuple[str, str], ...]:
-    """The outermost containers that match a style's pattern, in forward order."""
+    """In forward order: the outermost containers whose children match a style's pattern, and within an
+    ``nn.Sequential`` that does not, the runs of its children that do."""
+    from torch import nn
+
     found: list[tuple[str, str]] = []
     for name, module in model.named_modules():
-        if not name or any(name.startswith(f"{outer}.") for outer, _ in found):
+        if any(name.startswith(f"{outer}.") for outer, _ in found):
             continue
         kinds = _kinds(module)
         style = next((style for style, patterns in INFERRED_STYLES.items() if kinds in patterns), None)
-        if style:
+        if style and name:
             found.append((name, style))
+        elif isinstance(module, nn.Sequential):
+            found.extend(_runs(name, kinds))
     return tuple(found)
 
 

@@ -20,9 +20,10 @@ from snnfw.config import Config, check_log_steps
 from snnfw.data import batches as datalib
 from snnfw.data.augment import check_augment
 from snnfw.distributed import cpu_allocator
-from snnfw.errors import ConfigError, UserError
+from snnfw.errors import ConfigError, users_code
 from snnfw.model import source as models
 from snnfw.model.analysis import Analysis, analyze
+from snnfw.model.probe import check_model
 from snnfw.plan.auto import Decision, choose, measure, ranked_candidates
 from snnfw.plan.layout import AUTO, Plan, PlanRequest, Topology, make_plan
 from snnfw.plugin.manager import Plugins
@@ -31,23 +32,24 @@ from snnfw.plugin.manager import Plugins
 def build_model(config: Config, plugins: Plugins, given=None):
     """Builds the configured model (or ``given``) with the run's seed; returns (model, input spec)."""
     source = models.source(config, plugins, given)
-    return _build(config, source), source.spec
+    return _build(config, source)[1], source.spec
 
 
-def _build(config: Config, source: models.Source) -> torch.nn.Module:
+def _build(config: Config, source: models.Source) -> tuple[Config, torch.nn.Module, tuple[str, ...]]:
+    """The config (with the input layout a model of the user's own takes), the model, and the plan's lines on it."""
     torch.manual_seed(config.train.seed)
-    try:
+    with users_code(f"building {source.name}"):
         model = source.build()
-    except UserError:
-        raise
-    except Exception as err:
-        raise ConfigError(f"building {source.name} raised {type(err).__name__}: {err}; correct the builder "
-                          "(snnfw --debug shows the traceback)") from err
     if not isinstance(model, torch.nn.Module):
         raise ConfigError(f"{source.name} returned {type(model).__name__}, not a torch.nn.Module; return the network")
+    notes = ()
+    if source.own:
+        explicit = "model.input_layout" in config.explicit
+        layout, notes = check_model(model, source.name, source.spec, config.model.input_layout, explicit)
+        config = attrs.evolve(config, model=attrs.evolve(config.model, input_layout=layout))
     if config.model.input_layout == "TN":
         models.time_major_input(model)
-    return model
+    return config, model, notes
 
 
 def _analyze(model, config: Config, source, plugins: Plugins) -> Analysis:
@@ -174,7 +176,7 @@ def prepare(config: Config, world_size: int, plugins: Plugins, local_ranks: int 
         datasets = built_data = build_datasets(config, source.spec, plugins)
     config = _resolved(config, plugins, source, datasets)
     topology = Topology.detect(world_size, config.parallel.device, local_ranks)
-    built = _build(config, source)
+    config, built, model_notes = _build(config, source)
     analysis = _analyze(built, config, source, plugins)
     decision = None
     if config.parallel.strategy == AUTO:
@@ -189,7 +191,7 @@ def prepare(config: Config, world_size: int, plugins: Plugins, local_ranks: int 
     allocator = cpu_allocator.resolve(config.parallel.cpu_allocator, topology.device_type)
     notes = precision_notes(config, topology.device_type) + (
         ("cpu_allocator retain: each rank's malloc keeps freed blocks for the next step",) if allocator == "retain" else ())
-    plan = attrs.evolve(plan, rationale=topology.rationale + plan.rationale + data_notes + notes)
+    plan = attrs.evolve(plan, rationale=topology.rationale + plan.rationale + model_notes + data_notes + notes)
     return Prepared(plan, built, source.spec, analysis, given_instance=isinstance(model, torch.nn.Module),
                     datasets=built_data, decision=decision)
 
@@ -201,7 +203,7 @@ def auto_candidates(config: Config, world_size: int, plugins: Plugins, device_me
     config, _ = follow_data(config, plugins)
     source = models.source(config, plugins)
     config = _resolved(config, plugins, source, None)
-    model = _build(config, source)
+    config, model, _ = _build(config, source)
     topology = attrs.evolve(Topology.detect(world_size, config.parallel.device), device_memory=device_memory)
     request = PlanRequest(
         config=config, topology=topology,
@@ -215,6 +217,9 @@ def build_datasets(config: Config, spec: datalib.InputSpec, plugins: Plugins) ->
     """The train and test splits of the configured data set (``data.builder``'s, or a registered one's)."""
     if config.data.builder is not None:
         splits = datalib.own_datasets(models.import_object(config.data.builder, "data.builder"), config.data.builder)
+        for split, dataset in zip(("train", "test"), splits):
+            datalib.check_samples(dataset, spec, split)
+            datalib.check_labels(dataset, spec.num_classes, split)
     else:
         dataset = plugins.datasets.get(config.data.name)
         splits = tuple(dataset.build(config.data, spec, split, config.train.seed) for split in ("train", "test"))

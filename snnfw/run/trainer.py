@@ -41,6 +41,8 @@ class Trainer:
         self.train_set, self.test_set = datasets or prepared.datasets or build_datasets(config, prepared.spec, plugins)
         for split, dataset in (("train", self.train_set), ("test", self.test_set)):
             datalib.check_samples(dataset, prepared.spec, split)
+            if datasets:  # handed to the API; those built from data.builder are checked as they are built
+                datalib.check_labels(dataset, self.num_classes, split)
         if config.data.augment:
             self.train_set = Augmented(self.train_set, config.data.augment, augment_options(config.data), config.train.seed)
         self.dtype = config.train.torch_dtype

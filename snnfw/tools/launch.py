@@ -10,7 +10,8 @@ the group restarts when a rank dies, and restarted ranks resume from the
 newest checkpoint; the workers then keep their own store
 (``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1``), since with the agent's shared store
 a restarted group can read its predecessor's addresses (pytorch/pytorch#135712).
-A user error in the ranks is reported like one found before launch: one line,
+A user error in the ranks, or an error raised in the user's own code (their
+model, their data set), is reported like one found before launch: one line,
 exit status 2, without the elastic agent's log of the failed workers.
 """
 
@@ -27,7 +28,7 @@ import uuid
 from pathlib import Path
 
 from snnfw import rundir
-from snnfw.rundir import AUTO_DECISION, LAUNCHED
+from snnfw.rundir import AUTO_DECISION, DEBUG, LAUNCHED
 from snnfw.tools.watchdog import Watchdog, blame
 
 
@@ -51,11 +52,12 @@ def _elastic_loggers() -> list[logging.Logger]:
 def launch(
     config_path: str, nproc: int, run_dir: Path, overrides: list[str], timeout_s: float, module: str = "snnfw.train",
     *, nnodes: int = 1, node_rank: int = 0, rdzv_endpoint: str | None = None, max_restarts: int = 0, resume: bool = False,
-    extra: list[str] = (), decision: str | None = None,
+    extra: list[str] = (), decision: str | None = None, debug: bool = False,
 ) -> int:
     """Runs ``module`` (the worker entry) on every rank and returns the exit status for the CLI.
 
-    ``decision``: ``auto``'s choice as the launcher made it (JSON), which every rank then applies.
+    ``decision``: ``auto``'s choice as the launcher made it (JSON), which every rank then applies. ``debug``: the
+    ranks show the tracebacks of errors in the user's code on screen too.
     """
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
@@ -89,7 +91,7 @@ def launch(
     for logger in loggers:
         logger.addFilter(quiet)
     try:
-        with _environment({LAUNCHED: "1", AUTO_DECISION: decision}), Watchdog(run_dir) as watchdog:
+        with _environment({LAUNCHED: "1", AUTO_DECISION: decision, DEBUG: "1" if debug else None}), Watchdog(run_dir) as watchdog:
             elastic_launch(config, entrypoint=sys.executable)(*args)
     except SignalException as err:
         print(f"snnfw: error: {_stopped(err.sigval.name, run_dir, module == 'snnfw.train' and '--evaluate' not in extra)}",

@@ -110,8 +110,8 @@ def test_what_snnfw_infers_for_the_sew_network():
     assert analysis.stage_units == tuple(str(i) for i in range(7))  # the children of the nn.Sequential
     # each Conv-BN-LIF container, the residual blocks' inner ones included: their outputs are whole
     assert analysis.tp_plan == (("0", "conv_bn_neuron"), ("1.conv", "conv_bn_neuron"), ("3.conv", "conv_bn_neuron"))
-    flat = torch.nn.Sequential(*example_module().build()[0], torch.nn.Flatten(), torch.nn.Linear(4, 2))
-    assert infer_tp_plan(flat) == ()  # ungrouped layers: no container to shard
+    flat = torch.nn.Sequential(torch.nn.Flatten(), *example_module().build()[0], torch.nn.Flatten(), torch.nn.Linear(4, 2))
+    assert infer_tp_plan(flat) == (("1:4", "conv_bn_neuron"),)  # ungrouped layers: the run of them, as a slice
 
 
 def test_a_declared_plan_replaces_the_inferred_one():
