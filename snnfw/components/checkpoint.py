@@ -40,13 +40,14 @@ from typing import Callable
 import attrs
 import torch
 import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint import DefaultLoadPlanner, DefaultSavePlanner, FileSystemReader
+from torch.distributed.checkpoint import DefaultLoadPlanner, DefaultSavePlanner
 from torch.distributed.checkpoint._nested_dict import flatten_state_dict
 from torch.distributed.checkpoint._traverse import set_element
-from torch.distributed.checkpoint.metadata import StorageMeta, TensorStorageMetadata
+from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 from torch.distributed.checkpoint.staging import AsyncStager
 
 from snnfw.components import integrity
+from snnfw.components.dcp_reader import SafeReader
 from snnfw.components.optim import resume_scheduler
 from snnfw.distributed.chunks import Chunked, leaves, whole_shape
 from snnfw.distributed.collectives import barrier
@@ -66,36 +67,6 @@ FIXED = (  # what a resumed run must share: the model, the optimizer and what fi
     "model.family", "model.flavor", "model.time_steps", "data.name", "data.root", "data.train_samples", "data.batch_size",
     "train.seed", "train.optimizer", "train.no_decay", "train.dtype",
 )
-
-
-class _MetadataUnpickler(pickle.Unpickler):
-    """Builds only DCP's metadata classes, torch sizes, dtypes and layouts, and paths."""
-
-    MODULES = ("torch.distributed.checkpoint.metadata", "torch.distributed.checkpoint.filesystem")
-    NAMES = {("torch", "Size"), ("torch.serialization", "_get_layout"), ("pathlib", "PosixPath"), ("pathlib", "PurePosixPath")}
-
-    def find_class(self, module, name):
-        if module in self.MODULES or module == "torch" or (module, name) in self.NAMES:
-            found = super().find_class(module, name)
-            if (module, name) in self.NAMES or isinstance(found, torch.dtype) or (
-                module in self.MODULES and isinstance(found, type) and found.__module__ == module
-            ):
-                return found
-        raise pickle.UnpicklingError(f"checkpoint metadata refers to {module}.{name}, which is not allowed")
-
-
-class _SafeReader(FileSystemReader):
-    def read_metadata(self, *args, **kwargs):
-        with open(Path(self.path) / ".metadata", "rb") as stream:
-            metadata = _MetadataUnpickler(stream).load()
-        metadata.storage_meta = metadata.storage_meta or StorageMeta()
-        metadata.storage_meta.load_id = self.load_id
-        return metadata
-
-
-def metadata_of(path: Path):
-    """DCP's ``.metadata`` of checkpoint ``path``, unpickled through the allowlist."""
-    return _SafeReader(path).read_metadata()
 
 
 def _failed(err: dcp.CheckpointException) -> str:
@@ -197,7 +168,7 @@ def read(path: Path, wanted: Callable[[tuple], bool] | None = None) -> dict:
     ``wanted(keys)`` picks entries by their saved path, such as ``("model", "fc.weight")``;
     only those are read. Runs no code from the files (see the module's docstring).
     """
-    reader = _SafeReader(path)
+    reader = SafeReader(path)
     try:
         metadata = reader.read_metadata()
         paths = metadata.planner_data or {}
@@ -390,7 +361,7 @@ class Checkpoints:
             )
         held = trainer.plugins.state_dict(trainer.model, trainer.optimizer, trainer.plan)
         wanted = {"model": held["model"], "optimizer": {"state": held["optimizer"]["state"]}}
-        reader = _SafeReader(path)
+        reader = SafeReader(path)
         try:
             _check_fits(path, reader.read_metadata(), wanted)
             with _quiet():

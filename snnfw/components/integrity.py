@@ -26,6 +26,7 @@ from pathlib import Path
 from torch.distributed.checkpoint import FileSystemWriter
 
 from snnfw.errors import CheckpointError
+from snnfw.components.dcp_reader import metadata_of
 from snnfw.rundir import LAUNCHED, STEP, STEP_META, TEMP, checkpoint_step
 
 DIGESTS = "digests"  # in meta.json: {file name: "crc32:HEX"}
@@ -136,8 +137,6 @@ def _check_sealed(folder: Path, meta: dict) -> None:
 
 def _check_unsealed(folder: Path, meta: dict) -> None:
     """A checkpoint written before digests: its record's keys, and the files DCP's ``.metadata`` names."""
-    from snnfw.components.checkpoint import metadata_of
-
     where = folder / STEP_META
     if not (meta.keys() <= UNSEALED_KEYS and isinstance(meta.get("step"), int) and isinstance(meta.get("fixed"), dict)):
         raise Damaged(folder, f"{where} is not a snnfw checkpoint's record (foreign or corrupt)")

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import math
 import resource
-import sys
 from functools import partial
 from pathlib import Path
 from typing import Any

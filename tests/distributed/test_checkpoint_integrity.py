@@ -14,7 +14,7 @@ import torch
 from snnfw import rundir
 from snnfw.cli import main
 from snnfw.components import integrity
-from snnfw.components.checkpoint import metadata_of
+from snnfw.components.dcp_reader import metadata_of
 from snnfw.components.weights import read_weights
 from snnfw.errors import CheckpointError
 from snnfw.run.loop import run_training
