@@ -244,7 +244,7 @@ def _scored_weights(weights: Path) -> Path:
 
     if weights.is_dir() and (weights / rundir.FINAL_MODEL).is_file():
         return weights / rundir.FINAL_MODEL
-    return export.find(weights) if weights.is_dir() else weights
+    return export.find(weights)[0] if weights.is_dir() else weights
 
 
 def _cmd_plot(args) -> int:

@@ -38,6 +38,13 @@ def _local(tensor: torch.Tensor) -> torch.Tensor:
     return tensor.to_local() if hasattr(tensor, "to_local") else tensor
 
 
+def sliced_dims(module: nn.Module) -> set[int]:
+    """The dims along which a tensor-parallel strategy sliced the module's weight (``snnfw_slices``, DTensor shards)."""
+    noted = module.__dict__.get(SLICES, {}).get("weight")
+    placements = getattr(module.weight, "placements", ())
+    return ({noted.dim} if noted is not None else set()) | {p.dim for p in placements if hasattr(p, "dim")}
+
+
 def spike_accumulates(module: nn.Module, spikes: torch.Tensor) -> torch.Tensor:
     """The accumulates the non-zero elements of ``spikes`` (the module's input) drive in ``module``."""
     weight = _local(module.weight)
@@ -69,16 +76,22 @@ class OpCounter:
     def __init__(self, model: nn.Module, time_steps: int, energy_ac_pj: float, energy_mac_pj: float):
         self.layers = {name: m for name, m in model.named_modules() if isinstance(m, SYNAPTIC)}
         self.time_steps, self.energy_ac_pj, self.energy_mac_pj = time_steps, energy_ac_pj, energy_mac_pj
-        self.on, self._weights = False, dict.fromkeys(self.layers, 1.0)
+        self.on, self._weights = False, dict.fromkeys(self.layers, (1.0, 1.0))
         self._pending: dict[str, list] = {}
         self._kept = {name: [0.0] * len(FIELDS) for name in self.layers}
         self._handles = [m.register_forward_hook(partial(self._count, name)) for name, m in self.layers.items()]
 
     def weigh_replicated(self, copies: int) -> None:
-        """A layer the strategy did not slice (no ``snnfw_slices``, no DTensor weight) counts ``1 / copies``."""
+        """Counts what ``copies`` ranks each hold whole ``1 / copies``: the input spikes of a layer whose weight the
+        strategy did not slice by input (dim 1), the operations of one it did not slice at all."""
         for name, module in self.layers.items():
-            sliced = SLICES in module.__dict__ or hasattr(module.weight, "to_local")
-            self._weights[name] = 1.0 if sliced else 1.0 / copies
+            dims = sliced_dims(module)
+            self._weights[name] = (1.0 if 1 in dims else 1.0 / copies, 1.0 if dims else 1.0 / copies)
+
+    def _scales(self, name: str) -> tuple[float, ...]:
+        """The weights of a layer's ``FIELDS`` in the sums over ranks."""
+        inputs, ops = self._weights[name]
+        return inputs, ops, ops, 1.0
 
     def _count(self, name: str, module, inputs, output) -> None:
         if not self.on:
@@ -106,7 +119,7 @@ class OpCounter:
     def totals(self, samples: float) -> dict:
         """Every layer's counts over all ranks and the per-sample totals and energies (a collective)."""
         names = list(self.layers)
-        flat = [value * (self._weights[n] if i < 3 else 1.0) for n in names for i, value in enumerate(self._kept[n])]
+        flat = [value * scale for n in names for value, scale in zip(self._kept[n], self._scales(n))]
         summed = all_reduce(flat)
         layers = {}
         for i, name in enumerate(names):

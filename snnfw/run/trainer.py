@@ -175,10 +175,10 @@ class Trainer:
         if self.num_classes > 5:
             result["eval_acc5"] = top5 / samples
         if ops:
-            counted = self.ops.totals(samples)
+            counted = self.ops.totals(len(self.test_set))
             self.ops.counting(False)
             result.update({k: v for k, v in counted.items() if k != "layers"}, layer_ops=counted["layers"],
-                          ops_samples=samples, energy_ac_pj=self.ops.energy_ac_pj, energy_mac_pj=self.ops.energy_mac_pj)
+                          ops_samples=len(self.test_set), energy_ac_pj=self.ops.energy_ac_pj, energy_mac_pj=self.ops.energy_mac_pj)
         return result
 
     @torch.no_grad()
