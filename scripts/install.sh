@@ -9,7 +9,8 @@
 # never replaced. SpikingJelly is installed last and without its declared dependencies: its neurons, layers,
 # memopt and model zoo need none of torchvision, torchaudio or SciencePlots, which would pull a CUDA build of torch;
 # installing it last keeps pip's dependency check from reporting those it left out. Optional extras
-# (SNNFW_EXTRAS, default "tensorboard,wandb" for log.tensorboard and log.wandb; "none" for none).
+# (SNNFW_EXTRAS, default "tensorboard,wandb,nir,nirtorch" for log.tensorboard, log.wandb and snnfw export --format
+# nir; "none" for none).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 pip_install() { python -m pip install --quiet --disable-pip-version-check "$@"; }
@@ -36,7 +37,7 @@ if [ "${SNNFW_TORCH:-}" != "skip" ] && ! python -c "import torch" 2>/dev/null; t
   fi
 fi
 pip_install pluggy attrs loguru h5py packaging tqdm numpy scipy setuptools matplotlib "tonic==1.7.0" "${test_tools[@]}"
-extras="${SNNFW_EXTRAS:-tensorboard,wandb}"
+extras="${SNNFW_EXTRAS:-tensorboard,wandb,nir,nirtorch}"
 if [ "$extras" != "none" ]; then
   pip_install ${extras//,/ }
 fi

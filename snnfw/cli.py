@@ -208,8 +208,48 @@ def _cmd_bench(args) -> int:
 
 def _cmd_export(args) -> int:
     from snnfw.components.export import export
+    from snnfw.errors import ConfigError
 
+    if args.format == "nir":
+        return _export_nir(args)
+    if args.config:
+        raise ConfigError("--config builds the network for --format nir; a state dict needs none: remove --config")
     print(export(args.source, args.out).line())
+    return 0
+
+
+def _export_nir(args) -> int:
+    """``snnfw export --format nir``: the config's network with the weights of SOURCE as a NIR graph, checked
+    against the model's spikes on the first test samples."""
+    import importlib.util
+
+    import torch
+
+    from snnfw.components import nir_export
+    from snnfw.components.weights import load_weights, read_weights
+    from snnfw.config import load_config
+    from snnfw.data import batches as datalib
+    from snnfw.errors import ConfigError
+    from snnfw.plan.prepare import build_datasets, prepare
+    from snnfw.plugin.manager import Plugins
+    from snnfw.rundir import check_writable
+
+    if not args.config:
+        raise ConfigError("--format nir builds the network from its training config; pass --config CONFIG")
+    if importlib.util.find_spec("nir") is None:
+        raise ConfigError("--format nir needs the package nir, which is not installed; pip install nir nirtorch")
+    config, plugins = load_config(args.config), Plugins()
+    prepared = prepare(config, 1, plugins)
+    nir_export.layers(prepared.model)  # a layer NIR cannot express, refused before the weights are read
+    out = Path(args.out)
+    check_writable(out, "--out")
+    weights = _scored_weights(Path(args.source))
+    load_weights(prepared.model, read_weights(weights))
+    test_set = build_datasets(config, prepared.spec, plugins)[1]
+    frames, _ = datalib.load(test_set, torch.arange(min(4, len(test_set))), torch.device("cpu"))
+    graph, spikes = nir_export.export(prepared.model, frames, out)
+    print(f"exported {weights} as NIR: {len(graph.nodes)} nodes, {len(frames)} test samples simulated from it give "
+          f"the model's {spikes:,} spikes -> {out}")
     return 0
 
 
@@ -244,7 +284,7 @@ def _scored_weights(weights: Path) -> Path:
 
     if weights.is_dir() and (weights / rundir.FINAL_MODEL).is_file():
         return weights / rundir.FINAL_MODEL
-    return export.find(weights) if weights.is_dir() else weights
+    return export.find(weights)[0] if weights.is_dir() else weights
 
 
 def _cmd_plot(args) -> int:
@@ -309,6 +349,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("source", metavar="RUN_DIR_OR_CHECKPOINT",
                    help="a run directory (its newest complete checkpoint) or a checkpoints/step-K folder")
     p.add_argument("--out", required=True, metavar="FILE", help="where to write; a .safetensors name writes that format")
+    p.add_argument("--format", choices=("state_dict", "nir"), default="state_dict",
+                   help="nir: the network as a Neuromorphic Intermediate Representation graph (needs --config)")
+    p.add_argument("--config", help="with --format nir: the training config, which builds the network")
     p.set_defaults(run=_cmd_export)
 
     for name, text in (("eval", "score weights on the test split under the config's strategy (eval.json in --run-dir)"),

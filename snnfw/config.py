@@ -277,6 +277,9 @@ class EvalConfig:
 
     every: int = attrs.field(default=0, validator=[v.instance_of(int), v.ge(0)])
     every_epochs: int = attrs.field(default=0, validator=[v.instance_of(int), v.ge(0)])
+    ops: bool = attrs.field(default=False, validator=v.instance_of(bool))  # SOPs and energy in every validation
+    energy_ac_pj: float = attrs.field(default=0.9, converter=float, validator=[v.gt(0), _finite])  # 45 nm accumulate
+    energy_mac_pj: float = attrs.field(default=4.6, converter=float, validator=[v.gt(0), _finite])  # 45 nm MAC
 
 
 @attrs.frozen

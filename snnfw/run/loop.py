@@ -11,6 +11,7 @@ from typing import Any, Callable
 
 from snnfw import rundir
 from snnfw.components.memory import MemorySnapshot
+from snnfw.components.ops import table as ops_table
 from snnfw.components.precision import precision_notes
 from snnfw.components.profile import StepProfiler
 from snnfw.components.weights import read_weights
@@ -103,9 +104,11 @@ def run_evaluation(config: Config, weights: str | Path, run_dir: str | Path | No
     check_predictions_file(predict)
     state = read_weights(weights)
     with start(for_evaluation(config), weights=state, plugins=plugins) as run:
-        result = {"weights": str(weights), **run.evaluate(), "plan": run.plan.to_dict()}
+        result = {"weights": str(weights), **run.evaluate(ops=predict is None), "plan": run.plan.to_dict()}
         rows = run.predict() if predict is not None else None
         if run.env.rank == 0:
+            if "layer_ops" in result:
+                print(ops_table(result), flush=True)
             if run_dir is not None:
                 rundir.write_text(Path(run_dir) / EVAL, json.dumps(result, indent=2) + "\n")
             if rows is not None:

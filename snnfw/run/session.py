@@ -143,15 +143,17 @@ class Session:
         self.pending = record
         return record
 
-    def evaluate(self) -> dict[str, float]:
+    def evaluate(self, ops: bool | None = None) -> dict:
         """``eval_loss``, ``eval_acc`` (``eval_acc5`` with more than 5 classes) and ``eval_spike_rate``
-        on the test split, every sample scored once over the replicas (a collective). Right after a step they join
-        that step's record and :attr:`evaluations`."""
-        scores = self.trainer.evaluate()
+        on the test split, every sample scored once over the replicas (a collective); with ``ops`` (default
+        ``eval.ops``) the synaptic operations and energy too (:meth:`Trainer.evaluate`). Right after a step the
+        ``eval_*`` figures join that step's record and :attr:`evaluations`."""
+        result = self.trainer.evaluate(self.config.eval.ops if ops is None else ops)
+        scores = {key: value for key, value in result.items() if key.startswith("eval_")}
         if self.pending is not None and "eval_acc" not in self.pending:
             self.pending.update(scores)
             self.evaluations.append({"step": self.pending["step"], **scores})
-        return scores
+        return result
 
     def predict(self) -> list[dict]:
         """Every test sample's ``index``, ``label``, ``predicted`` class and time-averaged ``logits``, in data

@@ -10,6 +10,7 @@ import torch
 import torch.distributed as dist
 
 from snnfw.components.metrics import SpikeCounter
+from snnfw.components.ops import OpCounter
 from snnfw.components.optim import build_scheduler
 from snnfw.components.phases import PhaseTimes
 from snnfw.components.precision import LossScale
@@ -36,6 +37,7 @@ class Trainer:
                             LossScale(config.train.precision == "fp16", config.train.loss_scale))
         self.plugins = plugins = plugins.for_run(self.run)
         self.counter = SpikeCounter(prepared.model, prepared.analysis.neurons)
+        self.ops = OpCounter(prepared.model, prepared.spec.time_steps, config.eval.energy_ac_pj, config.eval.energy_mac_pj)
         self.state_names = frozenset(prepared.model.state_dict())
         self.spec, self.num_classes = prepared.spec, prepared.spec.num_classes
         self.train_set, self.test_set = datasets or prepared.datasets or build_datasets(config, prepared.spec, plugins)
@@ -61,6 +63,7 @@ class Trainer:
         self.counter.clear()  # spikes of the transforms' and strategies' own forward passes
         if self.plan.replicated_neuron_dims:
             self.counter.weigh_replicated(self.plan.size(self.plan.replicated_neuron_dims))
+            self.ops.weigh_replicated(self.plan.size(self.plan.replicated_neuron_dims))
         self.optimizer = plugins.build_optimizer(self.model, self.plan, mesh)
         self.scheduler = build_scheduler(self.optimizer, config.train, plugins)
         self._batches, self._next_step = None, None
@@ -153,12 +156,16 @@ class Trainer:
             yield indices, labels, self.plugins.evaluate(self.model, frames, labels, self.plan)
 
     @torch.no_grad()
-    def evaluate(self) -> dict[str, float]:
-        """Loss, top-1 (and top-5) accuracy and firing rate on the test split, each sample scored once."""
+    def evaluate(self, ops: bool = False) -> dict:
+        """Loss, top-1 (and top-5) accuracy and firing rate on the test split, each sample scored once; with ``ops``
+        the synaptic operations and energy (:mod:`snnfw.components.ops`): a sample's in ``eval_*`` keys, each layer's
+        over the split in ``layer_ops``."""
         self.counter.clear()
+        self.ops.counting(ops)
         loss = correct = top5 = samples = spikes = elements = 0.0
         for indices, _, out in self._test_batches():
             batch_spikes, batch_elements = self.counter.take(record=False)
+            self.ops.take(keep=bool(len(indices)))
             if len(indices):  # else a pass that only keeps the collectives in step
                 loss, correct, top5, samples = loss + out.loss * out.samples, correct + out.correct, top5 + out.top5, samples + out.samples
                 spikes, elements = spikes + batch_spikes, elements + batch_elements
@@ -167,6 +174,11 @@ class Trainer:
         result = {"eval_loss": loss / samples, "eval_acc": correct / samples, "eval_spike_rate": spikes / max(elements, 1.0)}
         if self.num_classes > 5:
             result["eval_acc5"] = top5 / samples
+        if ops:
+            counted = self.ops.totals(len(self.test_set))
+            self.ops.counting(False)
+            result.update({k: v for k, v in counted.items() if k != "layers"}, layer_ops=counted["layers"],
+                          ops_samples=len(self.test_set), energy_ac_pj=self.ops.energy_ac_pj, energy_mac_pj=self.ops.energy_mac_pj)
         return result
 
     @torch.no_grad()
