@@ -20,7 +20,7 @@ MICROBATCHES = {"none": 2, "dp": 1, "fsdp2": 1, "tp": 2, "pp": 2}  # each replic
 def mlp():
     from spikingjelly.activation_based import layer, neuron
 
-    return nn.Sequential(layer.Flatten(), layer.Linear(2 * 8 * 8, 10), neuron.LIFNode(step_mode="m"))
+    return nn.Sequential(layer.Flatten(step_mode="m"), layer.Linear(2 * 8 * 8, 10, step_mode="m"), neuron.LIFNode(step_mode="m"))
 
 
 def config(strategy="none", dtype="float64", **model):

@@ -228,7 +228,7 @@ def test_unknown_schedule_lists_the_registered_ones(plugins):
         prepare(pp_config("zb2"), 2, plugins)
     names = plugins.schedules.names()
     assert {"gpipe", "1f1b", "interleaved", "zero_bubble", "looped_bfs", "zbv", "dualpipev"} <= set(names)
-    assert str(err.value) == f"unknown schedule 'zb2'; registered schedule names: {', '.join(names)}"
+    assert str(err.value) == f"unknown schedule 'zb2' (did you mean 'zbv'?); registered schedule names: {', '.join(names)}"
 
 
 @pytest.mark.parametrize("layout", ["1,2", "0|3", "a"])
