@@ -7,13 +7,16 @@ the Spikformer recipes' ``bicubic`` interpolation (``torch.nn.functional.interpo
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
-import torch
-import torch.nn.functional as F
+if TYPE_CHECKING:  # imported where used: data-set plugins subclass DirectEncoded without loading torch
+    import torch
 
 
 def resized(image: torch.Tensor, size: tuple[int, int]) -> torch.Tensor:
     """``image`` resized to ``size`` (unchanged if it has it)."""
+    import torch.nn.functional as F
+
     if tuple(image.shape[-2:]) == tuple(size):
         return image
     return F.interpolate(image[None], size=size, mode="bicubic", antialias=True)[0].clamp(0, 1)
@@ -29,6 +32,8 @@ def centred(image: torch.Tensor, size: tuple[int, int]) -> torch.Tensor:
 
 
 def _uniform(low: float, high: float, generator: torch.Generator) -> float:
+    import torch
+
     return low + (high - low) * float(torch.rand((), generator=generator, dtype=torch.float64))
 
 
@@ -36,6 +41,8 @@ def resized_crop(image: torch.Tensor, size: tuple[int, int], scale: tuple[float,
                  generator: torch.Generator) -> torch.Tensor:
     """A random region of ``scale`` of the area and aspect ``ratio`` (drawn log-uniform), resized to ``size``:
     torchvision's RandomResizedCrop (ten tries, then the centre at the nearest allowed aspect)."""
+    import torch
+
     height, width = image.shape[-2:]
     area = height * width
     for _ in range(10):
