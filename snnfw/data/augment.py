@@ -21,10 +21,10 @@ model's input) and ``randaugment`` (:mod:`snnfw.data.randaugment`, ``data.randau
 mode) mix each sample with a partner: with probability ``data.mix_prob`` (1), sample ``i`` of epoch ``e`` takes
 the transformed view of sample ``j`` of the same epoch, ``j`` drawn uniformly from the whole training set by a
 generator seeded by (seed, e, i), so the pairing is a function of the sample alone, whatever the batch,
-replica or microbatch it falls in. ``mixup`` blends the frames with a weight ``lam`` from Beta(``data.mixup_alpha``,
-0.8); ``cutmix`` pastes the partner's box of a share ``1 - lam`` of the area, ``lam`` from
-Beta(``data.cutmix_alpha``, 1.0) and corrected to the box as clipped; with both, cutmix is chosen with probability
-``data.mix_switch_prob`` (0.5). The label becomes the soft target ``lam * onehot(i) + (1 - lam) * onehot(j)``
+replica or microbatch it falls in. ``mixup`` blends the frames with a weight ``lam`` drawn from Beta(a, a), a =
+``data.mixup_alpha`` (0.8); ``cutmix`` pastes the partner's box of a share ``1 - lam`` of the area, ``lam`` from
+Beta(a, a), a = ``data.cutmix_alpha`` (1.0), corrected to the box as clipped; with both, cutmix is chosen with
+probability ``data.mix_switch_prob`` (0.5). The label becomes the soft target ``lam * onehot(i) + (1 - lam) * onehot(j)``
 (float64, summing to 1; one-hot where no mixing was drawn), which the losses take as class probabilities.
 
 On raw event recordings, tonic's event transforms run first, on the events of the sample before they become
