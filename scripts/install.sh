@@ -36,7 +36,7 @@ if [ "${SNNFW_TORCH:-}" != "skip" ] && ! python -c "import torch" 2>/dev/null; t
     pip_install "torch==2.13.0"  # macOS and Windows wheels on PyPI are CPU builds
   fi
 fi
-pip_install pluggy attrs loguru h5py packaging tqdm numpy scipy setuptools matplotlib "tonic==1.7.0" "${test_tools[@]}"
+pip_install pluggy attrs loguru h5py packaging tqdm numpy scipy setuptools matplotlib pillow "tonic==1.7.0" "${test_tools[@]}"
 extras="${SNNFW_EXTRAS:-tensorboard,wandb,nir,nirtorch}"
 if [ "$extras" != "none" ]; then
   pip_install ${extras//,/ }

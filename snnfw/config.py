@@ -118,7 +118,9 @@ class ModelConfig:
 
 
 EVENT_AUGMENTS = ("drop_event", "time_jitter", "spatial_jitter")  # tonic's, on raw events before they become frames
-AUGMENTS = ("hflip", "roll", "crop", *EVENT_AUGMENTS)  # snnfw.data.augment's transforms
+IMAGE_AUGMENTS = ("resized_crop", "randaugment")  # of static images, before they are repeated over the time steps
+MIX_AUGMENTS = ("mixup", "cutmix")  # each sample mixed with a partner, its target too
+AUGMENTS = ("hflip", "roll", "crop", *IMAGE_AUGMENTS, *MIX_AUGMENTS, *EVENT_AUGMENTS)  # snnfw.data.augment's transforms
 
 
 def _optional_float(value: Any) -> float | None:
@@ -131,6 +133,29 @@ def _augment(value: Any) -> tuple[str, ...]:
     if not isinstance(value, list) or any(name not in AUGMENTS for name in value) or len(set(value)) != len(value):
         raise ConfigError(f"data.augment lists training-set transforms, some of {list(AUGMENTS)} once each; got {shown(value)}")
     return tuple(value)
+
+
+def _range(key: str, example: str):
+    """A converter of a TOML array ``[low, high]`` into a tuple of floats; refuses another value naming ``data.key``."""
+
+    def convert(value: Any) -> tuple[float, float] | None:
+        if value is None or isinstance(value, tuple):
+            return value
+        if not (isinstance(value, list) and len(value) == 2 and all(isinstance(x, (int, float)) and not isinstance(x, bool)
+                                                                    for x in value) and 0 < value[0] <= value[1]):
+            raise ConfigError(f"data.{key} must be an array [low, high] of positive numbers, low first, like {example}; "
+                              f"got {shown(value)}")
+        return float(value[0]), float(value[1])
+
+    return convert
+
+
+def _within(low: float, high: float):
+    def check(instance, attribute, value) -> None:
+        if not all(low < x <= high for x in value):
+            raise ValueError(f"'{attribute.name}' must hold numbers above {low} and at most {high}, got {list(value)!r}")
+
+    return check
 
 
 BAD_RECORDINGS = ("refuse", "skip")  # what a raw recording not as its publisher ships it stops: the run, or itself
@@ -176,6 +201,19 @@ class DataConfig:
                                                validator=v.optional([v.gt(0), _finite]))
     spatial_jitter_px: float | None = attrs.field(default=None, converter=_optional_float,
                                                   validator=v.optional([v.gt(0), _finite]))
+    crop_scale: tuple[float, float] | None = attrs.field(default=None, converter=_range("crop_scale", "[0.08, 1.0]"),
+                                                         validator=v.optional(_within(0, 1)))
+    crop_ratio: tuple[float, float] | None = attrs.field(default=None, converter=_range("crop_ratio", "[0.75, 1.333]"),
+                                                         validator=v.optional(_within(0, math.inf)))
+    randaugment_ops: int | None = attrs.field(default=None, validator=v.optional(_positive))
+    randaugment_magnitude: int | None = attrs.field(default=None, validator=v.optional([v.instance_of(int), v.ge(0),
+                                                                                         v.le(30)]))
+    mixup_alpha: float | None = attrs.field(default=None, converter=_optional_float, validator=v.optional([v.gt(0), _finite]))
+    cutmix_alpha: float | None = attrs.field(default=None, converter=_optional_float, validator=v.optional([v.gt(0), _finite]))
+    mix_prob: float | None = attrs.field(default=None, converter=_optional_float, validator=v.optional([v.gt(0), v.le(1)]))
+    mix_switch_prob: float | None = attrs.field(default=None, converter=_optional_float,
+                                                validator=v.optional([v.ge(0), v.le(1)]))
+    repeated_augment: int = attrs.field(default=1, validator=_positive)
     frames: Frames = attrs.field(factory=Frames, converter=_frames)  # raw event sets only
     cache: str | None = attrs.field(default=None, validator=v.optional(v.instance_of(str)))  # their frames' folder
     bad_recordings: str = attrs.field(default="refuse", validator=v.in_(BAD_RECORDINGS))  # raw event sets only

@@ -8,6 +8,15 @@
   span of their ``*_labels.csv``, split by ``trials_to_train.txt`` and ``trials_to_test.txt``.
 - ``shd``: ``shd_train.h5`` and ``shd_test.h5`` (gunzipped), read as tonic's SHD reads them; ``ssc``:
   ``ssc_train.h5`` and ``ssc_test.h5`` alike (SSC's validation file is not read).
+- ``n_caltech101``: ``Caltech101/<class>/*.bin`` (``Caltech101.zip`` of the N-Caltech101 archive unpacked), N-MNIST's
+  event format on the ATIS's 240x180 pixels (no timestamp-overflow markers, as for N-MNIST), read with tonic's reader (not shifted to the recording's corner as
+  tonic's NCALTECH101 shifts it, so frames keep one sensor); split as CIFAR10-DVS is (no official split).
+- ``asl_dvs``: ``<letter>/*.mat`` (the ``Yin*.zip`` archives unpacked), read as tonic's ASLDVS reads them (MATLAB
+  files of ``ts``, ``x``, ``y``, ``pol``; y flipped on the 240x180 sensor); the 24 letters numbered in sorted order,
+  split as CIFAR10-DVS is (no official split).
+- ``dvs_lip``: ``DVS-Lip/train/<word>/*.npy`` and ``DVS-Lip/test/<word>/*.npy`` (``DVS-Lip.zip`` unpacked): NumPy
+  structured arrays of ``x``, ``y``, ``p``, ``t`` on 128x128 pixels, read as tonic's DVSLip reads them, words
+  numbered by tonic's list of the 100 (sorted).
 
 :data:`URLS` says where each is fetched from; nothing is downloaded. Every file is checked where it is opened,
 listing included: one that is empty, cut, or not in its format's layout raises :class:`BadRecording` naming it
@@ -36,6 +45,10 @@ URLS = {
                       "data.root)",
     "shd": "https://zenkelab.org/datasets/ (shd_train.h5.gz and shd_test.h5.gz, gunzipped into data.root)",
     "ssc": "https://zenkelab.org/datasets/ (ssc_train.h5.gz and ssc_test.h5.gz, gunzipped into data.root)",
+    "n_caltech101": "https://www.garrickorchard.com/datasets/n-caltech101 (the archive's Caltech101.zip, unzipped "
+                    "into data.root)",
+    "asl_dvs": "https://github.com/PIX2NVS/NVS2Graph (ASL-DVS: its Yin*.zip archives, unzipped into data.root)",
+    "dvs_lip": "https://sites.google.com/view/event-based-lipreading (DVS-Lip.zip, unzipped into data.root)",
 }
 
 
@@ -288,6 +301,95 @@ def _heidelberg(prefix: str) -> RawSet:
                   lambda root, key: file(root, key[0]))
 
 
+# N-Caltech101: N-MNIST's 5-byte events from the ATIS (x < 240, y < 180), one .bin per sample in a folder named by
+# its class; none of the format's timestamp-overflow markers (y = 240), which 0.3 s recordings of 23-bit
+# microsecond times never need, as for N-MNIST.
+ATIS = (240, 180)
+
+
+def _caltech_files(root: Path, split: str) -> list[tuple[Path, int]]:
+    folder = root / "Caltech101"
+    classes = sorted(p for p in folder.iterdir() if p.is_dir()) if folder.is_dir() else []
+    return tebn_split([sorted(c.glob("*.bin")) for c in classes], split)
+
+
+def _caltech_read(root: Path, path: Path) -> np.ndarray:
+    from tonic.io import read_mnist_file
+
+    raw = np.frombuffer(path.read_bytes(), np.uint8)
+    if len(raw) == 0:
+        raise ValueError("it is empty")
+    if len(raw) % 5:
+        raise ValueError(f"its events are cut: it has {len(raw)} bytes, and its events are 5 bytes each")
+    for field, values, limit in (("x", raw[0::5], ATIS[0]), ("y", raw[1::5], ATIS[1])):
+        if (high := int(values.max())) >= limit:
+            raise ValueError(f"it holds an event at {field} = {high}, outside the ATIS's {ATIS[0]}x{ATIS[1]} pixels")
+    return read_mnist_file(str(path), dtype=np.dtype([("x", int), ("y", int), ("t", int), ("p", int)]))
+
+
+# ASL-DVS: one MATLAB file per sample in a folder named by its letter.
+def _asl_files(root: Path, split: str) -> list[tuple[Path, int]]:
+    letters = sorted(p for p in root.iterdir() if p.is_dir() and len(p.name) == 1 and p.name.islower()) \
+        if root.is_dir() else []
+    return tebn_split([sorted(c.glob("*.mat")) for c in letters], split)
+
+
+def _asl_read(root: Path, path: Path) -> np.ndarray:
+    from scipy.io import loadmat
+    from scipy.io.matlab import MatReadError
+    from tonic.io import make_structured_array
+
+    try:
+        fields = loadmat(path, variable_names=("ts", "x", "y", "pol"))
+    except (MatReadError, UnboundLocalError, NotImplementedError, OverflowError, *_UNREADABLE) as err:  # scipy's, on damage
+        raise ValueError(f"it is not a MATLAB file scipy reads ({' '.join(str(err).split())[:120]})") from None
+    if missing := [key for key in ("ts", "x", "y", "pol") if key not in fields]:
+        raise ValueError(f"it holds no {', '.join(missing)}")
+    ts, x, y, pol = (np.asarray(fields[key]).ravel() for key in ("ts", "x", "y", "pol"))
+    if not len(ts) == len(x) == len(y) == len(pol):
+        raise ValueError(f"its ts, x, y and pol hold {len(ts)}, {len(x)}, {len(y)} and {len(pol)} values, not one per event")
+    return make_structured_array(ts, x, ATIS[1] - 1 - y.astype(np.int64), pol,
+                                 dtype=np.dtype([("t", int), ("x", int), ("y", int), ("p", int)]))
+
+
+# DVS-Lip: one NumPy structured array per sample, in a folder named by its word, under train/ and test/.
+def _lip_files(root: Path, split: str) -> list[tuple[Path, int]]:
+    from tonic.datasets import DVSLip
+
+    folder = root / "DVS-Lip" / split
+    words = sorted(p for p in folder.iterdir() if p.is_dir()) if folder.is_dir() else []
+    if stray := next((w for w in words if w.name not in DVSLip.classes), None):
+        raise BadRecording("dvs_lip", stray, "it is a folder of no word of DVS-Lip's 100")
+    return [(f, DVSLip.classes.index(w.name)) for w in words for f in sorted(w.glob("*.npy"))]
+
+
+def _lip_read(root: Path, path: Path) -> np.ndarray:
+    from tonic.io import make_structured_array
+
+    import tokenize
+
+    from numpy.lib import format as npy
+
+    try:
+        with path.open("rb") as file:  # the header says how many events follow: as many bytes must, no more
+            header = npy.read_array_header_1_0 if npy.read_magic(file) == (1, 0) else npy.read_array_header_2_0
+            shape, _, dtype = header(file)
+            if (size := path.stat().st_size) != file.tell() + int(np.prod(shape)) * dtype.itemsize:
+                raise ValueError(f"it has {size} bytes, not the {file.tell()} of its header and the events it "
+                                 f"announces, {list(shape)} of {dtype.itemsize} bytes")
+        recorded = np.load(path, allow_pickle=False)
+    except (SyntaxError, tokenize.TokenError, EOFError) as err:  # a damaged header, read by ast.literal_eval
+        raise ValueError(f"its .npy header is damaged ({err.__class__.__name__})") from None
+    if recorded.dtype.names is None or not {"x", "y", "p", "t"} <= set(recorded.dtype.names) or recorded.ndim != 1:
+        raise ValueError(f"it holds {recorded.dtype} {list(recorded.shape)}, not a list of events with fields x, y, p, t")
+    return make_structured_array(recorded["x"], recorded["y"], recorded["p"], recorded["t"],
+                                 dtype=np.dtype([("x", int), ("y", int), ("p", int), ("t", int)]))
+
+
+def _listed(files: Callable[[Path, str], list[tuple[Path, int]]]) -> Callable[[Path, str], list]:
+    return lambda root, split: _file_stats([f for f, _ in files(root, split)], root)
+
+
 SETS = {
     "n_mnist": RawSet(_nmnist_files, _nmnist_read, (34, 34, 2),
                       lambda root, split: _file_stats([f for f, _ in _nmnist_files(root, split)], root), _itself),
@@ -299,6 +401,9 @@ SETS = {
                              lambda root, key: key[0]),
     "shd": _heidelberg("shd"),
     "ssc": _heidelberg("ssc"),
+    "n_caltech101": RawSet(_caltech_files, _caltech_read, (*ATIS, 2), _listed(_caltech_files), _itself),
+    "asl_dvs": RawSet(_asl_files, _asl_read, (*ATIS, 2), _listed(_asl_files), _itself),
+    "dvs_lip": RawSet(_lip_files, _lip_read, (128, 128, 2), _listed(_lip_files), _itself),
 }
 
 

@@ -1,5 +1,6 @@
 """``cifar10_dvs``, ``dvs128_gesture``, ``n_mnist``, ``shd``, ``ssc``: event frames in SpikingJelly's on-disk layout, or the
-raw recordings as their publishers ship them (integrated by tonic: :mod:`snnfw_plugins.datasets.events`).
+raw recordings as their publishers ship them (integrated by tonic: :mod:`snnfw_plugins.datasets.events`);
+``n_caltech101``, ``asl_dvs``, ``dvs_lip``: their publishers' raw recordings only.
 
 ``data.root`` is the ``root`` given to SpikingJelly's class (``CIFAR10DVS``,
 ``DVS128Gesture``, ``NMNIST`` in ``spikingjelly.datasets``), which, built with
@@ -37,6 +38,13 @@ SETS = {  # SpikingJelly's class, description, classes, one time step's (C, H, W
     "dvs128_gesture": ("DVS128Gesture", "DVS128 Gesture, 11 classes of 128x128 event frames", 11, (2, 128, 128)),
     "n_mnist": ("NMNIST", "N-MNIST, 10 classes of 34x34 event frames", 10, (2, 34, 34)),
 }
+
+
+RAW_ONLY_SETS = (  # read from their publishers' files only: name, description, classes, one time step's (C, H, W)
+    ("n_caltech101", "N-Caltech101, 101 classes of 180x240 event frames", 101, (2, 180, 240)),
+    ("asl_dvs", "ASL-DVS, 24 letters of 180x240 event frames", 24, (2, 180, 240)),
+    ("dvs_lip", "DVS-Lip, 100 words of 128x128 event frames", 100, (2, 128, 128)),
+)
 
 
 def load_frames(path: Path) -> np.ndarray:
@@ -139,3 +147,6 @@ def snnfw_register_datasets(register):
                                 "trains", ON_DISK_UNREAD, 20, (1, 1, 700)), "the raw recordings in data.root")
     register("ssc", DatasetSpec(events.builder("ssc"), "Spiking Speech Commands, 35 classes of 700-channel spike "
                                 "trains", ON_DISK_UNREAD, 35, (1, 1, 700)), "the raw recordings in data.root")
+    for name, description, classes, shape in RAW_ONLY_SETS:
+        register(name, DatasetSpec(events.builder(name), description, ON_DISK_UNREAD, classes, shape),
+                 "the raw recordings in data.root")

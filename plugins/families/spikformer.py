@@ -4,7 +4,8 @@ A convolutional patch stem (four Conv-BN-LIF stages and a Conv-BN-LIF
 positional encoding), transformer blocks of spiking self-attention and a
 convolutional MLP, then a linear head on the mean token. ``ti`` is the
 reference Spikformer-ti for 3 x 224 x 224 images and 1000 classes (4,400,392
-parameters); ``tiny`` is a two-block model on 2 x 32 x 32 frames, for tests,
+parameters); ``8-512`` is the paper's Spikformer-8-512 for ImageNet (29,664,808 parameters);
+``cifar10`` is Spikformer-4-384 on 32 x 32 images; ``tiny`` is a two-block model on 2 x 32 x 32 frames, for tests,
 with every neuron at the threshold 0.5 the zoo gives attention scores, so each
 neuron group, attention included, fires at about 8% to 40% on sparse DVS events.
 """
@@ -30,6 +31,8 @@ TINY = dict(in_channels=2, img_size_h=32, img_size_w=32, patch_size=4, num_class
             embed_dims=32, num_heads=4, mlp_ratio=4.0, depths=2, v_threshold=0.5)
 CIFAR10 = dict(in_channels=3, img_size_h=32, img_size_w=32, patch_size=4, num_classes=10,
                embed_dims=384, num_heads=12, mlp_ratio=4.0, depths=4)
+IMAGENET_8_512 = dict(in_channels=3, img_size_h=224, img_size_w=224, patch_size=16, num_classes=1000,
+                      embed_dims=512, num_heads=8, mlp_ratio=4.0, depths=8)
 
 def _flavor(settings: dict, description: str) -> Flavor:
     shape = (settings["in_channels"], settings["img_size_h"], settings["img_size_w"])
@@ -42,7 +45,8 @@ FAMILY = ModelFamily(
     flavors={
         "ti": _flavor(TI, "Spikformer-ti, ImageNet 224x224, 4.4M parameters"),
         "tiny": _flavor(TINY, "two blocks on 32x32 DVS frames, for tests"),
-        "cifar10": _flavor(CIFAR10, "Spikformer-4-384 on 32x32 images (data set cifar10)"),
+        "cifar10": _flavor(CIFAR10, "Spikformer-4-384 on 32x32 images (data sets cifar10, cifar100)"),
+        "8-512": _flavor(IMAGENET_8_512, "Spikformer-8-512, ImageNet 224x224 (data set image_folder)"),
     },
 )
 

@@ -1,6 +1,7 @@
 """Training losses by name (``train.loss``): a registry plugins extend.
 
-A loss takes the model's logits ``[T, N, classes]`` and integer labels and
+A loss takes the model's logits ``[T, N, classes]`` and integer labels, or soft
+targets ``[N, classes]`` (class probabilities: ``mixup`` and ``cutmix``), and
 returns the mean over the microbatch, which every strategy averages over
 microbatches and replicas alike. Plugins register a :class:`LossSpec` under
 ``snnfw_register_losses``; a ``[train]`` key of another loss is refused.
@@ -53,12 +54,23 @@ def training_loss(train: TrainConfig, plugins) -> Loss:
     return lambda logits, labels: scale.scaled(loss(logits, labels))
 
 
+def targets(labels: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """Integer labels as they are; soft targets in the dtype of ``like``, the logits they are scored against."""
+    return labels.to(like.dtype) if labels.is_floating_point() else labels
+
+
 def cross_entropy(options: dict[str, Any]) -> Loss:
-    """Cross entropy of the time-averaged logits, with ``label_smoothing``."""
+    """Cross entropy of the time-averaged logits, with ``label_smoothing`` (on soft targets too: they become
+    ``(1 - s) * target + s / classes``, as timm smooths mixed targets)."""
     import torch.nn.functional as F
 
     smoothing = options["label_smoothing"]
-    return lambda logits, labels: F.cross_entropy(full_precision(logits).mean(0), labels, label_smoothing=smoothing)
+
+    def loss(logits, labels):
+        rate = full_precision(logits).mean(0)
+        return F.cross_entropy(rate, targets(labels, rate), label_smoothing=smoothing)
+
+    return loss
 
 
 def mse_rate(options: dict[str, Any]) -> Loss:
@@ -67,7 +79,8 @@ def mse_rate(options: dict[str, Any]) -> Loss:
 
     def loss(logits, labels):
         rate = full_precision(logits).mean(0)
-        return F.mse_loss(rate, F.one_hot(labels, rate.shape[-1]).to(rate.dtype))
+        target = labels if labels.is_floating_point() else F.one_hot(labels, rate.shape[-1])
+        return F.mse_loss(rate, target.to(rate.dtype))
 
     return loss
 
@@ -83,7 +96,7 @@ def tet(options: dict[str, Any]) -> Loss:
     def loss(logits, labels):
         logits = full_precision(logits)
         steps = logits.shape[0]
-        per_step = F.cross_entropy(logits.flatten(0, 1), labels.repeat(steps))
+        per_step = F.cross_entropy(logits.flatten(0, 1), targets(labels, logits).repeat(steps, *[1] * (labels.dim() - 1)))
         return (1 - weight) * per_step + weight * F.mse_loss(logits, torch.ones_like(logits))
 
     return loss

@@ -40,7 +40,10 @@ class StepOutput:
 
 
 def hits(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    """How many samples the time-averaged ``logits`` classify right, on their device (reading it waits for it)."""
+    """How many samples the time-averaged ``logits`` classify right, on their device (reading it waits for it);
+    against a soft target (mixup, cutmix), its largest class."""
+    if labels.is_floating_point():
+        labels = labels.argmax(-1)
     return (logits.mean(0).argmax(1) == labels).sum()
 
 

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Callable
 
 import attrs
 
-from snnfw.config import Config, DataConfig
+from snnfw.config import IMAGE_AUGMENTS, Config, DataConfig
 from snnfw.errors import ConfigError, keys_phrase, users_code
 
 if TYPE_CHECKING:
@@ -38,7 +38,8 @@ class DatasetSpec:
     ``unread`` names the ``[data]`` keys the set does not read (``root`` for a generated
     set, ``train_samples`` and ``test_samples`` for one on disk), which are refused when set.
     ``classes`` and ``frame_shape`` (one time step's ``(C, H, W)`` as recorded), where the set has them, let
-    the plan fit a family's classes to the set's and say how frames are resized.
+    the plan fit a family's classes to the set's and say how frames are resized. ``images``: a set of static
+    images (:class:`snnfw.data.images.DirectEncoded`), which ``data.augment``'s image transforms need.
     """
 
     build: Callable[[DataConfig, InputSpec, str, int], Dataset]
@@ -46,10 +47,15 @@ class DatasetSpec:
     unread: tuple[str, ...] = ()
     classes: int | None = None
     frame_shape: tuple[int, int, int] | None = None
+    images: bool = False
 
 
 def check_keys(config: Config, spec: DatasetSpec) -> None:
-    """Refuses the ``[data]`` keys the user set that the configured data set does not read."""
+    """Refuses the ``[data]`` keys the user set that the configured data set does not read, and the image
+    transforms of ``data.augment`` on a set of other frames."""
+    if not spec.images and (named := [name for name in config.data.augment if name in IMAGE_AUGMENTS]):
+        raise ConfigError(f"data.augment's {', '.join(map(repr, named))} transform static images, and data set "
+                          f"{config.data.name!r} gives {spec.description}; remove them, or train on cifar100 or image_folder")
     if keys := [f"data.{key}" for key in spec.unread if f"data.{key}" in config.explicit]:
         subject, pronoun = keys_phrase(keys)
         raise ConfigError(
@@ -114,9 +120,14 @@ def check_labels(dataset: Dataset, classes: int, split: str) -> None:
                               f"to {classes - 1}; set model.num_classes = {value + 1} or more, or correct the labels")
 
 
-def global_batch_indices(step: int, batch_size: int, length: int, seed: int, keys: bool = False) -> torch.Tensor:
+def global_batch_indices(step: int, batch_size: int, length: int, seed: int, keys: bool = False,
+                         repeats: int = 1) -> torch.Tensor:
     """Dataset indices of the global batch of ``step`` (reshuffled every epoch); with ``keys``,
-    ``epoch * length + index``, which an augmented set (:mod:`snnfw.data.augment`) reads."""
+    ``epoch * length + index``, which an augmented set (:mod:`snnfw.data.augment`) reads.
+
+    With ``repeats`` (repeated augmentation, ``data.repeated_augment``), an epoch's ``length`` positions hold
+    each sample of its permutation ``repeats`` times in a row, copy ``c`` of epoch ``e`` keyed as epoch
+    ``e * repeats + c``, so every copy is augmented differently (an epoch sees ``length / repeats`` samples)."""
     import torch
 
     positions = torch.arange(step * batch_size, (step + 1) * batch_size)
@@ -125,30 +136,33 @@ def global_batch_indices(step: int, batch_size: int, length: int, seed: int, key
     for epoch in epochs.unique().tolist():
         perm = torch.randperm(length, generator=torch.Generator().manual_seed(seed * 100_003 + epoch))
         mask = epochs == epoch
-        out[mask] = perm[positions[mask] % length]
-    return out + epochs * length if keys else out
+        within = positions[mask] % length
+        out[mask] = perm[within // repeats] + (epoch * repeats + within % repeats) * length
+    return out if keys else out % length
 
 
 def replica_chunk(indices: torch.Tensor, replica: int, replicas: int) -> torch.Tensor:
     return indices.chunk(replicas)[replica]
 
 
-def microbatch_indices(step: int, plan, length: int, seed: int, replica: int, keys: bool = False) -> tuple[torch.Tensor, ...]:
+def microbatch_indices(step: int, plan, length: int, seed: int, replica: int, keys: bool = False,
+                       repeats: int = 1) -> tuple[torch.Tensor, ...]:
     """Dataset indices (or ``keys``) of each of ``replica``'s microbatches in ``step`` of ``plan``."""
-    indices = global_batch_indices(step, plan.global_batch, length, seed, keys)
+    indices = global_batch_indices(step, plan.global_batch, length, seed, keys, repeats)
     return replica_chunk(indices, replica, plan.dp_size).chunk(plan.microbatches)
 
 
 class StepSampler:
     """A ``DataLoader`` batch sampler: a replica's microbatches, step after step, from ``start`` to ``stop``."""
 
-    def __init__(self, plan, length: int, seed: int, replica: int, start: int, stop: int, keys: bool = False):
+    def __init__(self, plan, length: int, seed: int, replica: int, start: int, stop: int, keys: bool = False,
+                 repeats: int = 1):
         self.plan, self.length, self.seed, self.replica, self.start, self.stop = plan, length, seed, replica, start, stop
-        self.keys = keys
+        self.keys, self.repeats = keys, repeats
 
     def __iter__(self):
         for step in range(self.start, self.stop):
-            for chunk in microbatch_indices(step, self.plan, self.length, self.seed, self.replica, self.keys):
+            for chunk in microbatch_indices(step, self.plan, self.length, self.seed, self.replica, self.keys, self.repeats):
                 yield chunk.tolist()
 
     def __len__(self) -> int:

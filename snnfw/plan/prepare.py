@@ -94,8 +94,8 @@ def follow_data(config: Config, plugins: Plugins) -> tuple[Config, tuple[str, ..
                      f"{config.model.flavor} has {flavor.num_classes}; set model.num_classes to choose)")
     if dataset.frame_shape and tuple(dataset.frame_shape[1:]) != tuple(flavor.input_shape[1:]):
         (height, width), (h, w) = dataset.frame_shape[1:], flavor.input_shape[1:]
-        notes.append(f"frames of data set {config.data.name} resized by area from {height}x{width} to the model's "
-                     f"{h}x{w}")
+        how = "images of data set {} resized (bicubic)" if dataset.images else "frames of data set {} resized by area"
+        notes.append(f"{how.format(config.data.name)} from {height}x{width} to the model's {h}x{w}")
     return config, tuple(notes)
 
 

@@ -46,7 +46,8 @@ class Trainer:
             if datasets:  # handed to the API; those built from data.builder are checked as they are built
                 datalib.check_labels(dataset, self.num_classes, split)
         if config.data.augment:
-            self.train_set = Augmented(self.train_set, config.data.augment, augment_options(config.data), config.train.seed)
+            self.train_set = Augmented(self.train_set, config.data.augment, augment_options(config.data), config.train.seed,
+                                       self.num_classes)
         self.dtype = config.train.torch_dtype
         model = prepared.model.to(device, self.dtype)
         if prepared.given_instance and mesh is not None:
@@ -81,7 +82,7 @@ class Trainer:
         if step != self._next_step:
             cfg = self.config
             sampler = datalib.StepSampler(self.plan, len(self.train_set), cfg.train.seed, self.replica, step, cfg.train.steps,
-                                          keys=bool(cfg.data.augment))
+                                          keys=bool(cfg.data.augment), repeats=cfg.data.repeated_augment)
             self._batches = datalib.step_batches(self.train_set, sampler, cfg.data.workers, self.device, self.dtype)
         self._next_step = step + 1
         return next(self._batches)

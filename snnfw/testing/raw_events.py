@@ -115,3 +115,58 @@ def write_dvs128_gesture(root: Path, per_class: int = 2, classes: int = 4, event
                 "class,startTime_usec,endTime_usec\n" + "\n".join(rows) + "\n")
         (folder / f"trials_to_{split}.txt").write_text("\n".join(names) + "\n")
     return written
+
+
+def _tenth_split(per_class: int, sample: int) -> str:
+    return "test" if sample < per_class // 10 else "train"
+
+
+def write_ncaltech101(root: Path, per_class: int = 10, classes: int = 4, events: int = 400, seed: int = 0) -> dict:
+    """``root/Caltech101/<class>/image_<n>.bin`` in N-MNIST's 40-bit event format on the ATIS's 240x180 pixels; the
+    first tenth of each class's samples are the test split."""
+    rng = np.random.default_rng(seed)
+    written = {"train": [], "test": []}
+    for label, name in enumerate(["accordion", "airplanes", "anchor", "ant", "barrel", "bass"][:classes]):
+        folder = root / "Caltech101" / name
+        folder.mkdir(parents=True, exist_ok=True)
+        for sample in range(per_class):
+            x, y, t, p = class_events(label, classes, 180, events, rng)
+            raw = np.stack([x, y, (p << 7) | (t >> 16 & 127), t >> 8 & 255, t & 255], axis=1).astype(np.uint8)
+            (folder / f"image_{sample + 1:04d}.bin").write_bytes(raw.tobytes())
+            written[_tenth_split(per_class, sample)].append((make_structured_array(x, y, t, p, dtype=XYTP), label))
+    return written
+
+
+def write_asl_dvs(root: Path, per_class: int = 10, classes: int = 4, events: int = 400, seed: int = 0) -> dict:
+    """``root/<letter>/<letter>_<n>.mat``: MATLAB files of column vectors ``ts``, ``x``, ``y`` (bottom row 0) and
+    ``pol`` on 240x180 pixels; the first tenth of each letter's samples are the test split."""
+    from scipy.io import savemat
+
+    rng = np.random.default_rng(seed)
+    written = {"train": [], "test": []}
+    for label, letter in enumerate("abcdefghiklmnopqrstuvwxy"[:classes]):
+        (root / letter).mkdir(parents=True, exist_ok=True)
+        for sample in range(per_class):
+            x, y, t, p = class_events(label, classes, 180, events, rng)
+            savemat(root / letter / f"{letter}_{sample + 1:04d}.mat",
+                    {"ts": t[:, None], "x": x[:, None], "y": (179 - y)[:, None], "pol": p[:, None]})
+            written[_tenth_split(per_class, sample)].append((make_structured_array(x, y, t, p, dtype=XYTP), label))
+    return written
+
+
+def write_dvs_lip(root: Path, per_class: int = 2, classes: int = 4, events: int = 400, seed: int = 0) -> dict:
+    """``root/DVS-Lip/{train,test}/<word>/<n>.npy``: NumPy structured arrays of ``x``, ``y``, ``p``, ``t`` on
+    128x128 pixels, the words the first of DVS-Lip's 100."""
+    from tonic.datasets import DVSLip
+
+    rng = np.random.default_rng(seed)
+    written = {"train": [], "test": []}
+    for split in written:
+        for label, word in enumerate(DVSLip.classes[:classes]):
+            folder = root / "DVS-Lip" / split / word
+            folder.mkdir(parents=True, exist_ok=True)
+            for sample in range(per_class):
+                x, y, t, p = class_events(label, classes, 128, events, rng)
+                np.save(folder / f"{sample}.npy", make_structured_array(x, y, p, t, dtype=DVSLip.dtype))
+                written[split].append((make_structured_array(x, y, t, p, dtype=XYTP), label))
+    return written

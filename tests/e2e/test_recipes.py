@@ -8,7 +8,7 @@ import pytest
 from snnfw.config import load_config
 from snnfw.plan.prepare import prepare
 from snnfw.plugin.manager import Plugins
-from snnfw.testing.layouts import cifar10_dvs_layout, split_layout, write_cifar10
+from snnfw.testing.layouts import cifar10_dvs_layout, split_layout, write_cifar10, write_cifar100, write_image_folder
 from snnfw.testing.raw_events import write_cifar10_dvs, write_dvs128_gesture, write_nmnist, write_shd
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -21,6 +21,10 @@ def layout(name: str, root: Path, time_steps: int) -> tuple[Path, int]:
     matter here); the folder and its number of training samples."""
     if name == "cifar10":
         return write_cifar10(root, records=13), 65
+    if name == "cifar100":
+        return write_cifar100(root, records=20), 20
+    if name == "image_folder":
+        return write_image_folder(root, classes=[f"n{i:08d}" for i in range(4)], per_class=3), 12
     if name == "shd":
         write_shd(root, per_class=2, classes=20, events=50)
         return root, 40
@@ -32,7 +36,7 @@ def layout(name: str, root: Path, time_steps: int) -> tuple[Path, int]:
 
 def test_every_recipe_is_here():
     assert [p.stem for p in RECIPES] == ["cifar10dvs_vgg_tet", "dvs128_gesture", "n_mnist_plif", "shd_sequence_mlp",
-                                         "spikformer_cifar10"]
+                                         "spikformer_cifar10", "spikformer_cifar100", "spikformer_imagenet"]
 
 
 @pytest.mark.parametrize("recipe", RECIPES, ids=lambda p: p.stem)

@@ -62,7 +62,11 @@ def test_training_keys_name_the_epoch():
 @pytest.mark.parametrize(
     "data, message",
     [({"augment": ["hflip"], "roll_pixels": 2}, "data.roll_pixels applies to the 'roll' augment"),
-     ({"augment": ["mixup"]}, "data.augment lists training-set transforms")],
+     ({"augment": ["erase"]}, "data.augment lists training-set transforms"),
+     ({"augment": ["randaugment"]}, "'randaugment' transform static images, and data set 'synthetic_dvs' gives"),
+     ({"augment": ["mixup"], "mix_switch_prob": 0.5}, "data.mix_switch_prob chooses between mixup and cutmix"),
+     ({"augment": ["hflip"], "cutmix_alpha": 1.0}, "data.cutmix_alpha applies to the 'cutmix' augment"),
+     ({"repeated_augment": 3}, "data.repeated_augment = 3 repeats each sample")],
 )
 def test_augment_keys_are_checked(data, message):
     with pytest.raises(ConfigError, match=message):

@@ -16,11 +16,13 @@ from tonic.transforms import Denoise, ToFrame
 from snnfw.config import build_config
 from snnfw.data.batches import InputSpec
 from snnfw.errors import DataError
-from snnfw.testing.raw_events import write_cifar10_dvs, write_dvs128_gesture, write_nmnist, write_shd
+from snnfw.testing.raw_events import (write_asl_dvs, write_cifar10_dvs, write_dvs128_gesture, write_dvs_lip,
+                                      write_ncaltech101, write_nmnist, write_shd)
 from snnfw_plugins.datasets import event_formats, events, neuromorphic
 
 WRITERS = {"n_mnist": write_nmnist, "cifar10_dvs": write_cifar10_dvs, "dvs128_gesture": write_dvs128_gesture,
-           "shd": write_shd, "ssc": functools.partial(write_shd, prefix="ssc")}
+           "shd": write_shd, "ssc": functools.partial(write_shd, prefix="ssc"), "n_caltech101": write_ncaltech101,
+           "asl_dvs": write_asl_dvs, "dvs_lip": write_dvs_lip}
 T = 6
 
 
@@ -234,8 +236,17 @@ def refusal(name, root, split="train"):
      r"trials_to_train.txt .*: it lists 'user01_led.avi', which is not an .aedat file"),
     ("dvs128_gesture", lambda root: (root / "DvsGesture/user01_led.aedat").write_bytes(
         (root / "DvsGesture/user01_led.aedat").read_bytes()[:-5]), r"user01_led.aedat .*: its last event packet is cut"),
+    ("n_caltech101", lambda root: _cut(root / "Caltech101/anchor/image_0004.bin", 3),
+     r"image_0004.bin is not a n_caltech101 recording .*: its events are cut"),
+    ("n_caltech101", lambda root: (root / "Caltech101/ant/image_0002.bin").write_bytes(bytes([250, 3, 0, 0, 9])),
+     r"image_0002.bin .*: it holds an event at x = 250, outside the ATIS's 240x180 pixels"),
+    ("asl_dvs", lambda root: _cut(root / "b/b_0005.mat", 40), r"b_0005.mat is not a asl_dvs recording as its publisher"),
+    ("asl_dvs", lambda root: (root / "c/c_0003.mat").write_bytes(b"MATLAB? no"), r"c_0003.mat .*: it is not a MATLAB file"),
+    ("dvs_lip", lambda root: _cut(root / "DVS-Lip/train/action/1.npy", 9), r"DVS-Lip/train/action/1.npy is not a dvs_lip"),
+    ("dvs_lip", lambda root: (root / "DVS-Lip/train/hello").mkdir(), r"DVS-Lip/train/hello .*: it is a folder of no word"),
 ], ids=["nmnist-7-bytes", "nmnist-empty", "nmnist-off-sensor", "cifar10dvs-cut", "cifar10dvs-zip", "shd-not-hdf5",
-        "shd-cut", "ssc-no-labels", "gesture-csv-layout", "gesture-trial-list", "gesture-cut"])
+        "shd-cut", "ssc-no-labels", "gesture-csv-layout", "gesture-trial-list", "gesture-cut", "caltech-cut",
+        "caltech-off-sensor", "asl-cut", "asl-not-matlab", "lip-cut", "lip-stray-word"])
 def test_a_bad_recording_of_any_format_is_refused_in_one_line_naming_it_and_leaves_no_cache(tmp_path, name, damage,
                                                                                           said):
     WRITERS[name](tmp_path)
@@ -244,6 +255,10 @@ def test_a_bad_recording_of_any_format_is_refused_in_one_line_naming_it_and_leav
     assert re.search(said, message), message
     assert f"get it again from {event_formats.URLS[name]}" in message
     assert cached == []  # no temporary folder, no frames, no lock
+
+
+def _cut(path, last):
+    path.write_bytes(path.read_bytes()[:-last])
 
 
 def _without_labels(path):

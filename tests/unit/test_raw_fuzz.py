@@ -23,7 +23,8 @@ import pytest
 
 from snnfw.config import Frames
 from snnfw.errors import DataError
-from snnfw.testing.raw_events import write_cifar10_dvs, write_dvs128_gesture, write_nmnist, write_shd
+from snnfw.testing.raw_events import (write_asl_dvs, write_cifar10_dvs, write_dvs128_gesture, write_dvs_lip,
+                                      write_ncaltech101, write_nmnist, write_shd)
 from snnfw_plugins.datasets import event_formats, events
 
 TRIES = 200  # per format
@@ -36,6 +37,10 @@ FORMATS = {  # a tiny set, and the file of its train split the tries damage
                        "DvsGesture/user01_led.aedat"),
     "shd": (functools.partial(write_shd, per_class=2, classes=2, events=20), "shd_train.h5"),
     "ssc": (functools.partial(write_shd, per_class=2, classes=2, events=20, prefix="ssc"), "ssc_train.h5"),
+    "n_caltech101": (functools.partial(write_ncaltech101, per_class=1, classes=2, events=40),
+                     "Caltech101/airplanes/image_0001.bin"),
+    "asl_dvs": (functools.partial(write_asl_dvs, per_class=1, classes=2, events=40), "b/b_0001.mat"),
+    "dvs_lip": (functools.partial(write_dvs_lip, per_class=1, classes=2, events=40), "DVS-Lip/train/action/0.npy"),
 }
 
 
