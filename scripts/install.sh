@@ -9,7 +9,7 @@
 # never replaced. SpikingJelly is installed last and without its declared dependencies: its neurons, layers,
 # memopt and model zoo need none of torchvision, torchaudio or SciencePlots, which would pull a CUDA build of torch;
 # installing it last keeps pip's dependency check from reporting those it left out. Optional extras
-# (SNNFW_EXTRAS, default "tensorboard,wandb,nir,nirtorch" for log.tensorboard, log.wandb and snnfw export --format
+# (SNNFW_EXTRAS, default "tensorboard,wandb,nir" for log.tensorboard, log.wandb and snnfw export --format
 # nir; "none" for none).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -37,7 +37,7 @@ if [ "${SNNFW_TORCH:-}" != "skip" ] && ! python -c "import torch" 2>/dev/null; t
   fi
 fi
 pip_install pluggy attrs loguru h5py packaging tqdm numpy scipy setuptools matplotlib pillow "tonic==1.7.0" "${test_tools[@]}"
-extras="${SNNFW_EXTRAS:-tensorboard,wandb,nir,nirtorch}"
+extras="${SNNFW_EXTRAS:-tensorboard,wandb,nir}"
 if [ "$extras" != "none" ]; then
   pip_install ${extras//,/ }
 fi

@@ -159,7 +159,7 @@ def _cmd_train(args) -> int:
     from snnfw.errors import ConfigError
     from snnfw.plan.prepare import build_datasets, prepare
     from snnfw.plugin.manager import Plugins
-    from snnfw.tools.launch import check_extras, launch
+    from snnfw.tools.launch import check_wandb_login, launch
 
     if args.nnodes > 1 and not (args.rdzv_endpoint and args.run_dir):
         raise ConfigError("--nnodes 2 or more needs --rdzv-endpoint HOST:PORT (node rank 0's host) and a shared --run-dir")
@@ -172,7 +172,7 @@ def _cmd_train(args) -> int:
     if args.resume and args.overwrite:
         raise ConfigError("--resume continues the run in --run-dir and --overwrite replaces it; pass one of them")
     config = load_config(args.config, args.overrides)
-    check_extras(config)
+    check_wandb_login(config)
     plugins = Plugins()
     # refuse a bad config before starting any process
     prepared = prepare(config, args.nproc * args.nnodes, plugins, local_ranks=args.nproc)
@@ -221,11 +221,9 @@ def _cmd_export(args) -> int:
 def _export_nir(args) -> int:
     """``snnfw export --format nir``: the config's network with the weights of SOURCE as a NIR graph, checked
     against the model's spikes on the first test samples."""
-    import importlib.util
-
     import torch
 
-    from snnfw.components import nir_export
+    from snnfw.components import extras, nir_export
     from snnfw.components.weights import load_weights, read_weights
     from snnfw.config import load_config
     from snnfw.data import batches as datalib
@@ -236,8 +234,7 @@ def _export_nir(args) -> int:
 
     if not args.config:
         raise ConfigError("--format nir builds the network from its training config; pass --config CONFIG")
-    if importlib.util.find_spec("nir") is None:
-        raise ConfigError("--format nir needs the package nir, which is not installed; pip install nir nirtorch")
+    extras.require("nir", "--format nir", "nir")
     config, plugins = load_config(args.config), Plugins()
     prepared = prepare(config, 1, plugins)
     nir_export.layers(prepared.model)  # a layer NIR cannot express, refused before the weights are read

@@ -7,12 +7,12 @@ seed give the same model and plan) and then applies and runs it
 
 from __future__ import annotations
 
-import importlib.util
 from typing import Callable
 
 import attrs
 import torch
 
+from snnfw.components import extras
 from snnfw.components.losses import check_loss
 from snnfw.components.optim import check_train
 from snnfw.components.precision import check_precision, precision_notes
@@ -142,12 +142,9 @@ def _resolved(config: Config, plugins: Plugins, source: models.Source, datasets:
     check_train(config.train, plugins)
     check_loss(config.train, plugins)
     check_precision(config.train)
-    for package, extras in (("tensorboard", "tensorboard"), ("wandb", "tensorboard,wandb")):  # optional extras
-        if getattr(config.log, package) and importlib.util.find_spec(package) is None:
-            raise ConfigError(
-                f"log.{package} needs the {package} package, which is not installed; run `SNNFW_EXTRAS={extras} bash "
-                f"scripts/install.sh` (or pip install {package}), or remove log.{package}"
-            )
+    for package, extra in (("tensorboard", "tensorboard"), ("wandb", "tensorboard,wandb")):  # optional extras
+        if getattr(config.log, package):
+            extras.require(package, f"log.{package}", extra)
     return config
 
 

@@ -136,19 +136,13 @@ def launch(
     return 0
 
 
-def check_extras(config) -> None:
-    """Refuses, before any rank starts, a ``[log]`` setting whose optional package is not installed, and Weights &
-    Biases online without a login (its API key in ``WANDB_API_KEY`` or the netrc file; no network is asked)."""
-    import importlib.util
+def check_wandb_login(config) -> None:
+    """Refuses, before any rank starts, Weights & Biases online without a login (its API key in ``WANDB_API_KEY``
+    or the netrc file; no network is asked). The plan has refused a ``[log]`` setting whose package is missing."""
     import netrc
 
     from snnfw.errors import ConfigError
 
-    wanted = [("log.tensorboard", "tensorboard", config.log.tensorboard), ("log.wandb", "wandb", config.log.wandb)]
-    for key, package, on in wanted:
-        if on and importlib.util.find_spec(package) is None:
-            raise ConfigError(f"{key} needs the package {package}, which is not installed; pip install {package}, "
-                              f"or remove {key}")
     if config.log.wandb == "online" and not os.environ.get("WANDB_API_KEY"):
         host = os.environ.get("WANDB_BASE_URL", "https://api.wandb.ai").split("://")[-1].split("/")[0].split(":")[0]
         path = Path(os.environ.get("NETRC", Path.home() / ".netrc"))

@@ -5,6 +5,7 @@ import json
 
 import pytest
 
+import snnfw.components.extras
 import snnfw.plan.prepare
 from snnfw.config import build_config
 from snnfw.errors import ConfigError
@@ -45,7 +46,8 @@ def test_phase_times_are_recorded_only_when_asked(tmp_path):
 
 def test_tensorboard_without_the_package_is_refused_naming_the_install(monkeypatch):
     find = importlib.util.find_spec
-    monkeypatch.setattr(snnfw.plan.prepare.importlib.util, "find_spec", lambda name, *a: None if name == "tensorboard" else find(name, *a))
+    monkeypatch.setattr(snnfw.components.extras.importlib.util, "find_spec",
+                        lambda name, *a: None if name == "tensorboard" else find(name, *a))
     with pytest.raises(ConfigError, match="SNNFW_EXTRAS=tensorboard bash scripts/install.sh"):
         snnfw.plan.prepare.prepare(build_config({"log": {"tensorboard": True}}), 1, Plugins())
 

@@ -38,7 +38,22 @@ def refusal(capsys, *settings):
 def test_a_log_whose_package_is_absent_is_refused_before_launch(unlaunched, monkeypatch, capsys, key, package):
     monkeypatch.setitem(sys.modules, package, None)  # not importable
     err = refusal(capsys, key)
-    assert f"needs the package {package}, which is not installed; pip install {package}, or remove" in err
+    assert f"needs the {package} package, which is not installed; run `SNNFW_EXTRAS=" in err and f"or remove {key.split('=')[0]}" in err
+
+
+@pytest.mark.parametrize("key, package", [("log.tensorboard=true", "tensorboard"), ('log.wandb="offline"', "wandb")])
+def test_a_log_whose_package_is_too_old_is_refused_before_launch(unlaunched, monkeypatch, capsys, key, package):
+    from snnfw.components import extras
+
+    monkeypatch.setattr(extras.metadata, "version", lambda name: "0.9.1" if name == package else metadata_version(name))
+    err = refusal(capsys, key)
+    assert f"needs {package} {extras.MINIMUM[package]} or newer, and 0.9.1 is installed" in err
+
+
+def metadata_version(name):
+    from importlib import metadata
+
+    return metadata.version(name)
 
 
 def test_wandb_online_without_a_login_is_refused_before_launch(unlaunched, monkeypatch, capsys):
