@@ -95,12 +95,12 @@ class Pipeline(Strategy):
 
     @hookimpl
     def snnfw_step_metrics(self, plan):
-        """The schedule's busy time and bubble, with log.phase_times (timing a stage waits for its device)."""
-        if not plan.config.log.phase_times:
-            return None
+        """Bytes sent between stages (``pp_sent_mb``) and, with log.phase_times (timing a stage waits for its
+        device), the schedule's busy time and bubble."""
         from snnfw_plugins.strategies.pp_model import STEP_TIMES
 
-        return STEP_TIMES.take()
+        figures = STEP_TIMES.take()
+        return figures if plan.config.log.phase_times else {"pp_sent_mb": figures["pp_sent_mb"]}
 
     @hookimpl
     def snnfw_summary(self, plan):

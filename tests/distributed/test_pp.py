@@ -144,7 +144,7 @@ def test_dry_run_times_uneven_units_and_the_split_isolates_the_heavy_one():
     light = [nn.Linear(16, 16) for _ in range(5)]
     heavy = nn.Sequential(nn.Linear(16, 1024), nn.Linear(1024, 1024), nn.Linear(1024, 1024), nn.Linear(1024, 16))
     units = light[:2] + [heavy] + light[2:]
-    boundaries, unit_ms = measure_units(units, torch.rand(4, 8, 16), lambda unit: None, passes=3)  # on one thread
+    boundaries, unit_ms, _ = measure_units(units, torch.rand(4, 8, 16), lambda unit: None, passes=3)  # on one thread
     assert boundaries == tuple(((4, 8, 16), torch.float32) for _ in range(7))
     assert unit_ms[2] > 5 * max(unit_ms[:2] + unit_ms[3:])
     assert balanced_layout(unit_ms, 3) == (2, 1, 3)
