@@ -23,6 +23,7 @@ import re
 import attrs
 
 from snnfw import hookimpl
+from snnfw.distributed.collectives import GLOO_CUDA_POINT_TO_POINT
 from snnfw.distributed.pipeline import parse_layout
 from snnfw.errors import keys_phrase
 from snnfw.plan.estimate import estimate, ring_bytes
@@ -190,6 +191,8 @@ def _proposals(request) -> Proposal | list[Proposal]:
 
 def _propose(request, schedule: str, virtual: int) -> Proposal:
     config, pipeline = request.config, request.config.pipeline
+    if request.topology.shares_gpus:
+        return Proposal.refuse(NAME, f"its stages send activations point to point: {GLOO_CUDA_POINT_TO_POINT}")
     mesh = config.parallel.mesh or (("pp", request.topology.world_size),)
     if reason := _mesh_refusal(mesh):
         return Proposal.refuse(NAME, reason)
