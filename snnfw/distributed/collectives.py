@@ -111,9 +111,20 @@ def process_group(plan: Plan, env: RankEnv, timeout_s: float) -> Iterator[object
     init_world(plan.backend, env, timeout_s)
     try:
         names, sizes = zip(*plan.mesh)
-        yield init_device_mesh(plan.device_type, tuple(sizes), mesh_dim_names=tuple(names))
+        mesh = init_device_mesh(plan.device_type, tuple(sizes), mesh_dim_names=tuple(names))
+        set_timeouts(timeout_s)  # the mesh's groups start with torch's default timeout, not the world's
+        yield mesh
     finally:
         dist.destroy_process_group()
+
+
+def set_timeouts(timeout_s: float) -> None:
+    """Gives every process group of this rank ``timeout_s`` for its collectives from now on."""
+    from torch.distributed.distributed_c10d import _rank_not_in_group, _set_pg_timeout, _world
+
+    for group in list(_world.pg_map):
+        if not _rank_not_in_group(group):
+            _set_pg_timeout(datetime.timedelta(seconds=timeout_s), group)
 
 
 def dp_coordinate(plan: Plan, mesh) -> int:
