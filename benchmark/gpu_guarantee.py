@@ -2,8 +2,9 @@
 
 The float64 guarantee (``snnfw.testing.guarantee``: every step's loss and firing rate, the validations and the
 final model state within 1e-9 relative of ``none``'s with as many microbatches, every neuron layer firing) on
-the VGG ``tiny``, case by case in ``ORDER`` (the most valuable first), each result appended to the JSONL as it
-ends, so a GPU taken back mid-run still leaves the results so far. Ranks get a GPU each and NCCL where the
+the VGG ``tiny``, case by case in ``ORDER`` (the most valuable first; ``cuda-graphs``: ``none`` compiled with
+``compile.mode = "reduce-overhead"``, ``cudnn-benchmark``: with cuDNN's autotuner, each against eager
+``none``), each result appended to the JSONL as it ends, so a GPU taken back mid-run still leaves the results so far. Ranks get a GPU each and NCCL where the
 host has enough GPUs; else they share them over gloo (``parallel.backend = "gloo"``), under which the plan
 refuses the strategies that send CUDA tensors point to point (pp, tsp, fsdp2_tsp): such a case is recorded
 as skipped with the plan's reason. The run stops starting cases when less than ``MIN_CASE_S`` of
@@ -22,15 +23,19 @@ import traceback
 from pathlib import Path
 
 FAMILY = "cifar10dvs_vgg"
-ORDER = ("tp", "fsdp2", "dp", "pp-1f1b", "pp-interleaved", "fsdp2_tp", "tsp", "hsdp", "zero", "fsdp2-x-tsp")
+ORDER = ("tp", "fsdp2", "cuda-graphs", "dp", "pp-1f1b", "pp-interleaved", "fsdp2_tp", "tsp", "hsdp", "zero",
+         "fsdp2-x-tsp", "cudnn-benchmark")
 MIN_CASE_S = 45.0  # CUDA contexts on every rank, the model, 2 x steps in float64
 
 
 def cases(only: str | None = None):
     """The equivalence cases of the GPU run, in ``ORDER`` (``only``: a comma-separated subset)."""
-    from snnfw.testing.equivalence import CASES
+    from snnfw.testing.equivalence import CASES, Case
 
-    by_name = {case.name: case for case in CASES}
+    by_name = {case.name: case for case in CASES} | {  # one rank, against none eager and untuned
+        "cuda-graphs": Case("cuda-graphs", "none", 1, 1, 1, {"compile": {"enable": True, "mode": "reduce-overhead"}}),
+        "cudnn-benchmark": Case("cudnn-benchmark", "none", 1, 1, 1, {"cuda": {"cudnn_benchmark": True}}),
+    }
     wanted = only.split(",") if only else ORDER
     return [by_name[name] for name in ORDER if name in wanted]
 

@@ -14,8 +14,12 @@ def timeouts(trainer):
                    for group in _world.pg_map if not _rank_not_in_group(group)})
 
 
-@pytest.mark.parametrize("parallel, expected", [({"timeout_s": 99}, [99.0]), ({"timeout_s": 99, "step_timeout_s": 7}, [7.0])])
-def test_every_process_group_takes_the_configured_timeouts(parallel, expected):
-    config = tiny_config("fsdp2_tp", train={"steps": 2}, data={"test_samples": 4}, parallel={"mesh": {"dp": 2, "tp": 2}, **parallel})
+@pytest.mark.parametrize("steps, parallel, expected", [
+    (1, {"timeout_s": 99, "step_timeout_s": 7}, [99.0]),  # one step: start-up's timeout (torch gives new groups 30 min)
+    (2, {"timeout_s": 99, "step_timeout_s": 7}, [7.0]),
+])
+def test_every_process_group_takes_the_configured_timeouts(steps, parallel, expected):
+    config = tiny_config("fsdp2_tp", train={"steps": steps}, data={"test_samples": 4},
+                         parallel={"mesh": {"dp": 2, "tp": 2}, **parallel})
     for summary in run_on_ranks(config, 4, inspect=timeouts):
         assert summary["inspect"] == expected  # the world and each mesh dimension's group
