@@ -23,11 +23,10 @@ import re
 import attrs
 
 from snnfw import hookimpl
-from snnfw.distributed.collectives import GLOO_CUDA_POINT_TO_POINT
 from snnfw.distributed.pipeline import parse_layout
 from snnfw.errors import keys_phrase
 from snnfw.plan.estimate import estimate, ring_bytes
-from snnfw.plan.layout import Proposal, refuse_others
+from snnfw.plan.layout import GLOO_CUDA_POINT_TO_POINT, Proposal, refuse_others
 from snnfw.plugin.strategy import Strategy
 
 NAME = "pp"

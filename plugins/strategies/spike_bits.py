@@ -10,24 +10,12 @@ are not binary, cross ranks in their own dtype. ``parallel.pack_spikes = false``
 
 from __future__ import annotations
 
-import attrs
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from snnfw import hookimpl
-from snnfw.plan.layout import Proposal
-
-SENDS_ACTIVATIONS = ("tp", "fsdp2_tp", "pp", "auto")
 NOT_BINARY = ("{where}: a neuron's output sent as bits is not 0/1 (a neuron with graded spikes?); set "
               "parallel.pack_spikes = false to send activations in their dtype")
-
-
-@attrs.frozen
-class PackSpikesKeys:
-    """``parallel.pack_spikes`` (entry point ``snnfw.config``: ``parallel.pack_spikes``)."""
-
-    pack_spikes: bool = attrs.field(default=True, validator=attrs.validators.instance_of(bool))
 
 
 def _shifts(device: torch.device) -> torch.Tensor:
@@ -72,12 +60,3 @@ class NeuronOutputs:
         """True when ``tensor`` is what a neuron returned last; forgets that output."""
         last, self.last = self.last, None
         return tensor is last
-
-
-@hookimpl
-def snnfw_plan(request):
-    if "parallel.pack_spikes" in request.config.explicit and request.strategy not in SENDS_ACTIVATIONS:
-        reason = (f"parallel.pack_spikes applies to the strategies that send activations between ranks "
-                  f"({', '.join(SENDS_ACTIVATIONS[:-1])}); remove it")
-        return Proposal.refuse(request.strategy, reason)
-    return None

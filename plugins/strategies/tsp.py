@@ -14,10 +14,9 @@ group's messages inside backward.
 import attrs
 
 from snnfw import hookimpl
-from snnfw.distributed.collectives import GLOO_CUDA_POINT_TO_POINT
 from snnfw.model.analysis import submodule
 from snnfw.plan.estimate import estimate, ring_bytes
-from snnfw.plan.layout import Proposal, refuse_others
+from snnfw.plan.layout import GLOO_CUDA_POINT_TO_POINT, Proposal, refuse_others
 from snnfw.plugin.strategy import Strategy
 
 NAME = "tsp"

@@ -44,10 +44,6 @@ def set_cpu_threads(env: RankEnv) -> None:
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // env.local_world_size))
 
 
-GLOO_CUDA_POINT_TO_POINT = ("gloo sends and receives point to point from host memory only, not CUDA tensors; give each "
-                            "rank a GPU of its own (parallel.backend = \"auto\": NCCL), or set parallel.device = \"cpu\"")
-
-
 def collective_backend(device_type: str, backend: str = "auto") -> str:
     """``parallel.backend`` resolved: NCCL on CUDA and gloo on the CPU unless gloo is asked for on CUDA, where
     ranks may then outnumber GPUs and share them (NCCL refuses two ranks on one GPU)."""

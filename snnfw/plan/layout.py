@@ -13,6 +13,8 @@ from snnfw.model.analysis import Analysis
 
 Mesh = tuple[tuple[str, int], ...]
 AUTO = "auto"
+GLOO_CUDA_POINT_TO_POINT = ("gloo sends and receives point to point from host memory only, not CUDA tensors; give each "
+                            "rank a GPU of its own (parallel.backend = \"auto\": NCCL), or set parallel.device = \"cpu\"")
 
 
 @attrs.frozen
