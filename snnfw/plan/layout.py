@@ -57,6 +57,9 @@ class Topology:
 
         import torch
 
+        if backend != "auto" and world_size == 1:
+            raise PlanError(f"parallel.backend = {backend!r} chooses the collectives of 2 or more ranks, and this run "
+                            "has one; remove it")
         local = local_ranks or int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
         gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
         shared = device == "cuda" and backend == "gloo" and gpus

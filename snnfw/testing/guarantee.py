@@ -25,8 +25,9 @@ def on(config: Config, eval_every: int, parallel: tuple[tuple[str, str], ...] = 
 
 @functools.cache
 def reference(family: str, microbatches: int, steps: int, eval_every: int, parallel: tuple = ()) -> dict:
-    """``none``'s run in float64 with ``microbatches``, on ``parallel``'s device."""
-    config = on(reference_config(family, microbatches, "float64", steps), eval_every, parallel)
+    """``none``'s run in float64 with ``microbatches``, on ``parallel``'s device (one rank: no backend)."""
+    device = tuple((key, value) for key, value in parallel if key != "backend")
+    config = on(reference_config(family, microbatches, "float64", steps), eval_every, device)
     return run_training(config, on_finish=final_state)
 
 

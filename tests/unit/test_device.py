@@ -91,7 +91,9 @@ def test_strategies_that_send_point_to_point_refuse_cuda_under_gloo(plugins, gpu
         prepare(tiny_config(strategy, parallel=parallel), 4 if strategy == "fsdp2_tsp" else 2, plugins)
 
 
-def test_nccl_on_the_cpu_is_refused(plugins, gpus):
+def test_nccl_on_the_cpu_and_a_backend_without_collectives_are_refused(plugins, gpus):
     gpus(0)
     with pytest.raises(PlanError, match='parallel.backend = "nccl" runs on CUDA and this run is on the CPU'):
         prepare(tiny_config("dp", parallel={"device": "cpu", "backend": "nccl"}), 2, plugins)
+    with pytest.raises(PlanError, match="parallel.backend = 'gloo' chooses the collectives of 2 or more ranks"):
+        prepare(tiny_config("none", parallel={"backend": "gloo"}), 1, plugins)
