@@ -10,6 +10,8 @@ are not binary, cross ranks in their own dtype. ``parallel.pack_spikes = false``
 
 from __future__ import annotations
 
+import weakref
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -46,7 +48,8 @@ def check_binary(x: torch.Tensor, where: str) -> None:
 
 
 class NeuronOutputs:
-    """Remembers the last output of ``neurons``, so a hook after them can tell whether a tensor is one: spikes."""
+    """Remembers the last output of ``neurons`` (by a weak reference: a recomputing backward's output is not kept
+    alive), so a hook after them can tell whether a tensor is one: spikes."""
 
     def __init__(self, neurons: list[nn.Module]):
         self.last = None
@@ -54,9 +57,9 @@ class NeuronOutputs:
             neuron.register_forward_hook(self._keep)
 
     def _keep(self, module, args, out) -> None:
-        self.last = out
+        self.last = weakref.ref(out)
 
     def produced(self, tensor: torch.Tensor) -> bool:
         """True when ``tensor`` is what a neuron returned last; forgets that output."""
         last, self.last = self.last, None
-        return tensor is last
+        return last is not None and tensor is last()

@@ -1,5 +1,7 @@
 """Spikes packed 8 to a byte (``spike_bits``): what tp's gathers and pp's stage boundaries send."""
 
+import weakref
+
 import pytest
 import torch
 
@@ -39,6 +41,8 @@ def test_only_the_tensor_a_neuron_returned_counts_as_spikes():
     assert not outputs.produced(spikes.clone()) and not outputs.produced(spikes)  # forgotten once asked
     spikes = lif(torch.rand(2, 3))
     assert outputs.produced(spikes)
+    kept = weakref.ref(lif(torch.rand(2, 3)))  # a backward's recomputed output, which nothing asks about
+    assert kept() is None, "the remembered output is held alive"
 
 
 @pytest.mark.parametrize("strategy, world", [("dp", 2), ("none", 1)])
