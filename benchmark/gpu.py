@@ -158,6 +158,12 @@ def print_table(rows: list[dict]) -> None:
 
 
 def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if "--guarantee" in argv:  # every strategy on CUDA against none in float64: benchmark/gpu_guarantee.py
+        sys.path.insert(0, str(Path(__file__).parent))
+        from gpu_guarantee import main as guarantee
+
+        return guarantee([a for a in argv if a != "--guarantee"])
     parser = argparse.ArgumentParser(prog="benchmark/gpu.sh", description=__doc__.split("\n\n")[0])
     parser.add_argument("--dry", action="store_true", help="run the case list on the CPU with tiny shapes")
     parser.add_argument("--gpus", type=int, help="GPUs to plan for (default: all this host has; 1 in the dry mode)")

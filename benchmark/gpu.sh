@@ -4,6 +4,8 @@
 # the plain PyTorch loop; CUDA allocator peaks. Prints the table, writes the JSONL.
 # Usage: bash benchmark/gpu.sh [--dry] [--gpus N] [--budget-s S] [--only CASE,...]
 # --dry (automatic without CUDA): the same cases on the CPU with tiny shapes, to prove the script runs.
+# bash benchmark/gpu.sh --guarantee [--dry] [--only CASE,...]: every strategy on CUDA against none in float64
+# (benchmark/gpu_guarantee.py), within about 8 minutes on one GPU, each result in a JSONL as it ends.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 exec python benchmark/gpu.py "$@"

@@ -2,7 +2,10 @@
 
 With ``compile.enable``, the forward of every block in ``analysis.blocks`` is
 compiled (``compile.backend``, ``compile.mode``, ``compile.fullgraph``) for
-static shapes, each block with recompiles of its own (blocks share their
+static shapes (``reduce-overhead`` and ``max-autotune`` replay them as CUDA
+graphs on CUDA: ``reduce-overhead`` is refused off CUDA, both with a last
+evaluation batch of another size and under the strategies that run
+collectives inside the blocks), each block with recompiles of its own (blocks share their
 code, and sizes seen in one block would otherwise make the next one's
 dynamic). Strategies ask for it at one fixed point of ``snnfw_parallelize``:
 after tensor parallel, before FSDP2, DDP or pipeline stage wrappers (as
@@ -74,9 +77,36 @@ def snnfw_plan(request):
     if options.mode != "default" and options.backend != "inductor":
         reason = f"compile.mode {options.mode!r} is an Inductor mode; set compile.backend = \"inductor\""
         return Proposal.refuse(request.strategy, reason)
+    if options.mode == "reduce-overhead" and request.topology.device_type != "cuda":
+        return Proposal.refuse(request.strategy, (
+            "compile.mode 'reduce-overhead' replays the compiled blocks as CUDA graphs, which need CUDA, and this run "
+            "is on the CPU; use compile.mode \"default\" or \"max-autotune-no-cudagraphs\""))
     if options.backend == "inductor" and (reason := inductor_refusal(request.topology.device_type)):
         return Proposal.refuse(request.strategy, f"compile.enable: {reason}")
+    if options.mode in GRAPH_MODES and request.topology.device_type == "cuda":
+        return cuda_graph_refusals(request, options.mode)
     return None
+
+
+GRAPH_MODES = ("reduce-overhead", "max-autotune")  # the Inductor modes that replay compiled code as CUDA graphs on CUDA
+COLLECTIVES_IN_BLOCKS = {  # strategies whose collectives run inside the compiled blocks, where no graph captures them
+    "tp": "tensor parallelism's all-reduces run inside the blocks (the sharded convolutions' backward, the neurons' shard rules)",
+    "fsdp2_tp": "tensor parallelism's all-reduces run inside the blocks (the sharded convolutions' backward, the neurons' shard rules)",
+    "tsp": "the time chunks hand neuron state on by send and receive inside the blocks",
+    "fsdp2_tsp": "the time chunks hand neuron state on by send and receive inside the blocks",
+}
+
+
+def cuda_graph_refusals(request, mode: str) -> list[Proposal]:
+    """Where CUDA graphs of the compiled blocks cannot hold: a batch of another shape, collectives inside the blocks."""
+    what, config = f"compile.mode {mode!r} replays the compiled blocks as CUDA graphs", request.config
+    batch, samples = config.data.batch_size, config.data.test_samples
+    if samples % batch:
+        return [Proposal.refuse(request.strategy, (
+            f"{what} for one batch shape, and the last evaluation batch holds {samples % batch} of {batch} samples "
+            f"(data.test_samples = {samples}); set data.test_samples to a multiple of data.batch_size"))]
+    return [Proposal.refuse(name, f"{what}, and {reason}; use compile.mode \"max-autotune-no-cudagraphs\"")
+            for name, reason in COLLECTIVES_IN_BLOCKS.items() if request.asks_for(name)]
 
 
 class CompileStats:

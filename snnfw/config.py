@@ -224,6 +224,7 @@ class ParallelConfig:
     strategy: str = attrs.field(default="none", validator=v.instance_of(str))
     mesh: tuple[tuple[str, int], ...] | None = attrs.field(default=None, converter=_mesh)
     device: str = attrs.field(default="auto", validator=v.in_(("auto", "cpu", "cuda")))
+    backend: str = attrs.field(default="auto", validator=v.in_(("auto", "nccl", "gloo")))
     timeout_s: float = attrs.field(default=300.0, converter=float, validator=[v.gt(0), v.le(MAX_TIMEOUT_S)])
     mixed_precision: str = attrs.field(default="none", validator=v.in_(("none", "bf16")))
     prefer: str | None = attrs.field(default=None, validator=v.optional(v.in_(("speed", "memory", "capacity"))))

@@ -21,7 +21,7 @@ class TensorParallelFullyShard(Strategy):
 
     @hookimpl
     def snnfw_parallelize(self, model, plan, mesh, hooks):
-        apply_tensor_parallel(model, plan.analysis, mesh["tp"], hooks)
+        apply_tensor_parallel(model, plan, mesh["tp"], hooks)
         hooks.compile(model, plan)
         return apply_fully_shard(model, plan, mesh["dp"])
 

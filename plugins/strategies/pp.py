@@ -26,7 +26,7 @@ from snnfw import hookimpl
 from snnfw.distributed.pipeline import parse_layout
 from snnfw.errors import keys_phrase
 from snnfw.plan.estimate import estimate, ring_bytes
-from snnfw.plan.layout import Proposal, refuse_others
+from snnfw.plan.layout import GLOO_CUDA_POINT_TO_POINT, Proposal, refuse_others
 from snnfw.plugin.strategy import Strategy
 
 NAME = "pp"
@@ -95,12 +95,12 @@ class Pipeline(Strategy):
 
     @hookimpl
     def snnfw_step_metrics(self, plan):
-        """The schedule's busy time and bubble, with log.phase_times (timing a stage waits for its device)."""
-        if not plan.config.log.phase_times:
-            return None
+        """Bytes sent between stages (``pp_sent_mb``) and, with log.phase_times (timing a stage waits for its
+        device), the schedule's busy time and bubble."""
         from snnfw_plugins.strategies.pp_model import STEP_TIMES
 
-        return STEP_TIMES.take()
+        figures = STEP_TIMES.take()
+        return figures if plan.config.log.phase_times else {"pp_sent_mb": figures["pp_sent_mb"]}
 
     @hookimpl
     def snnfw_summary(self, plan):
@@ -190,6 +190,8 @@ def _proposals(request) -> Proposal | list[Proposal]:
 
 def _propose(request, schedule: str, virtual: int) -> Proposal:
     config, pipeline = request.config, request.config.pipeline
+    if request.topology.shares_gpus:
+        return Proposal.refuse(NAME, f"its stages send activations point to point: {GLOO_CUDA_POINT_TO_POINT}")
     mesh = config.parallel.mesh or (("pp", request.topology.world_size),)
     if reason := _mesh_refusal(mesh):
         return Proposal.refuse(NAME, reason)

@@ -74,13 +74,15 @@ def build_pipeline(model: nn.Module, plan, mesh, hooks) -> PipelineModel:
         stage.register_forward_pre_hook(lambda module, args: hooks.reset_state(module))
     stopwatch = Stopwatch(torch.device(device), enabled=plan.config.log.phase_times)
     loss = ScoredLoss(training_loss(plan.config.train, hooks))
-    torch_stages = [pipeline_stage(stages[i], i, split, device, group, stopwatch) for i in indices]
+    torch_stages = [pipeline_stage(stages[i], i, split, device, group, stopwatch, split.sends_spikes(i, plan.config))
+                    for i in indices]
     schedule = hooks.schedule(torch_stages, plan, loss)
     if schedule is None:
         raise PluginError(f"no plugin builds schedule {pipeline.schedule!r}; its plugin must implement snnfw_schedule")
     owner = {index: rank for rank in range(pp) for index in spec.stage_indices(rank, pp, pipeline.virtual_stages)}
     owners = tuple(owner[index] for index in range(len(split.layout)))
     dp_group = mesh.get_group("dp") if "dp" in mesh.mesh_dim_names else None
-    pipeline = PipelineModel(stages, schedule, loss, split, owners, device, group, dp_group, stopwatch)
+    pipeline = PipelineModel(stages, schedule, loss, split, owners, device, group, dp_group, stopwatch, torch_stages,
+                             plan.config)
     pipeline.model_names = {raw: names[id(tensor)] for raw, tensor in pipeline.state_dict(keep_vars=True).items()}
     return pipeline

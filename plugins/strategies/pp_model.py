@@ -9,6 +9,7 @@ import torch.distributed as dist
 from torch import nn
 
 from snnfw.components.step import StepOutput, hits, scored
+from snnfw_plugins.strategies.spike_bits import check_binary, pack, packed_numel, unpack
 
 HEADER_LENGTH = 8  # ndim and up to 7 sizes, sent before an activation in evaluation
 
@@ -25,22 +26,26 @@ class ScoredLoss:
 
 
 class StepTimes:
-    """Per-step pipeline timings since the last ``take()``: compute time and schedule wall time."""
+    """Per-step pipeline figures since the last ``take()``: compute time, schedule wall time, bytes sent."""
 
     def __init__(self):
         self.busy_s = self.schedule_s = 0.0
+        self.sent_bytes = 0
 
-    def add(self, busy_s: float, schedule_s: float) -> None:
+    def add(self, busy_s: float, schedule_s: float, sent_bytes: int) -> None:
         self.busy_s += busy_s
         self.schedule_s += schedule_s
+        self.sent_bytes += sent_bytes
 
     def take(self) -> dict[str, float]:
         out = {
             "pp_busy_ms": self.busy_s * 1e3,
             "pp_schedule_ms": self.schedule_s * 1e3,
             "pp_bubble": 1.0 - self.busy_s / self.schedule_s if self.schedule_s else 0.0,
+            "pp_sent_mb": self.sent_bytes / 2**20,
         }
         self.busy_s = self.schedule_s = 0.0
+        self.sent_bytes = 0
         return out
 
 
@@ -57,8 +62,9 @@ class PipelineModel(nn.Module):
     """
 
     def __init__(self, stages: dict[int, nn.Module], schedule, loss: ScoredLoss, split, owners: tuple[int, ...],
-                 device: torch.device, pp_group, dp_group, stopwatch):
+                 device: torch.device, pp_group, dp_group, stopwatch, torch_stages, config):
         super().__init__()
+        self.torch_stages, self.bits = torch_stages, {i: split.sends_spikes(i, config) for i in stages}
         self.stage_indices = tuple(stages)
         self.stages = nn.ModuleList(stages.values())
         self.schedule, self.loss, self.split, self.owners, self.device = schedule, loss, split, owners, device
@@ -74,7 +80,9 @@ class PipelineModel(nn.Module):
         self.loss.correct = 0
         busy, start = self.stopwatch.total, time.perf_counter()
         self.schedule.step(frames, target=labels, losses=losses)
-        STEP_TIMES.add(self.stopwatch.total - busy, time.perf_counter() - start)
+        STEP_TIMES.add(self.stopwatch.total - busy, time.perf_counter() - start, sum(s.sent_bytes for s in self.torch_stages))
+        for stage in self.torch_stages:
+            stage.sent_bytes = 0
         self._average_gradients_over_replicas()
         if not self.holds_last:
             return StepOutput(loss=0.0, correct=0, samples=0)
@@ -85,29 +93,39 @@ class PipelineModel(nn.Module):
         """The whole batch through the stages in order, activations sent between pp ranks."""
         me, x = dist.get_rank(self.pp_group), frames
         for index, stage in zip(self.stage_indices, self.stages):
+            receives_bits, sends_bits = self.bits[index]
             if index > 0 and self.owners[index - 1] != me:
-                x = self._receive(self.owners[index - 1], self.split.boundaries[self.split.unit_range(index).start][1])
+                dtype = self.split.boundaries[self.split.unit_range(index).start][1]
+                x = self._receive(self.owners[index - 1], dtype, receives_bits)
             x = stage(x)
             if index < len(self.owners) - 1 and self.owners[index + 1] != me:
-                self._send(x, self.owners[index + 1])
+                self._send(x, self.owners[index + 1], sends_bits)
         if not self.holds_last:
             return StepOutput(loss=0.0, correct=0, samples=0)
         return scored(x, labels, self.loss.loss_of)
 
-    def _send(self, tensor: torch.Tensor, peer: int) -> None:
+    def _send(self, tensor: torch.Tensor, peer: int, bits: bool) -> None:
+        """``tensor`` after a header of its shape; as bits (``spike_bits``) where it is spikes."""
         header = torch.zeros(HEADER_LENGTH, dtype=torch.int64)
         header[0] = tensor.dim()
         header[1 : 1 + tensor.dim()] = torch.tensor(tensor.shape)
         dist.send(header.to(tensor.device), group=self.pp_group, group_dst=peer)
+        if bits:
+            check_binary(tensor, "a pipeline stage's output")
+            tensor = pack(tensor)
         dist.send(tensor.contiguous(), group=self.pp_group, group_dst=peer)
 
-    def _receive(self, peer: int, dtype: torch.dtype) -> torch.Tensor:
+    def _receive(self, peer: int, dtype: torch.dtype, bits: bool) -> torch.Tensor:
         header = torch.empty(HEADER_LENGTH, dtype=torch.int64, device=self.device)
         dist.recv(header, group=self.pp_group, group_src=peer)
         shape = header[1 : 1 + int(header[0])].tolist()
-        tensor = torch.empty(shape, dtype=dtype, device=self.device)
-        dist.recv(tensor, group=self.pp_group, group_src=peer)
-        return tensor
+        if not bits:
+            tensor = torch.empty(shape, dtype=dtype, device=self.device)
+            dist.recv(tensor, group=self.pp_group, group_src=peer)
+            return tensor
+        packed = torch.empty(packed_numel(torch.Size(shape).numel()), dtype=torch.uint8, device=self.device)
+        dist.recv(packed, group=self.pp_group, group_src=peer)
+        return unpack(packed, shape, dtype)
 
     def _average_gradients_over_replicas(self) -> None:
         if self.dp_group is None:

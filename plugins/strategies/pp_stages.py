@@ -20,7 +20,9 @@ from snnfw.components.phases import finish_queued_work
 from snnfw.components.precision import autocast
 from snnfw.distributed.pipeline import balanced_layout, parse_layout
 from snnfw.errors import ConfigError, PluginError
+from snnfw.model.analysis import is_neuron
 from snnfw_plugins.memory_format import is_channels_last, to_channels_last
+from snnfw_plugins.strategies.spike_bits import NeuronOutputs, check_binary, pack, packed_numel, unpack
 
 TIMED_PASSES = 3
 Meta = tuple[tuple[int, ...], torch.dtype]
@@ -85,15 +87,57 @@ class Stopwatch:
 
 
 class TimedStage(PipelineStage):
-    """A PipelineStage whose forward, backward and weight-backward compute time goes to ``stopwatch``."""
+    """A PipelineStage whose forward, backward and weight-backward compute time goes to ``stopwatch``, and
+    whose spikes cross ranks as bits: ``bits = (receives, sends)`` says which side of the stage is a neuron's
+    output (``Split.spikes``). A packed activation is received into a ``uint8`` buffer and unpacked into
+    torch's receive buffer before the forward; gradients go back unpacked. ``sent_bytes`` counts every send."""
 
-    def __init__(self, *args, stopwatch: Stopwatch, **kwargs):
+    def __init__(self, *args, stopwatch: Stopwatch, bits: tuple[bool, bool] = (False, False), **kwargs):
         super().__init__(*args, **kwargs)
         self.stopwatch = stopwatch
+        self.receives_bits, self.sends_bits = bits
+        self.sent_bytes = 0
+        self._bits_in: dict[int, torch.Tensor] = {}  # per microbatch, the packed buffer it is received into
+        self._unpack_due: set[int] = set()  # microbatches received packed and not yet unpacked
+        self._bits_out: dict[int, torch.Tensor] = {}  # packed outputs held until their sends complete
 
-    def forward_one_chunk(self, *args, **kwargs):
+    def get_fwd_recv_ops(self, fwd_chunk_id: int) -> list[dist.P2POp]:
+        ops = super().get_fwd_recv_ops(fwd_chunk_id)
+        if self.receives_bits:
+            (op,) = ops  # a Stage takes one tensor
+            if fwd_chunk_id not in self._bits_in:
+                self._bits_in[fwd_chunk_id] = torch.empty(packed_numel(op.tensor.numel()), dtype=torch.uint8,
+                                                          device=op.tensor.device)
+            op.tensor = self._bits_in[fwd_chunk_id]
+            self._unpack_due.add(fwd_chunk_id)
+        return ops
+
+    def get_fwd_send_ops(self, fwd_chunk_id: int) -> list[dist.P2POp]:
+        ops = super().get_fwd_send_ops(fwd_chunk_id)
+        for op in ops:
+            if self.sends_bits:
+                check_binary(op.tensor, f"pipeline stage {self.stage_index}'s output")
+                op.tensor = self._bits_out[fwd_chunk_id] = pack(op.tensor)
+            self.sent_bytes += op.tensor.numel() * op.tensor.element_size()
+        return ops
+
+    def get_bwd_send_ops(self, bwd_chunk_id: int) -> list[dist.P2POp]:
+        ops = super().get_bwd_send_ops(bwd_chunk_id)
+        self.sent_bytes += sum(op.tensor.numel() * op.tensor.element_size() for op in ops)
+        return ops
+
+    def clear_runtime_states(self) -> None:
+        super().clear_runtime_states()
+        self._bits_out.clear()
+
+    def forward_one_chunk(self, fwd_chunk_id: int, *args, **kwargs):
+        if fwd_chunk_id in self._unpack_due:
+            self._unpack_due.discard(fwd_chunk_id)
+            (info,) = self.args_recv_info[fwd_chunk_id]
+            with torch.no_grad():
+                info.buffer.copy_(unpack(self._bits_in[fwd_chunk_id], info.buffer.shape, info.buffer.dtype))
         with self.stopwatch:
-            return super().forward_one_chunk(*args, **kwargs)
+            return super().forward_one_chunk(fwd_chunk_id, *args, **kwargs)
 
     def backward_one_chunk(self, *args, **kwargs):
         with self.stopwatch:
@@ -109,12 +153,21 @@ class Split:
     """Units per stage, the (shape, dtype) at every unit boundary for one microbatch, and measured unit costs.
 
     ``boundaries[i]`` is the input of unit ``i`` (``boundaries[-1]`` the model's
-    output); ``unit_ms`` is empty when the layout was given.
+    output); ``unit_ms`` is empty when the layout was given; ``spikes[i]`` says that boundary ``i`` is a
+    neuron's output, sent as bits between stages (``spike_bits``) unless ``parallel.pack_spikes`` is false.
     """
 
     layout: tuple[int, ...]
     boundaries: tuple[Meta, ...]
     unit_ms: tuple[float, ...] = ()
+    spikes: tuple[bool, ...] = ()
+
+    def sends_spikes(self, stage: int, config) -> tuple[bool, bool]:
+        """Whether stage ``stage`` receives, and sends, spikes packed as bits."""
+        if not config.parallel.pack_spikes or not self.spikes:
+            return False, False
+        units = self.unit_range(stage)
+        return self.spikes[units.start], self.spikes[units.stop]
 
     def unit_range(self, stage: int) -> range:
         start = sum(self.layout[:stage])
@@ -139,20 +192,24 @@ def _forward_backward_seconds(unit: nn.Module, x: torch.Tensor, reset) -> float:
     return seconds
 
 
-def measure_units(units: list[nn.Module], example: torch.Tensor, reset, passes: int) -> tuple[tuple[Meta, ...], tuple[float, ...]]:
-    """Runs ``example`` through ``units``: the boundary metas, and each unit's forward+backward
-    milliseconds (median of ``passes`` after one warm-up; none when ``passes`` is 0)."""
-    x, boundaries, unit_ms = example, [_meta(example)], []
-    for unit in units:
+def measure_units(units: list[nn.Module], example: torch.Tensor, reset, passes: int
+                  ) -> tuple[tuple[Meta, ...], tuple[float, ...], tuple[bool, ...]]:
+    """Runs ``example`` through ``units``: the boundary metas, each unit's forward+backward
+    milliseconds (median of ``passes`` after one warm-up; none when ``passes`` is 0), and which boundaries are
+    a neuron's output (the model's input and output are not sent between stages: False)."""
+    x, boundaries, unit_ms, spikes = example, [_meta(example)], [], [False]
+    for index, unit in enumerate(units):
         x = x.detach().requires_grad_(x.is_floating_point())
         if passes:
             seconds = [_forward_backward_seconds(unit, x, reset) for _ in range(passes + 1)][1:]
             unit_ms.append(1e3 * statistics.median(seconds))
         reset(unit)
+        outputs = NeuronOutputs([m for m in unit.modules() if is_neuron(m)])
         with torch.no_grad():
             x = unit(x)
         boundaries.append(_meta(x))
-    return tuple(boundaries), tuple(unit_ms)
+        spikes.append(outputs.produced(x) and index < len(units) - 1)
+    return tuple(boundaries), tuple(unit_ms), tuple(spikes)
 
 
 def decide_split(model: nn.Module, plan, hooks, example: torch.Tensor, stages: int) -> Split:
@@ -183,11 +240,11 @@ def _measured_split(model: nn.Module, plan, hooks, example: torch.Tensor, stages
     if error := composition_error(replica, units, example, hooks.reset_state):
         return error
     given, fake = plan.config.pipeline.layout, is_fake(example)
-    boundaries, unit_ms = measure_units(units, example, hooks.reset_state, 0 if given or fake else TIMED_PASSES)
+    boundaries, unit_ms, spikes = measure_units(units, example, hooks.reset_state, 0 if given or fake else TIMED_PASSES)
     if given:
-        return Split(parse_layout(given), boundaries)
+        return Split(parse_layout(given), boundaries, spikes=spikes)
     return Split(balanced_layout(unit_flops(units, example, hooks.reset_state) if fake else unit_ms, stages), boundaries,
-                 unit_ms)
+                 unit_ms, spikes)
 
 
 def _replica(model: nn.Module) -> nn.Module:
@@ -247,8 +304,9 @@ def composition_error(model: nn.Module, units: list[nn.Module], example: torch.T
     return None
 
 
-def pipeline_stage(module: Stage, index: int, split: Split, device, group, stopwatch: Stopwatch) -> TimedStage:
-    """A torch PipelineStage with static example input and output for one microbatch.
+def pipeline_stage(module: Stage, index: int, split: Split, device, group, stopwatch: Stopwatch,
+                   bits: tuple[bool, bool] = (False, False)) -> TimedStage:
+    """A torch PipelineStage with static example input and output for one microbatch, spikes sent as ``bits``.
 
     Examples that require grad make torch receive activations that require
     grad, so every stage gets gradients (torch 2.13 takes it from them).
@@ -268,4 +326,5 @@ def pipeline_stage(module: Stage, index: int, split: Split, device, group, stopw
         output_args=example(split.boundaries[units.stop], requires_grad=True),
         group=group,
         stopwatch=stopwatch,
+        bits=bits,
     )

@@ -81,13 +81,14 @@ def tp_estimate(request, tp: int, replicas: int = 1):
     )
 
 
-def apply_tensor_parallel(model, analysis, tp_mesh, hooks) -> None:
+def apply_tensor_parallel(model, plan, tp_mesh, hooks) -> None:
     """Shards every module of the family's tp_plan over ``tp_mesh`` (1-D), in place."""
     from snnfw_plugins.strategies.tp_styles import STYLES, Shard, unit
 
     names = {id(m): name for name, m in model.named_modules()}
-    shard = Shard(tp_mesh, tp_mesh.get_group(), tp_mesh.get_local_rank(), tp_mesh.size(), hooks, names)
-    for name, style in analysis.tp_plan:
+    shard = Shard(tp_mesh, tp_mesh.get_group(), tp_mesh.get_local_rank(), tp_mesh.size(), hooks, names,
+                  plan.config.parallel.pack_spikes)
+    for name, style in plan.analysis.tp_plan:
         STYLES[style].apply(unit(model, name), shard)
 
 
@@ -96,7 +97,7 @@ class TensorParallel(Strategy):
 
     @hookimpl
     def snnfw_parallelize(self, model, plan, mesh, hooks):
-        apply_tensor_parallel(model, plan.analysis, mesh, hooks)
+        apply_tensor_parallel(model, plan, mesh, hooks)
         hooks.compile(model, plan)
         return model
 

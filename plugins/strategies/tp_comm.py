@@ -12,9 +12,9 @@ sharded. Four functions cross the boundary:
   overlap; a rank that waited for its peers at the all-reduce computes
   instead);
 - ``reduce_out``: partial sums leaving a row-parallel layer (forward all-reduce);
-- ``gather_out``: a channel shard leaving a unit (forward all-gather, in int8
-  when the shard holds spikes; backward keeps this rank's slice of the
-  replicated gradient).
+- ``gather_out``: a channel shard leaving a unit (forward all-gather, as bits
+  when the shard is a neuron's output, see ``spike_bits``; backward keeps this
+  rank's slice of the replicated gradient).
 
 Units that torch's DTensor styles parallelize (``ColwiseParallel`` then
 ``RowwiseParallel``) run DTensor's own collectives; :func:`count_dtensor_mlp`
@@ -25,6 +25,8 @@ from __future__ import annotations
 
 import torch
 import torch.distributed as dist
+
+from snnfw_plugins.strategies.spike_bits import check_binary, pack, unpack
 
 
 class CommCounter:
@@ -118,43 +120,36 @@ class _ReduceOut(torch.autograd.Function):
 
 class _GatherOut(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, group, dim):
+    def forward(ctx, x, group, dim, spikes):
         ctx.dim, ctx.local, ctx.rank = dim, x.shape[dim], dist.get_rank(group)
         inner = x.movedim(dim, -1)
         ctx.channels_last = inner.is_contiguous()
+        gather = _all_gather_bits if spikes else _all_gather
         if ctx.channels_last:  # gathered in x's layout, so the pooling and convolutions after it keep their fast kernels
-            return torch.cat(_all_gather_exact(inner, group), dim=-1).to(x.dtype).movedim(-1, dim)
-        return torch.cat(_all_gather_exact(x.contiguous(), group), dim=dim).to(x.dtype)
+            return torch.cat(gather(inner, group), dim=-1).movedim(-1, dim)
+        return torch.cat(gather(x.contiguous(), group), dim=dim)
 
     @staticmethod
     def backward(ctx, grad):
         part = grad.narrow(ctx.dim, ctx.rank * ctx.local, ctx.local)
         if ctx.channels_last:
-            return part.movedim(ctx.dim, -1).contiguous().movedim(-1, ctx.dim), None, None
-        return part.contiguous(), None, None
+            return part.movedim(ctx.dim, -1).contiguous().movedim(-1, ctx.dim), None, None, None
+        return part.contiguous(), None, None, None
 
 
-def _all_gather_exact(x: torch.Tensor, group) -> list[torch.Tensor]:
-    """Every rank's ``x``, gathered as int8 when every rank's values are small integers (spikes: a quarter of
-    float32's bytes, returned as int8), else in ``x``'s dtype.
-
-    Each rank sends its int8 copy with one more byte saying whether that copy is exact; if any is not, all ranks
-    gather again in ``x``'s dtype, so the result is always exact and every rank takes the same path."""
-    size = dist.get_world_size(group)
-    small = x.to(torch.int8)
-    exact = torch.equal(small.to(x.dtype), x)
-    payload = torch.cat([small.reshape(-1), small.new_tensor([int(exact)])])
-    parts = [torch.ones_like(payload) for _ in range(size)]  # a backend that writes nothing (the dry run's) reads exact
+def _all_gather(x: torch.Tensor, group) -> list[torch.Tensor]:
+    parts = [torch.empty_like(x) for _ in range(dist.get_world_size(group))]
     COUNTER.all_gather += 1
-    COUNTER.bytes += payload.numel() * size
-    dist.all_gather(parts, payload, group=group)
-    if all(part[-1].item() for part in parts):
-        return [part[:-1].view(x.shape) for part in parts]
-    parts = [torch.empty_like(x) for _ in range(size)]
-    COUNTER.all_gather += 1
-    COUNTER.bytes += x.numel() * x.element_size() * size
-    dist.all_gather(parts, x.contiguous(), group=group)
+    COUNTER.bytes += x.numel() * x.element_size() * len(parts)
+    dist.all_gather(parts, x, group=group)
     return parts
+
+
+def _all_gather_bits(x: torch.Tensor, group) -> list[torch.Tensor]:
+    """Every rank's spikes ``x``, sent as bits (``spike_bits``) and returned in ``x``'s dtype; no host sync."""
+    check_binary(x, "tensor parallelism's all-gather")
+    packed = pack(x)
+    return [unpack(part, x.shape, x.dtype) for part in _all_gather(packed, group)]
 
 
 def copy_in(x: torch.Tensor, group) -> torch.Tensor:
@@ -174,8 +169,9 @@ def reduce_out(x: torch.Tensor, group) -> torch.Tensor:
     return _ReduceOut.apply(x, group)
 
 
-def gather_out(x: torch.Tensor, group, dim: int) -> torch.Tensor:
-    return _GatherOut.apply(x, group, dim)
+def gather_out(x: torch.Tensor, group, dim: int, spikes: bool = False) -> torch.Tensor:
+    """``x``'s shards of dim ``dim`` joined from every rank; sent as bits when ``spikes`` (a neuron's output)."""
+    return _GatherOut.apply(x, group, dim, spikes)
 
 
 def count_dtensor_mlp(module: torch.nn.Module) -> None:

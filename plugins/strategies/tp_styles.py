@@ -7,7 +7,7 @@ which then only ever see (and keep) their local channels.
 
 - ``conv_bn_neuron``: Conv-BN-neuron unit; conv output channels, BN and neuron
   state sharded, output all-gathered on the channel dim where the next layer
-  needs all channels.
+  needs all channels (as bits where the output is the neuron's spikes).
 - ``conv_mlp``: a 1x1-conv MLP (``fc1``/``fc2`` containers with BN, neurons
   after each): fc1 column-parallel, fc2 row-parallel then all-reduce.
 - ``self_attention_heads``: SpikingJelly's SpikingSelfAttention; every rank
@@ -31,6 +31,7 @@ import attrs
 import torch
 from torch import nn
 
+from snnfw_plugins.strategies.spike_bits import NeuronOutputs
 from snnfw_plugins.strategies.tp_comm import (
     all_reduce,
     column_convolution,
@@ -72,6 +73,7 @@ class Shard:
     size: int
     hooks: object
     names: dict[int, str]  # id(module) -> qualified name, for messages
+    pack_spikes: bool = True  # parallel.pack_spikes: neuron outputs gathered as bits
 
     def block(self, total: int) -> torch.Tensor:
         """Indices of this rank's contiguous block of ``total`` channels."""
@@ -230,7 +232,9 @@ def apply_conv_bn_neuron(module: nn.Module, shard: Shard) -> None:
         shard_batch_norm(bn, index, shard)
     for neuron in _neurons(module):
         shard_neuron(neuron, len(index), total, shard)
-    module.register_forward_hook(lambda m, args, out: gather_out(out, shard.group, CHANNEL_DIM))
+    outputs = NeuronOutputs(_neurons(module)) if shard.pack_spikes else None
+    module.register_forward_hook(
+        lambda m, args, out: gather_out(out, shard.group, CHANNEL_DIM, outputs is not None and outputs.produced(out)))
 
 
 # conv_mlp

@@ -16,7 +16,7 @@ import attrs
 from snnfw import hookimpl
 from snnfw.model.analysis import submodule
 from snnfw.plan.estimate import estimate, ring_bytes
-from snnfw.plan.layout import Proposal, refuse_others
+from snnfw.plan.layout import GLOO_CUDA_POINT_TO_POINT, Proposal, refuse_others
 from snnfw.plugin.strategy import Strategy
 
 NAME = "tsp"
@@ -61,6 +61,8 @@ def time_mixing_layer(model) -> str | None:
 def time_split_refusal(request, size: int) -> str | None:
     """Why the time steps of ``request``'s model cannot be split ``size`` ways, or None."""
     config, steps = request.config, request.config.model.time_steps
+    if request.topology.shares_gpus:
+        return f"the time chunks hand neuron state on point to point: {GLOO_CUDA_POINT_TO_POINT}"
     if steps % size:
         return (f"model.time_steps = {steps} does not split into {size} equal chunks; use a time size that divides "
                 f"it, or set model.time_steps to a multiple of {size}")

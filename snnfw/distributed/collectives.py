@@ -44,37 +44,51 @@ def set_cpu_threads(env: RankEnv) -> None:
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // env.local_world_size))
 
 
+def collective_backend(device_type: str, backend: str = "auto") -> str:
+    """``parallel.backend`` resolved: NCCL on CUDA and gloo on the CPU unless gloo is asked for on CUDA, where
+    ranks may then outnumber GPUs and share them (NCCL refuses two ranks on one GPU)."""
+    return "nccl" if device_type == "cuda" and backend != "gloo" else "gloo"
+
+
 def device_for(plan: Plan, env: RankEnv) -> torch.device:
+    """The local rank's GPU (ranks beyond the GPU count share them in turn, under gloo), or the CPU."""
     if plan.device_type == "cuda":
-        torch.cuda.set_device(env.local_rank)
-        return torch.device("cuda", env.local_rank)
+        device = torch.device("cuda", env.local_rank % torch.cuda.device_count())
+        torch.cuda.set_device(device)
+        return device
     return torch.device("cpu")
 
 
-def init_world(device_type: str, env: RankEnv, timeout_s: float) -> None:
-    """Starts the default process group from torchrun's environment, once: NCCL on CUDA, gloo on the CPU."""
+def init_world(backend: str, env: RankEnv, timeout_s: float) -> None:
+    """Starts the default process group from torchrun's environment, once, on ``backend``
+    (:func:`collective_backend`). NCCL tears the process down on a collective's error or timeout
+    (``TORCH_NCCL_ASYNC_ERROR_HANDLING=1``, as torchrun sets it) unless the environment says otherwise."""
     if dist.is_initialized():
         return
+    nccl = backend == "nccl"
+    if nccl:
+        os.environ.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")
     dist.init_process_group(
-        backend="nccl" if device_type == "cuda" else "gloo",
+        backend=backend,
         timeout=datetime.timedelta(seconds=timeout_s),
-        device_id=torch.device("cuda", env.local_rank) if device_type == "cuda" else None,
+        device_id=torch.device("cuda", env.local_rank) if nccl else None,
     )
 
 
-def decided_once(decide: Callable[[], Any], device_type: str, env: RankEnv, timeout_s: float) -> Any:
+def decided_once(decide: Callable[[], Any], device_type: str, env: RankEnv, timeout_s: float, backend: str = "auto") -> Any:
     """``decide()`` run on rank 0 only and its result (or the user error it raised) handed to every rank.
 
-    Starts the default process group for it, which :func:`process_group` then keeps.
+    Starts the default process group for it (``backend``: ``parallel.backend``), which :func:`process_group` then keeps.
     """
-    init_world(device_type, env, timeout_s)
+    init_world(collective_backend(device_type, backend), env, timeout_s)
     outcome = [None]
     if env.rank == 0:
         try:
             outcome[0] = ("ok", decide())
         except UserError as err:
             outcome[0] = ("error", err)
-    dist.broadcast_object_list(outcome, src=0, device=torch.device("cuda", env.local_rank) if device_type == "cuda" else None)
+    gpu = torch.device("cuda", env.local_rank % torch.cuda.device_count()) if device_type == "cuda" else None
+    dist.broadcast_object_list(outcome, src=0, device=gpu)
     status, value = outcome[0]
     if status == "error":
         raise value
@@ -90,12 +104,23 @@ def process_group(plan: Plan, env: RankEnv, timeout_s: float) -> Iterator[object
         return
     from torch.distributed.device_mesh import init_device_mesh
 
-    init_world(plan.device_type, env, timeout_s)
+    init_world(plan.backend, env, timeout_s)
     try:
         names, sizes = zip(*plan.mesh)
-        yield init_device_mesh(plan.device_type, tuple(sizes), mesh_dim_names=tuple(names))
+        mesh = init_device_mesh(plan.device_type, tuple(sizes), mesh_dim_names=tuple(names))
+        set_timeouts(timeout_s)  # the mesh's groups start with torch's default timeout, not the world's
+        yield mesh
     finally:
         dist.destroy_process_group()
+
+
+def set_timeouts(timeout_s: float) -> None:
+    """Gives every process group of this rank ``timeout_s`` for its collectives from now on."""
+    from torch.distributed.distributed_c10d import _rank_not_in_group, _set_pg_timeout, _world
+
+    for group in list(_world.pg_map):
+        if not _rank_not_in_group(group):
+            _set_pg_timeout(datetime.timedelta(seconds=timeout_s), group)
 
 
 def dp_coordinate(plan: Plan, mesh) -> int:

@@ -13,6 +13,8 @@ from snnfw.model.analysis import Analysis
 
 Mesh = tuple[tuple[str, int], ...]
 AUTO = "auto"
+GLOO_CUDA_POINT_TO_POINT = ("gloo sends and receives point to point from host memory only, not CUDA tensors; give each "
+                            "rank a GPU of its own (parallel.backend = \"auto\": NCCL), or set parallel.device = \"cpu\"")
 
 
 @attrs.frozen
@@ -23,6 +25,7 @@ class Topology:
     device_type: str = "cpu"
     rationale: tuple[str, ...] = ()  # why auto chose the CPU on a host with GPUs
     device_memory: float | None = None  # bytes a rank may use where the caller knows (a dry run's --device-memory)
+    backend_choice: str = "auto"  # parallel.backend
 
     def memory_per_rank(self) -> float:
         """``device_memory``, else this machine's: its GPU's, or an even share of its memory among the ranks."""
@@ -32,11 +35,20 @@ class Topology:
 
     @property
     def backend(self) -> str:
-        return "nccl" if self.device_type == "cuda" else "gloo"
+        from snnfw.distributed.collectives import collective_backend
+
+        return collective_backend(self.device_type, self.backend_choice)
+
+    @property
+    def shares_gpus(self) -> bool:
+        """Ranks on CUDA under gloo, which may share a GPU: point-to-point sends of CUDA tensors cannot run."""
+        return self.device_type == "cuda" and self.backend == "gloo"
 
     @classmethod
-    def detect(cls, world_size: int, device: str = "auto", local_ranks: int | None = None) -> "Topology":
+    def detect(cls, world_size: int, device: str = "auto", local_ranks: int | None = None,
+               backend: str = "auto") -> "Topology":
         """The world on ``parallel.device``; ``auto`` is CUDA where this node has a GPU for each of its ranks.
+        ``backend`` (``parallel.backend``) ``gloo`` lets ``cuda`` ranks outnumber (and share) the GPUs.
 
         ``local_ranks``, the ranks on this node, defaults to ``LOCAL_WORLD_SIZE`` (set in a launched rank),
         else ``world_size``.
@@ -45,16 +57,23 @@ class Topology:
 
         import torch
 
+        if backend != "auto" and world_size == 1:
+            raise PlanError(f"parallel.backend = {backend!r} chooses the collectives of 2 or more ranks, and this run "
+                            "has one; remove it")
         local = local_ranks or int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
         gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
-        if device == "cuda" and gpus < local:
-            fewer = f"launch at most {gpus} rank(s) per node, or " if gpus else ""
+        shared = device == "cuda" and backend == "gloo" and gpus
+        if device == "cuda" and gpus < local and not shared:
+            fewer = f"launch at most {gpus} rank(s) per node, set parallel.backend = \"gloo\" to share them, or " if gpus else ""
             raise PlanError(
                 f'parallel.device = "cuda" needs a GPU per rank: {local} rank(s) on this node asked for one and '
                 f'{gpus} GPU(s) were found; {fewer}set parallel.device = "cpu" or "auto"'
             )
         if device == "cuda" or (device == "auto" and gpus >= local):
-            return cls(world_size=world_size, device_type="cuda")
+            return cls(world_size=world_size, device_type="cuda", backend_choice=backend)
+        if backend == "nccl":
+            raise PlanError('parallel.backend = "nccl" runs on CUDA and this run is on the CPU; remove it, or set '
+                            'parallel.device = "cuda" on a host with a GPU per rank')
         fallback = (
             f'device cpu: {local} rank(s) on this node and {gpus} GPU(s); parallel.device = "auto" takes CUDA '
             f'only with a GPU per rank',

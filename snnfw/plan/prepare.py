@@ -172,7 +172,7 @@ def prepare(config: Config, world_size: int, plugins: Plugins, local_ranks: int 
     if datasets is None and _counts_epochs(config):
         datasets = built_data = build_datasets(config, source.spec, plugins)
     config = _resolved(config, plugins, source, datasets)
-    topology = Topology.detect(world_size, config.parallel.device, local_ranks)
+    topology = Topology.detect(world_size, config.parallel.device, local_ranks, config.parallel.backend)
     config, built, model_notes = _build(config, source)
     analysis = _analyze(built, config, source, plugins)
     decision = None
@@ -201,7 +201,8 @@ def auto_candidates(config: Config, world_size: int, plugins: Plugins, device_me
     source = models.source(config, plugins)
     config = _resolved(config, plugins, source, None)
     config, model, _ = _build(config, source)
-    topology = attrs.evolve(Topology.detect(world_size, config.parallel.device), device_memory=device_memory)
+    topology = attrs.evolve(Topology.detect(world_size, config.parallel.device, backend=config.parallel.backend),
+                            device_memory=device_memory)
     request = PlanRequest(
         config=config, topology=topology,
         analysis=_analyze(model, config, source, plugins), model=model, plugins=plugins,

@@ -268,7 +268,7 @@ def _agreement(env: RankEnv, config: Config):
             return Decision.from_json(carried)
         if env.world_size == 1:
             return decide()
-        return decided_once(decide, device_type, env, config.parallel.timeout_s)
+        return decided_once(decide, device_type, env, config.parallel.timeout_s, config.parallel.backend)
 
     return agree
 

@@ -189,9 +189,9 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     config = load_config(args.config, args.overrides)
     rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
-    topology = Topology.detect(world, config.parallel.device)
+    topology = Topology.detect(world, config.parallel.device, backend=config.parallel.backend)
     if topology.device_type == "cuda":
-        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)) % torch.cuda.device_count())
         torch.cuda.set_device(device)
     else:
         device = torch.device("cpu")

@@ -10,6 +10,7 @@ that all ranks use the one split rank 0 measured.
 
 import functools
 import json
+import math
 from types import SimpleNamespace
 
 import pytest
@@ -61,6 +62,9 @@ def pipeline_report(trainer):
         "stages": pipe.stage_indices,
         "layout": pipe.split.layout,
         "unit_ms": pipe.split.unit_ms,
+        "boundaries": pipe.split.boundaries,
+        "spikes": pipe.split.spikes,
+        "microbatches": trainer.plan.microbatches,
         "parameters": count,
         "unchanged": unchanged,
         "values": local_parameters(trainer),
@@ -99,9 +103,16 @@ SCHEDULES = [("gpipe", 1), ("1f1b", 1), ("interleaved", 2), ("zero_bubble", 2), 
 
 @pytest.mark.parametrize("schedule, virtual", SCHEDULES)
 def test_vgg_schedule_matches_none(schedule, virtual, tmp_path):
-    check_pipeline_run(pp_config(schedule, virtual, log={"phase_times": True}), 2, tmp_path)
+    reports = check_pipeline_run(pp_config(schedule, virtual, log={"phase_times": True}), 2, tmp_path)
     record = json.loads((tmp_path / "metrics.jsonl").read_text().splitlines()[-1])
     assert record["pp_busy_ms"] > 0 and 0 <= record["pp_bubble"] < 1
+    report = reports[0]
+    assert report["spikes"] == (False, *[True] * (len(report["boundaries"]) - 3), False, False)  # VGG blocks' spikes
+    if virtual == 1:  # one boundary crosses: each microbatch's spikes forward as bits, its gradient back in float32
+        (shape, dtype), = [report["boundaries"][report["layout"][0]]]
+        numel, micro = math.prod(shape), report["microbatches"]
+        assert dtype == torch.float32 and report["spikes"][report["layout"][0]]
+        assert record["pp_sent_mb"] * 2**20 == micro * (-(-numel // 8) + 4 * numel) / 2  # mean over the 2 ranks
 
 
 @pytest.mark.parametrize("schedule, virtual", [("1f1b", 1), ("interleaved", 2), ("zbv", 2)])
@@ -144,7 +155,7 @@ def test_dry_run_times_uneven_units_and_the_split_isolates_the_heavy_one():
     light = [nn.Linear(16, 16) for _ in range(5)]
     heavy = nn.Sequential(nn.Linear(16, 1024), nn.Linear(1024, 1024), nn.Linear(1024, 1024), nn.Linear(1024, 16))
     units = light[:2] + [heavy] + light[2:]
-    boundaries, unit_ms = measure_units(units, torch.rand(4, 8, 16), lambda unit: None, passes=3)  # on one thread
+    boundaries, unit_ms, _ = measure_units(units, torch.rand(4, 8, 16), lambda unit: None, passes=3)  # on one thread
     assert boundaries == tuple(((4, 8, 16), torch.float32) for _ in range(7))
     assert unit_ms[2] > 5 * max(unit_ms[:2] + unit_ms[3:])
     assert balanced_layout(unit_ms, 3) == (2, 1, 3)

@@ -144,28 +144,42 @@ def test_tp_comm_counters_count_every_collective(family, request):
 
 
 def gathers(trainer):
-    """What tp's channel gather returns for spikes, and for shards of which one is not small integers."""
+    """The dtypes tp's all-gathers send in a training step; what the bit gather returns for spikes, its bytes,
+    and what it raises for a tensor that is not 0/1."""
     import torch.distributed as dist
+    from torch.utils._python_dispatch import TorchDispatchMode
 
-    from snnfw_plugins.strategies.tp_comm import _all_gather_exact
+    from snnfw_plugins.strategies.tp_comm import COUNTER, _all_gather_bits
 
+    sent = set()
+
+    class Gathers(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if "allgather" in func.name():
+                sent.add(str(args[1][0].dtype))  # the input of c10d's allgather_
+            return func(*args, **(kwargs or {}))
+
+    replay_first_step(trainer, Gathers())
     rank = dist.get_rank()
-    spikes = (torch.arange(24.0).reshape(2, 3, 4) % (rank + 2) == 0).to(torch.float64)
-    graded = spikes * (0.5 if rank == 1 else 1.0)
-    out = {}
-    for name, x in (("spikes", spikes), ("graded", graded)):
-        parts = _all_gather_exact(x, dist.group.WORLD)
-        out[name] = {"dtype": str(parts[0].dtype), "values": [p.to(torch.float64).tolist() for p in parts]}
-    out["want"] = {name: [(torch.arange(24.0).reshape(2, 3, 4) % (r + 2) == 0).double().mul(0.5 if name == "graded" and r == 1 else 1.0).tolist()
-                          for r in range(2)] for name in ("spikes", "graded")}
+    spikes = (torch.arange(27.0).reshape(3, 9) % (rank + 2) == 0).to(torch.float64)  # 27: not a whole number of bytes
+    COUNTER.take()
+    parts = _all_gather_bits(spikes, dist.group.WORLD)
+    out = {"step_gathers": sorted(sent), "values": [p.tolist() for p in parts], "dtype": str(parts[0].dtype),
+           "bytes": COUNTER.take()["tp_comm_mb"] * 2**20}
+    try:
+        _all_gather_bits(spikes * 0.5, dist.group.WORLD)  # both ranks refuse before gathering
+    except RuntimeError as err:
+        out["error"] = str(err)
     return out
 
 
-def test_channel_gather_sends_spikes_as_int8_and_anything_else_exactly():
+def test_channel_gathers_send_a_neurons_spikes_as_bits_and_refuse_values_that_are_not_spikes():
     for summary in run_on_ranks(tiny_config("tp", train={"steps": 1}), 2, inspect=gathers):
         got = summary["inspect"]
-        assert got["spikes"]["dtype"] == "torch.int8" and got["spikes"]["values"] == got["want"]["spikes"]
-        assert got["graded"]["dtype"] == "torch.float64" and got["graded"]["values"] == got["want"]["graded"]
+        assert got["step_gathers"] == ["torch.uint8"], got["step_gathers"]  # every VGG unit's output is spikes
+        assert got["values"] == [(torch.arange(27.0).reshape(3, 9) % (r + 2) == 0).double().tolist() for r in range(2)]
+        assert got["dtype"] == "torch.float64" and got["bytes"] == 2 * 4  # ceil(27 / 8) bytes from each rank
+        assert "is not 0/1" in got["error"] and "parallel.pack_spikes = false" in got["error"]
 
 
 @pytest.mark.parametrize("precision, dtype", [("fp32", torch.float32), ("bf16", torch.float32), ("bf16", torch.float64)])

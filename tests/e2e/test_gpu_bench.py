@@ -88,3 +88,30 @@ def test_a_case_stopped_at_its_timeout_leaves_no_rank_running(tmp_path):
     assert status is None
     assert len(seen) >= 3, "the launcher and its 2 ranks should have started before the timeout"
     assert not left
+
+
+GUARANTEE = runpy.run_path(str(Path(__file__).parents[2] / "benchmark" / "gpu_guarantee.py"), run_name="gpu_guarantee")
+
+
+def test_the_gpu_guarantee_covers_every_strategy_and_shares_one_gpu_over_gloo():
+    cases = GUARANTEE["cases"]()
+    assert [case.name for case in cases] == list(GUARANTEE["ORDER"])
+    assert {case.strategy for case in cases} == {"none", "dp", "zero", "fsdp2", "tp", "fsdp2_tp", "pp", "tsp", "fsdp2_tsp"}
+    assert {case.sections["pipeline"]["schedule"] for case in cases if case.strategy == "pp"} == {"1f1b", "interleaved"}
+    assert any(case.sections.get("parallel", {}).get("mesh") == {"dp_replicate": 2, "dp_shard": 2} for case in cases)  # HSDP
+    keys = GUARANTEE["parallel_keys"]
+    assert keys(4, 1, False) == (("device", "cuda"), ("backend", "gloo")) and keys(2, 2, False)[1] == ("backend", "auto")
+
+
+def test_the_gpu_guarantee_dry_mode_matches_none_and_records_what_cannot_run_here(tmp_path):
+    """dp (the guarantee's default run leaves it to the full matrix) against none in float64 on CPU ranks, and
+    the CUDA-only cases refused by the plan, each a JSONL row."""
+    out = tmp_path / "guarantee.jsonl"
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}  # gpu.sh runs `python`: this one
+    done = subprocess.run(["bash", "benchmark/gpu.sh", "--guarantee", "--dry", "--only", "dp,cuda-graphs,cudnn-benchmark",
+                           "--steps", "2", "--out", str(out)], capture_output=True, text=True, timeout=400, env=env)
+    assert done.returncode == 0, done.stderr
+    rows = {r["case"]: r for r in map(json.loads, out.read_text().splitlines())}
+    assert rows["dp"]["matched"] and rows["dp"]["device"] == "cpu"
+    assert "CUDA graphs, which need CUDA" in rows["cuda-graphs"]["skipped"]
+    assert "cuda.cudnn_benchmark is for CUDA runs" in rows["cudnn-benchmark"]["skipped"]

@@ -15,18 +15,12 @@ model of the user's own given by import path (its plan inferred);
 every schedule, every family).
 """
 
-import functools
-
-import attrs
 import pytest
 
-from snnfw.run.loop import run_training
-from snnfw.testing import run_on_ranks
-from snnfw.testing.checks import assert_close, assert_same_state, assert_steps_close, final_state
-from snnfw.testing.equivalence import CASES, FAMILIES, case_config, reference_config
+from snnfw.testing.equivalence import CASES, FAMILIES
+from snnfw.testing.guarantee import check_case
 
 STEPS, EVAL_EVERY = 20, 10  # and losses, states and validations within 1e-9 relative (assert_close)
-LAYER_RATE = (0.005, 0.7)  # every neuron layer fires, none saturates
 # After 20 steps the reference separates classes (chance is 0.1; measured 0.33-0.44 for the VGG, 0.22 for the
 # MLP, 0.20-0.33 for the SEW network of examples/train_own_model.py), so equal test accuracies compare real
 # predictions; the tiny Spikformer is still near chance at 20 steps (0.13-0.41), and so is the tiny sequence MLP
@@ -43,39 +37,6 @@ DEFAULT_RUN = {  # within the suite's time budget; -m full_matrix runs the rest
 }
 
 
-def with_validation(config):
-    return attrs.evolve(config, eval=attrs.evolve(config.eval, every=EVAL_EVERY))
-
-
-@functools.cache
-def reference(family: str, microbatches: int) -> dict:
-    return run_training(with_validation(reference_config(family, microbatches, "float64", STEPS)), on_finish=final_state)
-
-
-def assert_same_validations(rank, got, want):
-    assert [e["step"] for e in got] == [e["step"] for e in want] == list(range(EVAL_EVERY, STEPS + 1, EVAL_EVERY))
-    for mine, ref in zip(got, want):
-        step = mine["step"]
-        assert (mine["eval_acc"], mine["eval_acc5"]) == (ref["eval_acc"], ref["eval_acc5"]), f"rank {rank} step {step}"
-        assert_close(f"rank {rank} step {step} eval_loss", mine["eval_loss"], ref["eval_loss"])
-        assert_close(f"rank {rank} step {step} eval_spike_rate", mine["eval_spike_rate"], ref["eval_spike_rate"])
-
-
-def check_case(family, case):
-    want = reference(family, case.reference_microbatches)
-    rates = want["layer_spike_rates"]
-    assert rates and all(LAYER_RATE[0] <= r <= LAYER_RATE[1] for r in rates.values()), f"layer firing rates {rates}"
-    assert want["test_accuracy"] >= SEPARATES[family], f"the reference does not separate classes: {want['test_accuracy']}"
-    config = with_validation(case_config(family, case, "float64", STEPS))
-    summaries = run_on_ranks(config, case.ranks, inspect=final_state, timeout_s=300)
-    for rank, got in enumerate(summaries):
-        assert_steps_close(rank, got, want, ("losses", "spike_rates"), STEPS)
-        assert_same_validations(rank, got["evaluations"], want["evaluations"])
-        assert_same_state(rank, got["inspect"], want["inspect"])
-    held = set().union(*(s["inspect"] for s in summaries))
-    assert held == set(want["inspect"]), f"state not held by any rank: {sorted(set(want['inspect']) - held)}"
-
-
 def matrix():
     for family in FAMILIES:
         for case in CASES:
@@ -87,4 +48,4 @@ def matrix():
 def test_float64_long_run_matches_none(family, case, request):
     if family == "spiking_mlp":
         request.getfixturevalue("installed")
-    check_case(family, case)
+    check_case(family, case, STEPS, EVAL_EVERY, separates=SEPARATES[family])

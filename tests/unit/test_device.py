@@ -74,3 +74,26 @@ def test_run_on_ranks_runs_an_auto_device_config_on_the_cpu():
     config = tiny_config("none", parallel={"device": "auto"}, train={"steps": 1})
     [summary] = run_on_ranks(config, 1, timeout_s=120)
     assert summary["config"]["parallel"]["device"] == "cpu" and summary["plan"]["device_type"] == "cpu"
+
+
+@pytest.mark.parametrize("strategy, world", [("dp", 2), ("tp", 2), ("fsdp2", 4)])
+def test_gloo_lets_ranks_share_one_gpu(plugins, gpus, strategy, world):
+    gpus(1)
+    plan = prepare(tiny_config(strategy, parallel={"device": "cuda", "backend": "gloo"}), world, plugins).plan
+    assert (plan.device_type, plan.backend) == ("cuda", "gloo")
+
+
+@pytest.mark.parametrize("strategy, sections", [("pp", {}), ("tsp", {}), ("fsdp2_tsp", {"parallel": {"mesh": {"time": 2, "dp": 2}}})])
+def test_strategies_that_send_point_to_point_refuse_cuda_under_gloo(plugins, gpus, strategy, sections):
+    gpus(1)
+    parallel = {"device": "cuda", "backend": "gloo", **sections.get("parallel", {})}
+    with pytest.raises(PlanError, match="point to point from host memory only, not CUDA tensors"):
+        prepare(tiny_config(strategy, parallel=parallel), 4 if strategy == "fsdp2_tsp" else 2, plugins)
+
+
+def test_nccl_on_the_cpu_and_a_backend_without_collectives_are_refused(plugins, gpus):
+    gpus(0)
+    with pytest.raises(PlanError, match='parallel.backend = "nccl" runs on CUDA and this run is on the CPU'):
+        prepare(tiny_config("dp", parallel={"device": "cpu", "backend": "nccl"}), 2, plugins)
+    with pytest.raises(PlanError, match="parallel.backend = 'gloo' chooses the collectives of 2 or more ranks"):
+        prepare(tiny_config("none", parallel={"backend": "gloo"}), 1, plugins)

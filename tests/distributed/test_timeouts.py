@@ -1,0 +1,25 @@
+"""parallel.timeout_s times every process group's collectives at start-up, the mesh's too; from the second step
+on, parallel.step_timeout_s (if set) replaces it."""
+
+import pytest
+import torch
+
+from snnfw.testing import run_on_ranks, tiny_config
+
+
+def timeouts(trainer):
+    from torch.distributed.distributed_c10d import _rank_not_in_group, _world
+
+    return sorted({group._get_backend(torch.device("cpu")).options._timeout.total_seconds()
+                   for group in _world.pg_map if not _rank_not_in_group(group)})
+
+
+@pytest.mark.parametrize("steps, parallel, expected", [
+    (1, {"timeout_s": 99, "step_timeout_s": 7}, [99.0]),  # one step: start-up's timeout (torch gives new groups 30 min)
+    (2, {"timeout_s": 99, "step_timeout_s": 7}, [7.0]),
+])
+def test_every_process_group_takes_the_configured_timeouts(steps, parallel, expected):
+    config = tiny_config("fsdp2_tp", train={"steps": steps}, data={"test_samples": 4},
+                         parallel={"mesh": {"dp": 2, "tp": 2}, **parallel})
+    for summary in run_on_ranks(config, 4, inspect=timeouts):
+        assert summary["inspect"] == expected  # the world and each mesh dimension's group
