@@ -116,9 +116,12 @@ def counted(device: torch.device | None = None) -> Iterator[Counts]:
 
 
 @contextlib.contextmanager
-def _loading_left_out(data) -> Iterator[None]:
-    """Leaves the loading of batches (the host's work before they reach the device) out of the counts on both sides."""
+def loading_left_out() -> Iterator[None]:
+    """Leaves the loading of batches (the host's work before they reach the device) out of the counts of the code
+    inside, snnfw's and the plain loop's alike."""
     from torch.utils._python_dispatch import _disable_current_modes
+
+    from snnfw.data import batches as data
 
     step_batches = data.step_batches
 
@@ -155,10 +158,9 @@ WARMUP = 2  # untimed steps first: the first builds optimizer state and compiled
 def count_steps(config) -> dict:
     """This rank's counts of a step that does not log and one that logs, snnfw's and the plain loop's."""
     import snnfw
-    from snnfw.data import batches as datalib
     from snnfw.tools.baseline import PlainLoop, PlainPipeline
 
-    with _loading_left_out(datalib), snnfw.start(config) as run:
+    with loading_left_out(), snnfw.start(config) as run:
         if run.plan.strategy == "pp":
             plain = PlainPipeline(run.config, run.plan, run.device, run.model.split)
         else:
