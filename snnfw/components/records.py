@@ -29,6 +29,10 @@ class StepResult:
     finish: Callable[[list[float]], dict[str, Any]]
     coming: tuple[str, ...]
 
+    def read(self) -> dict[str, Any]:
+        """The whole record of a step of one process, whose figures need no reduction (a host synchronisation)."""
+        return {**self.values, **self.finish(self.row.tolist() + self.host)}
+
 
 class Record(dict):
     """One step's record, a dict of numbers.

@@ -169,7 +169,9 @@ class Session:
     def evaluate(self) -> dict[str, float]:
         """``eval_loss``, ``eval_acc`` (``eval_acc5`` with more than 5 classes) and ``eval_spike_rate``
         on the test split, every sample scored once over the replicas (a collective). Right after a step they join
-        that step's record and :attr:`evaluations`."""
+        that step's record and :attr:`evaluations`; the figures of the steps before are read first, so that a rank
+        may read its records alone afterwards."""
+        self.figures.read()
         scores = self.trainer.evaluate()
         last = self.unwritten[-1] if self.unwritten else None
         if last is not None and "eval_acc" not in last:
