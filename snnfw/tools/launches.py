@@ -5,7 +5,8 @@
 Small spiking networks on a GPU are bound by kernel launches and host work, so
 each op a step dispatches and each time it waits for the device shows there;
 on a CPU the same cost hides in the noise, and these counts are its measure.
-Both sides train the config's model on the same data in one process per rank:
+An op is any op the dispatcher runs (ATen's, collectives), but for the
+profiler's range markers. Both sides train the config's model on the same data in one process per rank:
 snnfw under the config's strategy (the Python API), the plain loop
 (:mod:`snnfw.tools.baseline`) in DDP on several ranks or, under ``pp``, torch's
 pipeline schedule. After two untimed steps, a step that does not log and one
@@ -72,8 +73,9 @@ class _Dispatched(TorchDispatchMode):
         self.counts = counts
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        name = func._schema.name.split("::")[-1]
-        self.counts.ops[name] += 1
+        space, name = func._schema.name.split("::")
+        if space != "profiler":  # record_function's range markers (FSDP2 sets them) launch nothing
+            self.counts.ops[name] += 1
         if name in SYNCING_OPS:
             self.counts.syncs[name] += 1
         return func(*args, **(kwargs or {}))
