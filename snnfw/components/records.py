@@ -44,9 +44,11 @@ class Record(dict):
     collective, so every rank asks (on a step that logs, they are in place).
     """
 
-    def __init__(self, values: dict[str, Any], figures: StepFigures | None = None, coming: tuple[str, ...] = ()):
+    def __init__(self, values: dict[str, Any], coming: tuple[str, ...] = ()):
+        """``values`` known now; ``coming``: the keys :meth:`StepFigures.add` will fill."""
         super().__init__(values)
-        self._figures, self._coming = figures, frozenset(coming)
+        self._figures: StepFigures | None = None
+        self._coming = frozenset(coming)
 
     @property
     def complete(self) -> bool:

@@ -35,12 +35,15 @@ def _read_spikes(module, args, out):
     out.sum().item()
 
 
-def test_a_planted_item_per_neuron_layer_adds_a_sync_and_two_ops_per_layer():
-    with loading_left_out(), snnfw.start(tiny_config("none", train={"steps": 6, "log_every": 2})) as run:
+def test_a_planted_item_per_neuron_layer_adds_a_sync_and_two_ops_per_layer(tmp_path):
+    config = tiny_config("none", train={"steps": 6, "log_every": 2})
+    with loading_left_out(), snnfw.start(config, run_dir=tmp_path) as run:
         run.step(0)
         run.step(1)
         with counted() as clean:
-            run.step(2)
+            record = run.step(2)
+        assert not record.complete and "loss" in record  # read when asked for, or at the next step that logs
+        assert record["loss"] > 0 and record.complete
         neurons = [m for m in run.model.modules() if isinstance(m, BaseNode)]
         for neuron in neurons:
             neuron.register_forward_hook(_read_spikes)
@@ -50,6 +53,8 @@ def test_a_planted_item_per_neuron_layer_adds_a_sync_and_two_ops_per_layer():
     assert len(neurons) >= 3 and clean.total_syncs == 0
     assert planted.total_syncs == len(neurons) and planted.syncs["_local_scalar_dense"] == len(neurons)
     assert planted.total_ops == clean.total_ops + 2 * len(neurons)  # the sum and the read
+    records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records] == [1, 2, 3, 4, 5] and all(r["grad_norm"] > 0 for r in records)
 
 
 SYNCS: dict[int, int] = {}
