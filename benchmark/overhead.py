@@ -19,6 +19,7 @@ import argparse
 import json
 import statistics
 import time
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -82,6 +83,7 @@ def main() -> None:
                   f"median step {statistics.median(ms['snnfw']):.0f} ms snnfw, {statistics.median(ms['plain']):.0f} ms "
                   f"plain; last losses {losses['snnfw'][-1]:.4f} snnfw, {losses['plain'][-1]:.4f} plain",
                   flush=True)
+            Path(args.out).parent.mkdir(parents=True, exist_ok=True)  # benchmark/results/ on a fresh checkout
             with open(args.out, "a") as f:
                 f.write(json.dumps(result) + "\n")
 

@@ -187,8 +187,12 @@ def gradient_sync(model: torch.nn.Module, enabled: bool):
 
 @hookimpl(trylast=True)
 def snnfw_forward_backward(model, batches, plan, hooks):
-    """Every microbatch forward and backward; their loss and hits add up on the device and are read once."""
-    loss_sum, correct, samples = 0.0, 0, 0
+    """Every microbatch forward and backward; their loss and hits add up on the device, where they stay (the step's
+    figures are read when it logs)."""
+    import torch
+
+    loss_sum = correct = None
+    samples = 0
     loss_of = training_loss(plan.config.train, hooks)
     precision = autocast(plan.config.train, plan.device_type)
     phases = hooks.run.phases
@@ -202,10 +206,13 @@ def snnfw_forward_backward(model, batches, plan, hooks):
                 loss = loss_of(logits, labels)
             with phases("backward"):
                 (loss / len(batches)).backward()
-        loss_sum = loss_sum + loss.detach().double()  # summed as Python floats would be
-        correct = correct + hits(logits.detach(), labels)
+        with torch.no_grad():
+            loss = loss.double()  # summed in float64, as Python floats would be
+            loss_sum = loss if loss_sum is None else loss_sum + loss
+            hit = hits(logits, labels)
+            correct = hit if correct is None else correct + hit
         samples += len(labels)
-    return StepOutput(loss=float(loss_sum) / len(batches), correct=int(correct), samples=samples)
+    return StepOutput(loss=loss_sum / len(batches), correct=correct, samples=samples)
 
 
 @hookimpl(trylast=True)

@@ -86,7 +86,9 @@ class PipelineModel(nn.Module):
         self._average_gradients_over_replicas()
         if not self.holds_last:
             return StepOutput(loss=0.0, correct=0, samples=0)
-        return StepOutput(loss=float(torch.stack(losses).detach().mean()), correct=int(self.loss.correct), samples=len(labels))
+        with torch.no_grad():  # both stay on the device until the step logs
+            loss = torch.stack(losses).mean().double()
+        return StepOutput(loss=loss, correct=self.loss.correct, samples=len(labels))
 
     @torch.no_grad()
     def evaluate(self, frames: torch.Tensor, labels: torch.Tensor) -> StepOutput:

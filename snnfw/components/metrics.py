@@ -19,17 +19,19 @@ NEURON_SHARD = "snnfw_shard"  # set by tensor-parallel strategies on a neuron mo
 class SpikeCounter:
     """Counts the spikes and output elements of every neuron module through forward hooks.
 
-    Counts add up as tensors per neuron module, read once per ``take()``: no
-    host sync per neuron, and neither graph breaks nor recompiles where a
-    neuron runs inside a compiled block. ``by_layer()`` gives the counts of
-    every ``take()`` so far per neuron module, for per-layer firing rates.
+    A module's spikes add up on its device (one sum per forward, no host
+    sync), and neither graph breaks nor recompiles where a neuron runs inside
+    a compiled block; output elements are counted on the host. ``take()``
+    gives a step's total as one device tensor; ``by_layer()`` the counts of
+    every step so far per neuron module, for per-layer firing rates.
     """
 
     def __init__(self, model: nn.Module, neuron_names: tuple[str, ...]):
         self._modules = dict(model.named_modules())
         self.names = neuron_names
         self.clear()
-        self._run = {name: [0.0, 0] for name in neuron_names}
+        self._run_spikes: dict[tuple[str, ...], torch.Tensor] = {}  # the modules that ran -> their spikes so far
+        self._run_elements = dict.fromkeys(neuron_names, 0)
         self._weights = dict.fromkeys(neuron_names, 1.0)
         self._handles = [self._modules[name].register_forward_hook(partial(self._count, name)) for name in neuron_names]
 
@@ -41,52 +43,43 @@ class SpikeCounter:
             self._weights[name] = 1.0 if hasattr(self._modules[name], NEURON_SHARD) else 1.0 / copies
 
     def _count(self, name: str, module, inputs, output) -> None:
-        spikes, elements = self._counts[name]
-        self._counts[name] = (spikes + output.detach().sum(), elements + output.numel())
+        with torch.no_grad():
+            spikes = output.sum(dtype=torch.float32 if output.dtype in (torch.float16, torch.bfloat16) else None)
+        counted = self._spikes.get(name)
+        self._spikes[name] = spikes if counted is None else counted + spikes
+        self._elements[name] += output.numel()
 
-    def take(self, record: bool = True) -> tuple[float, float]:
-        """Returns and clears the counts since the last call (all neuron modules together),
-        adding them to :meth:`by_layer` when ``record`` (training steps, not evaluation).
-
-        One host transfer per step (per device and dtype, one in a run): the counts
-        of the neuron modules that ran are stacked where they are and read with one
-        ``tolist()``; those that did not run still hold ``clear()``'s CPU zeros,
-        read as 0 without touching a tensor, so no per-module cross-device op.
-        """
-        ran = [name for name, counts in self._counts.items() if counts is not self._cleared[name]]
-        spikes = dict(zip(ran, _read([self._counts[name][0] for name in ran])))
-        elements = dict(zip(ran, _read([self._counts[name][1] for name in ran])))
-        total_spikes, total_elements = 0.0, 0
-        for name in self._counts:
-            layer_spikes, layer_elements = float(spikes.get(name, 0.0)), int(elements.get(name, 0))
-            if record:
-                self._run[name][0] += layer_spikes
-                self._run[name][1] += layer_elements
-            weight = self._weights[name]
-            total_spikes, total_elements = total_spikes + weight * layer_spikes, total_elements + weight * layer_elements
+    def take(self, record: bool = True) -> tuple[torch.Tensor | float, float]:
+        """Returns and clears the spikes (a float64 tensor on the device, 0.0 if no neuron ran) and output elements
+        since the last call, all neuron modules together, adding them to :meth:`by_layer` when ``record``
+        (training steps, not evaluation). Reads nothing from the device."""
+        ran = tuple(self._spikes)
+        spikes, total = (torch.stack([self._spikes[name] for name in ran]) if ran else None), 0.0
+        if spikes is not None:
+            weights = [self._weights[name] for name in ran]
+            total = (spikes.sum(dtype=torch.float64) if all(w == 1.0 for w in weights)
+                     else spikes.double() @ torch.tensor(weights, dtype=torch.float64, device=spikes.device))
+        elements = sum(self._weights[name] * self._elements[name] for name in self.names)
+        if record and spikes is not None:
+            so_far = self._run_spikes.get(ran)
+            self._run_spikes[ran] = spikes if so_far is None else so_far + spikes
+            for name in self.names:
+                self._run_elements[name] += self._elements[name]
         self.clear()
-        return total_spikes, total_elements
+        return total, elements
 
     def clear(self) -> None:
         """Forgets the counts since the last ``take()`` (forward passes that were not training steps)."""
-        self._counts = {name: (torch.zeros(()), torch.zeros((), dtype=torch.int64)) for name in self.names}
-        self._cleared = dict(self._counts)  # a module's entry is replaced when its hook runs
+        self._spikes: dict[str, torch.Tensor] = {}
+        self._elements = dict.fromkeys(self.names, 0)
 
     def by_layer(self) -> dict[str, tuple[float, int]]:
-        """``{neuron module: (spikes, output elements)}`` over every ``take()`` so far, on this rank."""
-        return {name: (spikes, elements) for name, (spikes, elements) in self._run.items()}
-
-
-def _read(values: list[torch.Tensor]) -> list:
-    """The Python numbers of 0-dim tensors, in order: one stack and one ``tolist()`` per device and dtype."""
-    groups: dict[tuple, list[int]] = {}
-    for i, value in enumerate(values):
-        groups.setdefault((value.device, value.dtype), []).append(i)
-    out: list = [None] * len(values)
-    for indices in groups.values():
-        for i, number in zip(indices, torch.stack([values[i] for i in indices]).tolist()):
-            out[i] = number
-    return out
+        """``{neuron module: (spikes, output elements)}`` over every ``take()`` so far, on this rank (one read)."""
+        spikes = dict.fromkeys(self.names, 0.0)
+        for ran, counts in self._run_spikes.items():
+            for name, count in zip(ran, counts.tolist()):
+                spikes[name] += count
+        return {name: (spikes[name], self._run_elements[name]) for name in self.names}
 
 
 def peak_memory_mb(device: torch.device) -> float:

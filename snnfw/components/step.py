@@ -29,11 +29,12 @@ class StepOutput:
     ``loss`` is the mean loss over the ``samples`` whose loss this rank holds
     (0 samples on a pipeline stage without the loss); ranks that hold the same
     samples (tensor-parallel peers) each report them, which the weighted mean
-    over ranks absorbs.
+    over ranks absorbs. A training step's ``loss`` and ``correct`` may be
+    tensors on the device, which the trainer reads when the step logs.
     """
 
-    loss: float
-    correct: int
+    loss: float | torch.Tensor
+    correct: int | torch.Tensor
     samples: int
     top5: int = 0  # samples whose label is among the 5 largest logits (evaluation)
     logits: torch.Tensor | None = None  # evaluation: the time-averaged logits [N, classes], on the CPU

@@ -14,8 +14,6 @@ import math
 
 import torch
 
-from snnfw.distributed.collectives import all_reduce
-
 SLICES = "snnfw_slices"  # written by tensor-parallel styles: parameter name -> TensorSlice
 EPS = 1e-6  # torch.nn.utils.clip_grad_norm_'s
 
@@ -39,8 +37,9 @@ def _pieces(grad: torch.Tensor, sliced_over) -> tuple[torch.Tensor, int]:
     return grad, pieces
 
 
-def global_grad_norm(model: torch.nn.Module, plan) -> float:
-    """The L2 norm of the whole model's gradient (a collective over the world)."""
+def local_grad_squares(model: torch.nn.Module, plan, device: torch.device | None = None) -> torch.Tensor:
+    """This rank's share of the squared L2 norm of the whole model's gradient, a float64 tensor on the device:
+    added over the world, it counts every piece of every parameter once."""
     stages = math.prod(dict(plan.mesh)[dim] for dim in plan.stage_dims)  # ranks holding different parameters
     holders = plan.world_size // stages  # ranks that hold any one parameter
     by_weight: dict[tuple[float, torch.dtype], list[torch.Tensor]] = {}  # (pieces / holders, dtype) -> local gradients
@@ -49,24 +48,42 @@ def global_grad_norm(model: torch.nn.Module, plan) -> float:
         for name, parameter in module.named_parameters(recurse=False):
             if parameter.grad is not None:
                 local, pieces = _pieces(parameter.grad, getattr(slices.get(name), "group", None))
-                by_weight.setdefault((pieces / holders, local.dtype), []).append(local.detach())
-    local_sum = 0.0
-    for (weight, _), grads in by_weight.items():  # one foreach kernel per group, as torch's clip_grad_norm_
-        norms = torch.stack(torch._foreach_norm(grads)).double()
-        local_sum += float(norms.pow(2).sum()) * weight
-    return math.sqrt(all_reduce([local_sum])[0])
+                by_weight.setdefault((pieces / holders, local.dtype), []).append(local)
+    total = None
+    with torch.no_grad():
+        for (weight, _), grads in by_weight.items():  # one foreach kernel per group, as torch's clip_grad_norm_
+            squares = torch.stack(torch._foreach_norm(grads)).double().pow(2).sum()
+            squares = squares if weight == 1 else squares * weight
+            total = squares if total is None else total + squares
+    return total if total is not None else torch.zeros((), dtype=torch.float64, device=device)
 
 
-def clip_gradients(model: torch.nn.Module, norm: float, max_norm: float) -> None:
-    """Scales every gradient by ``max_norm / (norm + 1e-6)`` when below 1, as torch's clip_grad_norm_ does."""
-    scale = max_norm / (norm + EPS)
-    if scale < 1.0:
-        scale_gradients(model, scale)
+def global_grad_norm(model: torch.nn.Module, plan) -> torch.Tensor:
+    """The L2 norm of the whole model's gradient, a float64 tensor on the device (a collective over the world)."""
+    squares = local_grad_squares(model, plan).clone()
+    if torch.distributed.is_initialized():
+        torch.distributed.all_reduce(squares)
+    return squares.sqrt()
 
 
 @torch.no_grad()
-def scale_gradients(model: torch.nn.Module, factor: float) -> None:
-    """Multiplies every gradient this rank holds by ``factor``."""
-    for parameter in model.parameters():
-        if parameter.grad is not None:
-            parameter.grad.mul_(factor)
+def clip_gradients(model: torch.nn.Module, norm: torch.Tensor, max_norm: float) -> None:
+    """Scales every gradient by ``max_norm / (norm + 1e-6)`` when below 1, as torch's clip_grad_norm_ does; a
+    non-finite ``norm`` leaves them alone. Decided on the device: no host synchronisation."""
+    scale = (max_norm / (norm + EPS)).clamp(max=1.0)
+    scale_gradients(model, torch.where(torch.isfinite(norm), scale, 1.0))
+
+
+@torch.no_grad()
+def scale_gradients(model: torch.nn.Module, factor: float | torch.Tensor) -> None:
+    """Multiplies every gradient this rank holds by ``factor`` (one foreach kernel per device and dtype)."""
+    grads = [_local(parameter.grad) for parameter in model.parameters() if parameter.grad is not None]
+    if grads:
+        torch._foreach_mul_(grads, factor)
+
+
+def _local(tensor: torch.Tensor) -> torch.Tensor:
+    """The part of ``tensor`` this rank holds, sharing its storage: a DTensor's local tensor, else itself."""
+    from torch.distributed.tensor import DTensor
+
+    return tensor.to_local() if isinstance(tensor, DTensor) else tensor

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import math
 import sys
 import time
 from pathlib import Path
@@ -62,12 +61,14 @@ def run_training(
                     best = evaluated["eval_acc"]
                     if run_dir is not None:
                         run.export(run_dir / BEST_MODEL)
-            if math.isfinite(record["loss"]) and run.checkpoints.due(step + 1):
+            if run.checkpoints.due(step + 1):
+                record.read()  # the steps since the last that logged: a checkpoint keeps only finite ones
+            if (bad := run.diverged()) is None and run.checkpoints.due(step + 1):
                 run.save(step + 1, record["loss"])
-            if not math.isfinite(record["loss"]):
+            if bad is not None:  # found where the figures are read: a step that logs or a checkpoint
                 run.write_record()
                 run.close()
-                raise run.checkpoints.diverged(step + 1, record["loss"])
+                raise run.checkpoints.diverged(bad["step"], bad["loss"])
         run.checkpoints.finish()  # an async save still being written
         summary = run.summary()
         if "test_accuracy" not in summary or summary["evaluations"][-1]["step"] != config.train.steps:

@@ -9,7 +9,7 @@ as one process), then::
               "model": {"input_shape": [2, 32, 32], "num_classes": 10, "input_layout": "TN"}}
     with snnfw.start(config, model=MyNet, train_set=train, test_set=test) as run:
         for step in range(run.start_step, run.config.train.steps):
-            record = run.step(step)          # loss, lr, train_acc, spike_rate, step_ms, ...
+            record = run.step(step)          # loss, lr, train_acc, spike_rate, step_ms, ... (Session.step)
         print(run.evaluate()["eval_acc"])
         run.export("my_net.pt")              # a plain state dict by MyNet's own names
 
@@ -25,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import gc
 import json
+import math
 import os
 import sys
 import time
@@ -36,10 +37,11 @@ import torch.distributed as dist
 
 from snnfw.components.checkpoint import Checkpoints
 from snnfw.components.metrics import MetricsLog, peak_memory_mb
+from snnfw.components.records import Record, StepFigures
 from snnfw.config import Config, build_config, load_config
 from snnfw.distributed import cpu_allocator
 from snnfw.distributed.chunks import gather_whole
-from snnfw.distributed.collectives import RankEnv, all_reduce, decided_once, device_for, process_group, set_cpu_threads
+from snnfw.distributed.collectives import RankEnv, decided_once, device_for, process_group, set_cpu_threads
 from snnfw.plan.auto import Decision
 from snnfw.plan.prepare import prepare
 from snnfw.errors import ConfigError, PlanError, keys_phrase
@@ -74,7 +76,8 @@ class Session:
         self.start_step, self.resumed_loss = start_step, resumed_loss
         self.config, self.plan, self.device = trainer.config, trainer.plan, trainer.device
         self.first_step_done = self.heap_frozen = self.summary_written = False
-        self.pending: dict[str, Any] | None = None  # the last step's record, written when the next step starts
+        self.figures = StepFigures()  # the device figures of the steps not read yet
+        self.unwritten: list[Record] = []  # records not in the metrics yet, the last step's last
         self.evaluations = [  # every validation with its step, a resumed run's included
             {"step": r["step"], **{k: v for k, v in r.items() if k.startswith("eval_")}}
             for r in log.earlier if "eval_acc" in r
@@ -108,12 +111,19 @@ class Session:
         """Resets every neuron's state, as before an independent microbatch."""
         self.trainer.plugins.reset_state(self.trainer.model)
 
-    def step(self, step: int) -> dict[str, Any]:
+    def step(self, step: int) -> Record:
         """Trains optimizer step ``step`` (from 0) on its global batch; returns its record, the same on every rank.
 
-        With a run directory the record is written to ``metrics.jsonl`` (and rank 0 prints a progress line every
-        ``train.log_every`` steps) once the step's validation and checkpoint, if any, have added to it: when the
-        next step starts, a checkpoint is saved, or the session ends.
+        The figures computed on the device (loss, accuracy, spike rate, gradient norm, peak memory) join the record
+        on a step that logs (every ``train.log_every`` steps and the last): they are reduced over the ranks and read
+        in one host synchronisation then, with those of the steps before that did not log, so that those steps
+        wait for nothing (:class:`~snnfw.components.records.Record`; asking one for them earlier is a collective).
+        ``step_ms`` is the host's time in the step: on a GPU, where kernels run after the host has queued them, a
+        step that logs also waits for the ones before.
+
+        With a run directory the records are written to ``metrics.jsonl`` (and rank 0 prints a progress line for a
+        step that logs) once their figures are read and the step's validation and checkpoint, if any, have added to
+        it: when the next step starts, a checkpoint is saved, or the session ends.
 
         A collective: every rank calls it with the same ``step``. What was alive before the session is out of the
         garbage collector's scans (:func:`start`). After the first step, garbage is collected, and when compiled code
@@ -121,9 +131,9 @@ class Session:
         a full collection over them paused a rank for a quarter of a second with inductor neuron kernels, and every
         rank with it at the next collective. :meth:`close` gives them back.
         """
-        self.write_record()
+        self.write_record(read=False)
         started = time.perf_counter()
-        record = {"step": step + 1, **self.trainer.step(step)}
+        result = self.trainer.step(step)
         elapsed = time.perf_counter() - started
         if not self.first_step_done:
             gc.collect()
@@ -133,26 +143,42 @@ class Session:
             self.first_step_done = True
         peaks = [0.0] * self.env.world_size
         peaks[self.env.rank] = peak_memory_mb(self.device)
-        peaks = all_reduce(peaks)
-        record.update(
-            step_ms=elapsed * 1e3,
-            samples_per_s=self.plan.global_batch / elapsed,
-            peak_mem_mb=max(peaks),
-            peak_mem_mb_per_rank=peaks,
-        )
-        self.pending = record
+        record = Record({"step": step + 1, **result.values, "step_ms": elapsed * 1e3,
+                         "samples_per_s": self.plan.global_batch / elapsed},
+                        coming=(*result.coming, "peak_mem_mb", "peak_mem_mb_per_rank"))
+
+        def finish(totals: list[float]) -> dict[str, Any]:
+            peaks = totals[len(totals) - self.env.world_size:]
+            return {**result.finish(totals[:len(totals) - len(peaks)]), "peak_mem_mb": max(peaks),
+                    "peak_mem_mb_per_rank": peaks}
+
+        self.figures.add(record, result.row, [*result.host, *peaks], finish)
+        self.unwritten.append(record)
+        if self.logs(step + 1):
+            self.figures.read()
         return record
+
+    def logs(self, step: int) -> bool:
+        """Whether step ``step`` (from 1) logs: every ``train.log_every`` steps, and the last."""
+        return step % self.config.train.log_every == 0 or step == self.config.train.steps
+
+    def diverged(self) -> Record | None:
+        """The first record read whose loss is not finite, among those not yet written (reads nothing)."""
+        return next((r for r in self.unwritten if r.complete and not math.isfinite(r["loss"])), None)
 
     def evaluate(self, ops: bool | None = None) -> dict:
         """``eval_loss``, ``eval_acc`` (``eval_acc5`` with more than 5 classes) and ``eval_spike_rate``
         on the test split, every sample scored once over the replicas (a collective); with ``ops`` (default
         ``eval.ops``) the synaptic operations and energy too (:meth:`Trainer.evaluate`). Right after a step the
-        ``eval_*`` figures join that step's record and :attr:`evaluations`."""
+        ``eval_*`` figures join that step's record and :attr:`evaluations`; the figures of the steps before are read
+        first, so that a rank may read its records alone afterwards."""
+        self.figures.read()
         result = self.trainer.evaluate(self.config.eval.ops if ops is None else ops)
         scores = {key: value for key, value in result.items() if key.startswith("eval_")}
-        if self.pending is not None and "eval_acc" not in self.pending:
-            self.pending.update(scores)
-            self.evaluations.append({"step": self.pending["step"], **scores})
+        last = self.unwritten[-1] if self.unwritten else None
+        if last is not None and "eval_acc" not in last:
+            last.update(scores)
+            self.evaluations.append({"step": last["step"], **scores})
         return result
 
     def predict(self) -> list[dict]:
@@ -169,21 +195,22 @@ class Session:
         started = time.perf_counter()
 
         def record_the_step() -> None:  # before the checkpoint is renamed into place, so a resume finds its record
-            if self.pending is not None and self.pending["step"] == step:
-                self.pending[CHECKPOINT_MS] = (time.perf_counter() - started) * 1e3  # how long the save held training up
+            if self.unwritten and self.unwritten[-1]["step"] == step:
+                self.unwritten[-1][CHECKPOINT_MS] = (time.perf_counter() - started) * 1e3  # how long the save held training up
             self.write_record()
 
+        self.figures.read()
         self.checkpoints.save(self.trainer, step, loss, before_rename=record_the_step)
 
-    def write_record(self) -> None:
-        """Writes the last step's record to the metrics (with a run directory, a progress line on rank 0 every
-        ``train.log_every`` steps and at the last), if it is not written yet."""
-        record, self.pending = self.pending, None
-        if record is not None:
-            steps = self.config.train.steps
-            due = record["step"] % self.config.train.log_every == 0 or record["step"] == steps
-            show = self.env.rank == 0 and self.run_dir is not None and due
-            self.log.write(record, show=show)
+    def write_record(self, read: bool = True) -> None:
+        """Writes the records not written yet to the metrics (with a run directory, a progress line on rank 0 for a
+        step that logs), reading their figures first (a collective); with ``read`` False only those read."""
+        if read:
+            self.figures.read()
+        while self.unwritten and self.unwritten[0].complete:
+            record = self.unwritten.pop(0)
+            show = self.env.rank == 0 and self.run_dir is not None and self.logs(record["step"])
+            self.log.write(dict(record.items()), show=show)
 
     def summary(self) -> dict[str, Any]:
         """The run so far, as ``summary.json`` holds it: final loss, every validation and the best, mean step time,

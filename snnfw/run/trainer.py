@@ -14,13 +14,14 @@ from snnfw.components.ops import OpCounter
 from snnfw.components.optim import build_scheduler
 from snnfw.components.phases import PhaseTimes
 from snnfw.components.precision import LossScale
+from snnfw.components.records import StepResult
 from snnfw.components.step import RunState
 from snnfw.components.weights import load_weights
 from snnfw.config import Config
 from snnfw.data import batches as datalib
 from snnfw.data.augment import Augmented, augment_options
 from snnfw.distributed.collectives import all_reduce, broadcast_state, dp_coordinate, dp_group
-from snnfw.distributed.grad_norm import clip_gradients, global_grad_norm, scale_gradients
+from snnfw.distributed.grad_norm import clip_gradients, global_grad_norm, local_grad_squares, scale_gradients
 from snnfw.distributed.running_stats import RunningStats
 from snnfw.plan.prepare import Prepared, build_datasets
 from snnfw.plugin.manager import Plugins
@@ -87,8 +88,10 @@ class Trainer:
         self._next_step = step + 1
         return next(self._batches)
 
-    def step(self, step: int) -> dict[str, float]:
-        plan = self.plan
+    def step(self, step: int) -> StepResult:
+        """Trains optimizer step ``step``: its figures stay on the device (no host synchronisation unless fp16, which
+        reads whether the step overflowed, as torch's GradScaler does)."""
+        plan, config = self.plan, self.config
         self.model.train()
         with self.run.phases("data"):
             batches = self.batches(step)
@@ -100,16 +103,18 @@ class Trainer:
         loss_scale = self.run.loss_scale
         lr, scale = self.optimizer.param_groups[0]["lr"], loss_scale.scale
         with self.run.phases("grad_norm"):
-            grad_norm = global_grad_norm(self.model, plan) / scale  # the same on every rank
-            finite = math.isfinite(grad_norm)
-            if loss_scale.enabled:
-                if finite:
-                    scale_gradients(self.model, 1.0 / scale)
-                loss_scale.update(finite)
-            if self.config.train.clip_grad_norm is not None and finite:
-                clip_gradients(self.model, grad_norm, self.config.train.clip_grad_norm)
+            squares = local_grad_squares(self.model, plan, self.device)  # this rank's share, reduced with the step's figures
+            skip = False
+            if loss_scale.enabled or config.train.clip_grad_norm is not None:
+                norm = global_grad_norm(self.model, plan) / scale  # the same on every rank
+                if loss_scale.enabled:  # fp16 skips a step that overflowed, as torch's GradScaler does
+                    skip = not bool(torch.isfinite(norm))
+                    if not skip:
+                        scale_gradients(self.model, 1.0 / scale)
+                    loss_scale.update(not skip)
+                if config.train.clip_grad_norm is not None and not skip:
+                    clip_gradients(self.model, norm, config.train.clip_grad_norm)
         with self.run.phases("optimizer"):
-            skip = loss_scale.enabled and not finite  # fp16 skips a step that overflowed, as torch's GradScaler does
             if not skip:
                 self.optimizer.step()
             self.optimizer.zero_grad(set_to_none=True)
@@ -118,20 +123,28 @@ class Trainer:
                 self.scheduler.step()
         spikes, elements = self.counter.take()
         extra = {**self.run.phases.take(), **self.plugins.step_metrics(plan)}
-        loss, correct, samples, spikes, elements, *extra_totals = all_reduce(
-            [out.loss * out.samples, out.correct, out.samples, spikes, float(elements), *extra.values()]
-        )
-        samples = max(samples, 1.0)  # 0 only where collectives move nothing (the dry run's pipeline stages)
-        return {
-            "loss": loss / samples,
+        figures = (out.loss * out.samples, out.correct, spikes, squares)
+        row = torch.stack([x if torch.is_tensor(x) else torch.tensor(float(x), dtype=torch.float64, device=self.device)
+                           for x in figures]).to(self.device, torch.float64)
+
+        def finish(totals: list[float]) -> dict[str, float]:
+            loss, correct, spikes, squares, samples, elements, *extra_totals = totals
+            samples = max(samples, 1.0)  # 0 only where collectives move nothing (the dry run's pipeline stages)
+            return {
+                "loss": loss / samples,
+                "grad_norm": math.sqrt(squares) / scale,
+                "train_acc": correct / samples,
+                "spike_rate": spikes / max(elements, 1.0),
+                **{key: total / plan.world_size for key, total in zip(extra, extra_totals)},
+            }
+
+        values = {
             "epoch": (step + 1) * plan.global_batch / len(self.train_set),  # passes over the training set so far
             "lr": lr,
-            "grad_norm": grad_norm,
             **({"loss_scale": scale} if loss_scale.enabled else {}),
-            "train_acc": correct / samples,
-            "spike_rate": spikes / max(elements, 1.0),
-            **{key: total / plan.world_size for key, total in zip(extra, extra_totals)},
         }
+        return StepResult(values, row, [float(out.samples), float(elements), *extra.values()], finish,
+                          ("loss", "grad_norm", "train_acc", "spike_rate", *extra))
 
     def layer_spike_rates(self) -> dict[str, float]:
         """Each neuron module's firing rate over the training steps so far, over all ranks (a collective)."""
@@ -167,6 +180,7 @@ class Trainer:
         for indices, _, out in self._test_batches():
             batch_spikes, batch_elements = self.counter.take(record=False)
             self.ops.take(keep=bool(len(indices)))
+            batch_spikes = float(batch_spikes)
             if len(indices):  # else a pass that only keeps the collectives in step
                 loss, correct, top5, samples = loss + out.loss * out.samples, correct + out.correct, top5 + out.top5, samples + out.samples
                 spikes, elements = spikes + batch_spikes, elements + batch_elements

@@ -49,7 +49,7 @@ def train_in_process(config):
     """The step records of one process, without the evaluation."""
     plugins = Plugins()
     trainer = Trainer(config, prepare(config, 1, plugins), plugins, None, torch.device("cpu"))
-    return [trainer.step(step) for step in range(config.train.steps)]
+    return [trainer.step(step).read() for step in range(config.train.steps)]
 
 
 @pytest.mark.parametrize("strategy, feature", [("none", "neurons"), *((strategy, "both") for strategy in STRATEGIES)])

@@ -75,6 +75,15 @@ def test_a_non_finite_loss_stops_with_the_step_and_keeps_the_last_good_checkpoin
     assert [r["step"] for r in records] == [1, 2, 3, 4] and all(r["loss"] < 10 for r in records)
 
 
+def test_a_non_finite_loss_between_steps_that_log_is_named_by_its_own_step(tmp_path, capsys):
+    sgd = overrides("parallel.strategy=none", "train.optimizer=\"sgd\"", "train.lr=1e38", "train.steps=4",
+                    "train.log_every=4")
+    assert train.main([QUICKSTART, "--run-dir", str(tmp_path), *sgd]) == 2
+    assert "snnfw: error: step 2: the loss is nan; training stopped" in capsys.readouterr().err
+    records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records] == [1, 2, 3, 4] and records[0]["loss"] < 10
+
+
 def test_a_user_error_in_the_ranks_exits_2_with_one_line(tmp_path):
     args = [QUICKSTART, "--run-dir", str(tmp_path), *overrides("train.steps=2", "checkpoint.every=1")]
     assert train.main([*args, "--set", "parallel.strategy=none"]) == 0

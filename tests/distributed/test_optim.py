@@ -293,7 +293,7 @@ def test_the_gradient_norm_and_clip_are_torchs_on_one_process():
     twin = copy.deepcopy(model)
     for p, q in zip(model.parameters(), twin.parameters()):
         q.grad = p.grad.clone()
-    norm = global_grad_norm(model, SimpleNamespace(world_size=1, mesh=(("dp", 1),), stage_dims=()))
+    norm = float(global_grad_norm(model, SimpleNamespace(world_size=1, mesh=(("dp", 1),), stage_dims=())))
     assert norm == pytest.approx(torch.nn.utils.clip_grad_norm_(twin.parameters(), 0.5).item(), rel=1e-6) and norm > 0.5
-    clip_gradients(model, norm, 0.5)
+    clip_gradients(model, torch.tensor(norm, dtype=torch.float64), 0.5)
     assert all(torch.allclose(p.grad, q.grad) for p, q in zip(model.parameters(), twin.parameters()))
