@@ -62,6 +62,25 @@ STRATEGIES = [  # (label, GPUs it needs, --set list)
 ]
 
 
+ANCHOR_SHAPE = ["model.flavor=full", "model.time_steps=10"]  # SpikingJelly 2.0's distributed trainer's table
+ANCHORS = [  # (label, ranks, --set list, its published ms a step on an RTX 4090: CIFAR10-DVS VGG, 16 a rank, T = 10)
+    ("plain pytorch", 1, ["parallel.strategy=none"], None),
+    ("none", 1, ["parallel.strategy=none"], 38.3),
+    ("neuron inductor", 1, ["parallel.strategy=none", "model.neuron_backend=inductor"], None),
+    ("dp", 2, ["parallel.strategy=dp"], 39.3),
+    ("fsdp2", 2, ["parallel.strategy=fsdp2"], 47.9),
+    ("tp", 2, ["parallel.strategy=tp"], 85.7),
+]
+
+
+def anchors(gpus: int, dry: bool):
+    """SpikingJelly's published cases on its shapes (tiny ones in the dry mode), with its figure to compare."""
+    for label, ranks, sets, published in ANCHORS:
+        if ranks <= gpus:
+            shape = [] if dry else [*ANCHOR_SHAPE, f"data.batch_size={16 * ranks}"]
+            yield "cifar10dvs_vgg", label, ranks, [*shape, *sets], label == "plain pytorch", published
+
+
 def cases(gpus: int):
     """(family, label, ranks, --set list, baseline) of every case on ``gpus`` GPUs, in run order."""
     for family in FAMILIES:
@@ -146,14 +165,16 @@ def run_case(family, label, ranks, sets, baseline, args, deadline: float) -> dic
 
 
 def print_table(rows: list[dict]) -> None:
-    print("| family | case | ranks | step ms | samples/s | peak MB per rank | final loss |")
-    print("| --- | --- | --- | --- | --- | --- | --- |")
+    print("| family | case | ranks | step ms | samples/s | peak MB per rank | final loss | SpikingJelly ms (RTX 4090) |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
     for r in rows:
         if "step_ms" in r:
             peaks = " / ".join(f"{p:.0f}" for p in r["peak_mb_per_rank"])
             cells = [f"{r['step_ms']:.1f}", f"{r['samples_per_s']:.1f}", peaks, f"{r['final_loss']:.4f}"]
         else:
             cells = ["skipped" if "skipped" in r else "FAILED", r.get("skipped") or r.get("failed"), "", ""]
+        published = r.get("spikingjelly_rtx4090_ms")
+        cells.append(f"{published}" if published is not None else "")
         print(f"| {r['family']} | {r['case']} | {r['ranks']} | " + " | ".join(cells) + " |")
 
 
@@ -172,6 +193,9 @@ def main(argv=None) -> int:
                              f"with less than {MIN_CASE_S:.0f} s of it left")
     parser.add_argument("--case-timeout-s", type=float, default=300.0)
     parser.add_argument("--only", help="comma-separated cases to run (e.g. \"none,bf16\"); default: all")
+    parser.add_argument("--anchors", action="store_true",
+                        help="SpikingJelly 2.0's published cases instead (CIFAR10-DVS VGG, 16 a rank, T = 10), its "
+                        "RTX 4090 step times beside")
     parser.add_argument("--family", action="append", choices=sorted(FAMILIES), help="default: both")
     parser.add_argument("--out", type=Path, default=Path(f"benchmark/results/gpu-{time.strftime('%Y%m%d-%H%M%S')}"))
     args = parser.parse_args(argv)
@@ -186,7 +210,8 @@ def main(argv=None) -> int:
     started, rows = time.monotonic(), []
     deadline = started + args.budget_s
     with args.out.with_suffix(".jsonl").open("a") as out:
-        for family, label, ranks, sets, baseline in cases(gpus):
+        listed = anchors(gpus, args.dry) if args.anchors else ((*case, None) for case in cases(gpus))
+        for family, label, ranks, sets, baseline, published in listed:
             if (args.only and label not in args.only.split(",")) or (args.family and family not in args.family):
                 continue
             if deadline - time.monotonic() < MIN_CASE_S:
@@ -194,6 +219,8 @@ def main(argv=None) -> int:
                        "skipped": f"less than {MIN_CASE_S:.0f} s of the {args.budget_s:.0f} s budget left"}
             else:
                 row = run_case(family, label, ranks, sets, baseline, args, deadline)
+            if published is not None:
+                row["spikingjelly_rtx4090_ms"] = published
             rows.append(row)
             out.write(json.dumps(row) + "\n")
             out.flush()

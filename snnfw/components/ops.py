@@ -25,7 +25,6 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from snnfw.components.metrics import _read
 from snnfw.distributed.collectives import all_reduce
 from snnfw.distributed.grad_norm import SLICES
 
@@ -154,3 +153,15 @@ def table(result: dict) -> str:
                       f"energy {result['eval_energy_uj']:.3f} µJ a sample against the ANN's {result['eval_ann_energy_uj']:.3f} "
                       f"({result['eval_energy_ratio'] or 0:.2f}x less), at E_AC {result['energy_ac_pj']} pJ, "
                       f"E_MAC {result['energy_mac_pj']} pJ"])
+
+
+def _read(values: list[torch.Tensor]) -> list[float]:
+    """The numbers of 0-dim tensors, in order: one stack and one ``tolist()`` per device."""
+    out: list = [None] * len(values)
+    groups: dict[torch.device, list[int]] = {}
+    for i, value in enumerate(values):
+        groups.setdefault(value.device, []).append(i)
+    for indices in groups.values():
+        for i, number in zip(indices, torch.stack([values[i] for i in indices]).tolist()):
+            out[i] = number
+    return out
