@@ -30,7 +30,7 @@ def test_user_errors_exit_2_with_one_line_and_no_traceback(capsys):
     assert "divisible by data-parallel size 3" in capsys.readouterr().err
     assert main(["plan", "examples/quickstart.toml", "--world-size", "2", "--set", "data.name=mnist"]) == 2
     assert capsys.readouterr().err.startswith("snnfw: error: unknown dataset 'mnist' (did you mean 'n_mnist'?); "
-                                              "registered dataset names: cifar10, ")
+                                              "registered dataset names: asl_dvs, cifar10, ")
 
 
 QUICKSTART_ACCURACY = 0.7  # measured 0.842 on this 2-core machine; chance is 0.1
