@@ -203,7 +203,9 @@ def main(argv: list[str] | None = None) -> int:
     nproc = args.nproc or (1 if config.parallel.strategy == "none" else 2)
     if nproc > 1 and "WORLD_SIZE" not in os.environ:
         launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}"]
-        return subprocess.run([*launcher, "-m", "snnfw.tools.launches", *(argv if argv is not None else sys.argv[1:])]).returncode
+        forwarded = [args.config, *(arg for override in args.overrides for arg in ("--set", override))]  # not --nproc,
+        # which torchrun's parser would take for an abbreviation of its own --nproc-per-node
+        return subprocess.run([*launcher, "-m", "snnfw.tools.launches", *forwarded]).returncode
     result = count_steps(config)
     if int(os.environ.get("RANK", "0")) == 0:
         print(json.dumps({"overrides": args.overrides, **result}), flush=True)
