@@ -51,6 +51,11 @@ def shortened(text: str) -> str:
     return text if len(text) <= LONGEST else f"{text[:LONGEST]}... ({len(text):,} characters)"
 
 
+def said(err: BaseException, limit: int = 300) -> str:
+    """What ``err`` says on one line (its whitespace runs as single spaces), cut to ``limit`` characters."""
+    return " ".join(str(err).split())[:limit]
+
+
 def explain(err: BaseException) -> str:
     """The message with its notes (such as the plugin that raised it) on one line."""
     return "; ".join([str(err), *getattr(err, "__notes__", ())])
@@ -93,5 +98,5 @@ def users_code(what: str):
         raise
     except Exception as err:
         where = user_line(err)
-        raise ConfigError(f"{what} raised {type(err).__name__}: {' '.join(str(err).split())[:300]}"
+        raise ConfigError(f"{what} raised {type(err).__name__}: {said(err)}"
                           + (f" ({where})" if where else "") + "; correct it (snnfw --debug shows the traceback)") from err

@@ -24,7 +24,7 @@ from pathlib import Path
 
 from snnfw import fast_exit, rundir
 from snnfw.config import load_config
-from snnfw.errors import UserError, explain, user_line
+from snnfw.errors import UserError, explain, said, user_line
 from snnfw.plugin.manager import Plugins
 
 
@@ -114,7 +114,7 @@ def _stopped_in_user_code(err: Exception, where: str, run_dir: Path, rank: int) 
     rundir.write_text(log, f"rank {rank}:\n{text}")
     if os.environ.get(rundir.DEBUG):
         print(text, file=sys.stderr, end="")
-    message = f"{where}: {type(err).__name__}: {' '.join(str(err).split())[:300]}; the traceback is in {log}"
+    message = f"{where}: {type(err).__name__}: {said(err)}; the traceback is in {log}"
     if not os.environ.get(rundir.LAUNCHED):
         print(f"snnfw: error: {message}", file=sys.stderr)
     rundir.mark_stopped(run_dir, message)

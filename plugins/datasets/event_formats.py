@@ -35,7 +35,7 @@ from typing import Callable
 import attrs
 import numpy as np
 
-from snnfw.errors import DataError
+from snnfw.errors import DataError, said
 
 URLS = {
     "n_mnist": "https://www.garrickorchard.com/datasets/n-mnist (train.zip and test.zip, unzipped into data.root)",
@@ -74,7 +74,7 @@ def opening(path: Path, name: str):
     except BadRecording:
         raise
     except _UNREADABLE as err:
-        reason = " ".join(str(err).split())[:200] or type(err).__name__
+        reason = said(err, 200) or type(err).__name__
         if isinstance(err, OSError) and "signature not found" in reason:
             reason = "it is not an HDF5 file"
         raise BadRecording(name, path, reason) from None
@@ -342,7 +342,7 @@ def _asl_read(root: Path, path: Path) -> np.ndarray:
     try:
         fields = loadmat(path, variable_names=("ts", "x", "y", "pol"))
     except (MatReadError, UnboundLocalError, NotImplementedError, OverflowError, *_UNREADABLE) as err:  # scipy's, on damage
-        raise ValueError(f"it is not a MATLAB file scipy reads ({' '.join(str(err).split())[:120]})") from None
+        raise ValueError(f"it is not a MATLAB file scipy reads ({said(err, 120)})") from None
     if missing := [key for key in ("ts", "x", "y", "pol") if key not in fields]:
         raise ValueError(f"it holds no {', '.join(missing)}")
     ts, x, y, pol = (np.asarray(fields[key]).ravel() for key in ("ts", "x", "y", "pol"))

@@ -58,9 +58,10 @@ def local_grad_squares(model: torch.nn.Module, plan, device: torch.device | None
     return total if total is not None else torch.zeros((), dtype=torch.float64, device=device)
 
 
-def global_grad_norm(model: torch.nn.Module, plan) -> torch.Tensor:
-    """The L2 norm of the whole model's gradient, a float64 tensor on the device (a collective over the world)."""
-    squares = local_grad_squares(model, plan).clone()
+def global_grad_norm(model: torch.nn.Module, plan, squares: torch.Tensor | None = None) -> torch.Tensor:
+    """The L2 norm of the whole model's gradient, a float64 tensor on the device (a collective over the world);
+    ``squares``: this rank's share where :func:`local_grad_squares` has already computed it."""
+    squares = (local_grad_squares(model, plan) if squares is None else squares).clone()
     if torch.distributed.is_initialized():
         torch.distributed.all_reduce(squares)
     return squares.sqrt()

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 
 import attrs
 
-from snnfw.errors import ConfigError, user_line
+from snnfw.errors import ConfigError, said, user_line
 
 if TYPE_CHECKING:
     from torch import nn
@@ -58,8 +58,7 @@ def _run(model: nn.Module, spec: InputSpec, layout: str) -> Outcome:
         if frames.is_meta:  # a meta tensor has no values: the dry run builds the model for real and probes again
             raise
         where = user_line(err)
-        said = " ".join(str(err).split())[:300]
-        return Outcome(raised=f"{type(err).__name__}: {said}" + (f" ({where})" if where else ""))
+        return Outcome(raised=f"{type(err).__name__}: {said(err)}" + (f" ({where})" if where else ""))
     if not isinstance(out, torch.Tensor):
         return Outcome(returned=type(out).__name__)
     return Outcome(shape=tuple(out.shape))

@@ -61,9 +61,10 @@ def run_training(
                     best = evaluated["eval_acc"]
                     if run_dir is not None:
                         run.export(run_dir / BEST_MODEL)
-            if run.checkpoints.due(step + 1):
+            due = run.checkpoints.due(step + 1)
+            if due:
                 record.read()  # the steps since the last that logged: a checkpoint keeps only finite ones
-            if (bad := run.diverged()) is None and run.checkpoints.due(step + 1):
+            if (bad := run.diverged()) is None and due:
                 run.save(step + 1, record["loss"])
             if bad is not None:  # found where the figures are read: a step that logs or a checkpoint
                 run.write_record()

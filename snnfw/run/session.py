@@ -42,9 +42,9 @@ from snnfw.config import Config, build_config, load_config
 from snnfw.distributed import cpu_allocator
 from snnfw.distributed.chunks import gather_whole
 from snnfw.distributed.collectives import RankEnv, decided_once, device_for, process_group, set_cpu_threads
+from snnfw.errors import ConfigError, PlanError, keys_phrase
 from snnfw.plan.auto import Decision
 from snnfw.plan.prepare import prepare
-from snnfw.errors import ConfigError, PlanError, keys_phrase
 from snnfw.plugin.manager import Plugins, check_same_plugins_on_all_ranks
 from snnfw.run.trainer import Trainer
 from snnfw.rundir import AUTO_DECISION, SUMMARY, write_text, written_whole

@@ -106,7 +106,7 @@ class Trainer:
             squares = local_grad_squares(self.model, plan, self.device)  # this rank's share, reduced with the step's figures
             skip = False
             if loss_scale.enabled or config.train.clip_grad_norm is not None:
-                norm = global_grad_norm(self.model, plan) / scale  # the same on every rank
+                norm = global_grad_norm(self.model, plan, squares) / scale  # the same on every rank
                 if loss_scale.enabled:  # fp16 skips a step that overflowed, as torch's GradScaler does
                     skip = not bool(torch.isfinite(norm))
                     if not skip:
