@@ -46,13 +46,22 @@ def checkpoint_step(path: Path) -> int:
     return int(Path(path).name[len(STEP):])
 
 
-def complete_checkpoints(root: Path) -> list[Path]:
-    """The renamed (so whole) checkpoints ``step-N`` in ``root``, oldest first."""
+def is_checkpoint_name(name: str) -> bool:
+    """Whether ``name`` is a checkpoint folder's, ``step-N``."""
+    return name.startswith(STEP) and name[len(STEP):].isdigit()
+
+
+def numbered_checkpoints(root: Path) -> list[Path]:
+    """Every ``step-N`` in ``root``, with its ``meta.json`` or not, oldest first."""
     root = Path(root)
     if not root.is_dir():
         return []
-    found = [p for p in root.iterdir() if p.name.startswith(STEP) and p.name[len(STEP):].isdigit()]
-    return sorted((p for p in found if (p / STEP_META).is_file()), key=checkpoint_step)
+    return sorted((p for p in root.iterdir() if is_checkpoint_name(p.name)), key=checkpoint_step)
+
+
+def complete_checkpoints(root: Path) -> list[Path]:
+    """The renamed (so whole) checkpoints ``step-N`` in ``root``, oldest first."""
+    return [p for p in numbered_checkpoints(root) if (p / STEP_META).is_file()]
 
 
 def earlier_checkpoints(root: Path, newest: Path) -> CheckpointError:
@@ -67,8 +76,7 @@ def check_run_dir(run_dir: Path, resume: bool, overwrite: bool) -> None:
     """Refuses to resume where there is no checkpoint, and to start over an earlier run unless ``overwrite``."""
     done = complete_checkpoints(run_dir / CHECKPOINTS)
     if resume:
-        steps = sorted((p for p in (run_dir / CHECKPOINTS).glob(f"{STEP}*") if p.name[len(STEP):].isdigit()),
-                       key=checkpoint_step)
+        steps = numbered_checkpoints(run_dir / CHECKPOINTS)
         if not done and steps:
             raise CheckpointError(f"{steps[-1] / STEP_META} is missing, so {steps[-1]} is not a whole checkpoint, and "
                                   f"{run_dir / CHECKPOINTS} holds no other; restore it from a copy, or start over "

@@ -27,7 +27,7 @@ from torch.distributed.checkpoint import FileSystemWriter
 
 from snnfw.errors import CheckpointError
 from snnfw.components.dcp_reader import metadata_of
-from snnfw.rundir import LAUNCHED, STEP, STEP_META, TEMP, checkpoint_step
+from snnfw.rundir import LAUNCHED, STEP_META, TEMP, checkpoint_step, is_checkpoint_name
 
 DIGESTS = "digests"  # in meta.json: {file name: "crc32:HEX"}
 ALGORITHMS = ("crc32", "sha256")
@@ -83,7 +83,7 @@ class Damaged(CheckpointError):
 
 
 def _numbered(folder: Path) -> bool:
-    return folder.name.startswith(STEP) and folder.name[len(STEP):].isdigit()
+    return is_checkpoint_name(folder.name)
 
 
 def _step(folder: Path) -> str:
@@ -175,8 +175,8 @@ def newest_whole(root: Path, say=None) -> tuple[Path, dict] | None:
     root, found = Path(root), []
     for path in root.iterdir() if root.is_dir() else ():
         name = path.name.removeprefix(TEMP)
-        if name.startswith(STEP) and name[len(STEP):].isdigit():
-            found.append((int(name[len(STEP):]), path.name == name, path))
+        if is_checkpoint_name(name):
+            found.append((checkpoint_step(Path(name)), path.name == name, path))
     passed, damaged = [], None
     for step, named, folder in sorted(found, key=lambda item: item[:2], reverse=True):
         if not named:
