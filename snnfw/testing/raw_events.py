@@ -26,6 +26,11 @@ def class_events(label: int, classes: int, size: int, count: int, rng: np.random
     return x, y, t, p
 
 
+def atis_bytes(x, y, t, p) -> bytes:
+    """Events in N-MNIST's 40-bit format (N-Caltech101's too): x, y, then polarity and 23 bits of time."""
+    return np.stack([x, y, (p << 7) | (t >> 16 & 127), t >> 8 & 255, t & 255], axis=1).astype(np.uint8).tobytes()
+
+
 def write_nmnist(root: Path, per_class: int = 4, classes: int = 4, events: int = 400, seed: int = 0) -> dict:
     """``root/Train/<digit>/*.bin`` and ``root/Test/...`` in N-MNIST's 40-bit event format."""
     rng = np.random.default_rng(seed)
@@ -36,8 +41,7 @@ def write_nmnist(root: Path, per_class: int = 4, classes: int = 4, events: int =
             folder.mkdir(parents=True, exist_ok=True)
             for sample in range(per_class):
                 x, y, t, p = class_events(digit, classes, 34, events, rng)
-                raw = np.stack([x, y, (p << 7) | (t >> 16 & 127), t >> 8 & 255, t & 255], axis=1).astype(np.uint8)
-                (folder / f"{sample:05d}.bin").write_bytes(raw.tobytes())
+                (folder / f"{sample:05d}.bin").write_bytes(atis_bytes(x, y, t, p))
                 written[split.lower()].append((make_structured_array(x, y, t, p, dtype=XYTP), digit))
     return written
 
@@ -131,8 +135,7 @@ def write_ncaltech101(root: Path, per_class: int = 10, classes: int = 4, events:
         folder.mkdir(parents=True, exist_ok=True)
         for sample in range(per_class):
             x, y, t, p = class_events(label, classes, 180, events, rng)
-            raw = np.stack([x, y, (p << 7) | (t >> 16 & 127), t >> 8 & 255, t & 255], axis=1).astype(np.uint8)
-            (folder / f"image_{sample + 1:04d}.bin").write_bytes(raw.tobytes())
+            (folder / f"image_{sample + 1:04d}.bin").write_bytes(atis_bytes(x, y, t, p))
             written[_tenth_split(per_class, sample)].append((make_structured_array(x, y, t, p, dtype=XYTP), label))
     return written
 
