@@ -129,15 +129,26 @@ def _nmnist_files(root: Path, split: str) -> list[tuple[Path, int]]:
 def _nmnist_read(root: Path, path: Path) -> np.ndarray:
     """tonic's reader, on a file checked first: whole 5-byte events, each on the 34x34 sensor (so none of the
     format's time-overflow markers, y = 240, which 0.3 s recordings of 23-bit microsecond times never need)."""
-    from tonic.io import read_mnist_file
+    raw = _five_byte_events(path, "N-MNIST events")
+    if (corner := max(raw[0::5].max(), raw[1::5].max())) >= 34:
+        raise ValueError(f"it holds an event at x or y = {corner}, outside the 34x34 sensor")
+    return _read_five_byte_events(path)
 
+
+def _five_byte_events(path: Path, kind: str) -> np.ndarray:
+    """The bytes of a file of N-MNIST's 5-byte events (``kind``, for the message), refused empty or cut."""
     raw = np.frombuffer(path.read_bytes(), np.uint8)
     if len(raw) == 0:
         raise ValueError("it is empty")
     if len(raw) % 5:
-        raise ValueError(f"its events are cut: it has {len(raw)} bytes, and N-MNIST events are 5 bytes each")
-    if (corner := max(raw[0::5].max(), raw[1::5].max())) >= 34:
-        raise ValueError(f"it holds an event at x or y = {corner}, outside the 34x34 sensor")
+        raise ValueError(f"its events are cut: it has {len(raw)} bytes, and {kind} are 5 bytes each")
+    return raw
+
+
+def _read_five_byte_events(path: Path) -> np.ndarray:
+    """tonic's reader of N-MNIST's format, on a file :func:`_five_byte_events` checked."""
+    from tonic.io import read_mnist_file
+
     return read_mnist_file(str(path), dtype=np.dtype([("x", int), ("y", int), ("t", int), ("p", int)]))
 
 
@@ -314,17 +325,11 @@ def _caltech_files(root: Path, split: str) -> list[tuple[Path, int]]:
 
 
 def _caltech_read(root: Path, path: Path) -> np.ndarray:
-    from tonic.io import read_mnist_file
-
-    raw = np.frombuffer(path.read_bytes(), np.uint8)
-    if len(raw) == 0:
-        raise ValueError("it is empty")
-    if len(raw) % 5:
-        raise ValueError(f"its events are cut: it has {len(raw)} bytes, and its events are 5 bytes each")
+    raw = _five_byte_events(path, "its events")
     for field, values, limit in (("x", raw[0::5], ATIS[0]), ("y", raw[1::5], ATIS[1])):
         if (high := int(values.max())) >= limit:
             raise ValueError(f"it holds an event at {field} = {high}, outside the ATIS's {ATIS[0]}x{ATIS[1]} pixels")
-    return read_mnist_file(str(path), dtype=np.dtype([("x", int), ("y", int), ("t", int), ("p", int)]))
+    return _read_five_byte_events(path)
 
 
 # ASL-DVS: one MATLAB file per sample in a folder named by its letter.
