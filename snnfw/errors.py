@@ -84,8 +84,8 @@ def user_line(err: BaseException) -> str:
             return ""
         if frame.filename.startswith("<") or any(path.is_relative_to(root) for root in libraries):
             continue
-        shown = path.relative_to(Path.cwd()) if path.is_relative_to(Path.cwd()) else path
-        return f"{shown}, line {frame.lineno}, in {frame.name}"
+        named = path.relative_to(Path.cwd()) if path.is_relative_to(Path.cwd()) else path
+        return f"{named}, line {frame.lineno}, in {frame.name}"
     return ""
 
 
