@@ -33,6 +33,7 @@ from snnfw.errors import ConfigError, shortened, shown
 
 _positive = [v.instance_of(int), v.gt(0)]
 SEED_RANGE = 2**32  # what every generator a run seeds takes (numpy's the narrowest)
+COMPOSED = "mesh"  # parallel.strategy of a composed mesh: the dimensions parallel.mesh names, any mix
 MAX_TIMEOUT_S = 7 * 24 * 3600  # a week: a collective's timeout must fit torch's timedelta
 
 
@@ -576,6 +577,8 @@ def build_config(data: dict[str, Any], overrides: list[str] = ()) -> Config:
                 f"{key} applies only when checkpoints are written (checkpoint.every > 0, 0 writes none); "
                 f"set checkpoint.every, or remove {key}"
             )
+    if "parallel.mesh" in explicit and "parallel.strategy" not in explicit:  # the mesh alone: its dimensions composed
+        sections["parallel"] = attrs.evolve(sections["parallel"], strategy=COMPOSED)
     own = tuple((name, sections.pop(name)) for name in classes if name not in _SECTION_CLASSES)
     return Config(**sections, explicit=explicit, sections=own)
 

@@ -3,7 +3,7 @@
 from snnfw import hookimpl
 from snnfw.plan.estimate import estimate, ring_bytes
 from snnfw.plan.layout import Proposal
-from snnfw.plugin.strategy import Strategy
+from snnfw.plugin.strategy import DATA, Strategy
 
 NAME = "dp"
 
@@ -22,9 +22,20 @@ class Replicas(Strategy):
         return super().optimizer_state(optimizer.optim if isinstance(optimizer, ZeroRedundancyOptimizer) else optimizer)
 
 
+class ReplicatedData(Replicas):
+    """``dp``, and the ``dp_replicate`` dimension of a composed mesh: its ranks see different samples and hold the
+    same parameters, whose gradients the core averages over them."""
+
+    dimension, splits_batch, order = "dp_replicate", True, DATA
+
+    def propose_dimension(self, request, layout):
+        size = dict(layout.mesh)[self.dimension]
+        return Proposal(NAME, rationale=(f"dp_replicate = {size}: replicas on different samples",))
+
+
 @hookimpl
 def snnfw_register_strategies(register):
-    register(NAME, Replicas(), "data parallel (DistributedDataParallel): every rank holds the whole model")
+    register(NAME, ReplicatedData(), "data parallel (DistributedDataParallel): every rank holds the whole model")
 
 
 @hookimpl
@@ -58,15 +69,8 @@ def propose_replicas(strategy: str, request, rationale: str, shard_optimizer: bo
 
 def wrap_ddp(model, plan, mesh, hooks, group=None):
     """The model's blocks compiled (``hooks.compile``), then DistributedDataParallel over the mesh's ``dp`` dimension
-    (or over ``group``).
-
-    Buffers are not broadcast from rank 0 before each forward: snnfw's BatchNorm running statistics are equal on every
-    replica already (:mod:`snnfw.distributed.running_stats`). Gradients are views of DDP's all-reduce buckets, which saves copying
-    every gradient into its bucket and back, and a gradient's worth of memory."""
-    from torch.nn.parallel import DistributedDataParallel
+    (or over ``group``)."""
+    from snnfw.distributed.groups import replicate
 
     hooks.compile(model, plan)
-    device_ids = [next(model.parameters()).device.index] if plan.device_type == "cuda" else None
-    return DistributedDataParallel(model, device_ids=device_ids, process_group=group or mesh.get_group("dp"),
-                                   forward_sync_buffers=False, gradient_as_bucket_view=True)
-
+    return replicate(model, plan.device_type, group or mesh.get_group("dp"))

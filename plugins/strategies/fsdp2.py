@@ -21,7 +21,7 @@ from snnfw import hookimpl
 from snnfw.model.analysis import submodule
 from snnfw.plan.estimate import estimate, ring_bytes
 from snnfw.plan.layout import Proposal, refuse_others
-from snnfw.plugin.strategy import Strategy
+from snnfw.plugin.strategy import DATA, SHARDED, Strategy
 
 NAME = "fsdp2"
 
@@ -41,7 +41,21 @@ HSDP_DIMS = ("dp_replicate", "dp_shard")
 
 
 class FullyShard(Strategy):
-    """Each declared block a unit of fully_shard over the dp dimensions, then the root."""
+    """Each declared block a unit of fully_shard over the dp dimensions, then the root; in a composed mesh, over
+    ``dp_shard``, replicated over the dimensions whose ranks average gradients (HSDP)."""
+
+    dimension, parameters, splits_batch, order = "dp_shard", SHARDED, True, DATA
+
+    def propose_dimension(self, request, layout):
+        size = dict(layout.mesh)[self.dimension]
+        return Proposal(NAME, rationale=(f"dp_shard = {size}: parameters, gradients and optimizer state sharded on dim 0 "
+                                         f"by fully_shard; {fully_shard_options(request.config.parallel)}",
+                                         *_one_block(request)))
+
+    def apply_dimension(self, model, plan, mesh, hooks, wrap=None):
+        from snnfw.plan.compose import fsdp_mesh
+
+        return apply_fully_shard(model, plan, fsdp_mesh(plan, mesh, hooks, self.dimension))
 
     @hookimpl
     def snnfw_parallelize(self, model, plan, mesh, hooks):

@@ -12,7 +12,7 @@ import difflib
 from snnfw import hookimpl
 from snnfw.plan.estimate import estimate, ring_bytes
 from snnfw.plan.layout import Proposal
-from snnfw.plugin.strategy import Strategy
+from snnfw.plugin.strategy import SPLIT, Strategy
 
 NAME = "tp"
 
@@ -94,6 +94,19 @@ def apply_tensor_parallel(model, plan, tp_mesh, hooks) -> None:
 
 class TensorParallel(Strategy):
     """The family's tp_plan applied over the ``tp`` mesh; every rank sees the whole batch."""
+
+    dimension, parameters, neurons_alike = "tp", SPLIT, True
+
+    def propose_dimension(self, request, layout):
+        size = dict(layout.mesh)[self.dimension]
+        if reason := check_tp_plan(request, size):
+            return Proposal.refuse(NAME, reason)
+        return Proposal(NAME, rationale=(f"tp = {size}: the tp_plan's layers and their neurons' state sharded, tp peers "
+                                         "share a batch",))
+
+    def apply_dimension(self, model, plan, mesh, hooks, wrap=None):
+        apply_tensor_parallel(model, plan, mesh["tp"], hooks)
+        return model
 
     @hookimpl
     def snnfw_parallelize(self, model, plan, mesh, hooks):

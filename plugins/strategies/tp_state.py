@@ -18,6 +18,10 @@ from snnfw_plugins.strategies.tp_styles import SLICES
 
 
 def _slices(model) -> dict:
+    from torch.nn.parallel import DistributedDataParallel
+
+    if isinstance(model, DistributedDataParallel):  # its names have no "module." (torch's state dict API's)
+        model = model.module
     return {
         state_name(f"{prefix}.{name}"): piece
         for prefix, module in model.named_modules()

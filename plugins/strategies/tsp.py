@@ -58,8 +58,9 @@ def time_mixing_layer(model) -> str | None:
     return None
 
 
-def time_split_refusal(request, size: int) -> str | None:
-    """Why the time steps of ``request``'s model cannot be split ``size`` ways, or None."""
+def time_split_refusal(request, size: int, replicas: int | None = None) -> str | None:
+    """Why the time steps of ``request``'s model cannot be split ``size`` ways among ``replicas`` data replicas
+    (default: all the other ranks), or None."""
     config, steps = request.config, request.config.model.time_steps
     if request.topology.shares_gpus:
         return f"the time chunks hand neuron state on point to point: {GLOO_CUDA_POINT_TO_POINT}"
@@ -71,7 +72,8 @@ def time_split_refusal(request, size: int) -> str | None:
     if config.compile.enable:
         return ("its neurons exchange state point to point inside the forward pass, which torch.compile does not "
                 "trace; set compile.enable = false")
-    microbatch = config.data.batch_size // (request.topology.world_size // size) // (config.train.microbatches or 1)
+    replicas = replicas or request.topology.world_size // size
+    microbatch = config.data.batch_size // replicas // (config.train.microbatches or 1)
     if config.tsp.slices > microbatch:
         return (f"tsp.slices = {config.tsp.slices} is more than the {microbatch} samples of a microbatch, which a "
                 f"neuron runs in slices; set tsp.slices to {microbatch} or fewer")
@@ -94,7 +96,25 @@ def _mesh(request):
 
 
 class TimeSplit(Strategy):
-    """The time steps split over ``time`` (and the batch over ``dp``), gradients averaged by DDP over every rank."""
+    """The time steps split over ``time`` (and the batch over ``dp``), gradients averaged by DDP over every rank.
+    In a composed mesh, the ``time`` dimension: its ranks hold the same parameters, each gradient P times its
+    steps' share, so the core's average over it is their sum."""
+
+    dimension = "time"
+
+    def propose_dimension(self, request, layout):
+        from snnfw.plan.compose import replicas
+
+        size, steps = dict(layout.mesh)[self.dimension], request.config.model.time_steps
+        if reason := time_split_refusal(request, size, replicas(layout)):
+            return Proposal.refuse(NAME, reason)
+        return Proposal(NAME, rationale=(f"time = {size}: each sample's {steps} time steps split ({steps // size} per "
+                                         f"rank), neurons pass their state on in {slices(request.config, layout.mesh)} "
+                                         "batch slices",))
+
+    def apply_dimension(self, model, plan, mesh, hooks, wrap=None):
+        split_in_time(model, plan, mesh)
+        return model
 
     @hookimpl
     def snnfw_parallelize(self, model, plan, mesh, hooks):

@@ -7,7 +7,7 @@ from typing import Any
 
 import attrs
 
-from snnfw.config import Config, with_settings
+from snnfw.config import COMPOSED, Config, with_settings
 from snnfw.errors import PlanError
 from snnfw.model.analysis import Analysis
 
@@ -126,6 +126,7 @@ class Proposal:
     microbatches: int | None = None
     estimate: Any = None  # snnfw.plan.estimate.Estimate, required to take part in auto
     settings: tuple[tuple[str, Any], ...] = ()
+    strategies: tuple[str, ...] = ()  # a composed mesh's: the strategy owning each dimension, in mesh order
 
     @classmethod
     def refuse(cls, strategy: str, reason: str) -> "Proposal":
@@ -139,6 +140,9 @@ def refuse_others(request: PlanRequest, owners: tuple[str, ...], reason: str) ->
     the other candidates alone.
     """
     asked = request.plugins.strategies.names() if request.strategy == AUTO else [request.strategy]
+    dimensions = {request.plugins.strategy(name).dimension for name in owners if name in request.plugins.strategies.names()}
+    if COMPOSED in asked and dimensions & set(dict(request.config.parallel.mesh or ())):
+        asked.remove(COMPOSED)  # a composed mesh with an owner's dimension applies the key
     return [Proposal.refuse(name, reason) for name in asked if name not in owners]
 
 
@@ -159,6 +163,7 @@ class Plan:
     rationale: tuple[str, ...]
     config: Config
     analysis: Analysis
+    strategies: tuple[str, ...] = ()  # a composed mesh's: the strategy owning each dimension, in mesh order
 
     @property
     def dp_size(self) -> int:
@@ -237,4 +242,5 @@ def make_plan(config: Config, topology: Topology, analysis: Analysis, plugins, m
         rationale=rationale,
         config=config,
         analysis=analysis,
+        strategies=proposal.strategies,
     )

@@ -100,6 +100,15 @@ def _load_entry_points(pm: pluggy.PluginManager) -> dict[str, metadata.Distribut
     return {name: ep.dist for name, ep in loaded.items()}
 
 
+def _strategies_of(plan, hook_name: str) -> tuple[str, ...]:
+    """The strategies whose objects answer ``hook_name`` for ``plan``: its strategy and those of its composed
+    mesh's dimensions, but only the strategy itself applies the plan."""
+    strategy = getattr(plan, "strategy", None)
+    if strategy is None:
+        return ()
+    return (strategy,) if hook_name == "snnfw_parallelize" else (strategy, *getattr(plan, "strategies", ()))
+
+
 class _Hooks:
     """``pm.hook`` whose calls add to an escaping exception the plugin it was raised in, and leave out the
     strategy objects of other strategies than the ``plan``'s."""
@@ -115,7 +124,7 @@ class _Hooks:
             if plan is None:
                 caller = getattr(plugins.pm.hook, hook_name)
             else:
-                caller = plugins.scoped_caller(hook_name, getattr(plan, "strategy", None))
+                caller = plugins.scoped_caller(hook_name, _strategies_of(plan, hook_name))
             try:
                 return caller(**kwargs)
             except Exception as err:
@@ -200,12 +209,12 @@ class Plugins:
                               f"exist: {err}") from None
         return objects
 
-    def scoped_caller(self, hook_name: str, strategy: str | None):
-        """The caller of ``hook_name`` for a plan of ``strategy``: every plugin, and of the strategy objects only its
-        (none for a plan without a strategy)."""
-        key = (hook_name, strategy)
+    def scoped_caller(self, hook_name: str, strategies: tuple[str, ...]):
+        """The caller of ``hook_name`` for a plan of ``strategies``: every plugin, and of the strategy objects only
+        theirs."""
+        key = (hook_name, strategies)
         if key not in self._scoped:
-            others = [obj for name, obj in self._strategy_objects.items() if name != strategy]
+            others = [obj for name, obj in self._strategy_objects.items() if name not in strategies]
             self._scoped[key] = self.pm.subset_hook_caller(hook_name, remove_plugins=others)
         return self._scoped[key]
 

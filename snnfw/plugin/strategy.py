@@ -1,19 +1,37 @@
-"""What the core asks of a parallelism strategy besides its hooks: a strategy plugin registers one of these."""
+"""What the core asks of a parallelism strategy besides its hooks: a strategy plugin registers one of these.
+
+A strategy may own one dimension of a composed mesh (``parallel.mesh`` alone,
+strategy ``mesh``): it names the dimension (:attr:`Strategy.dimension`), says
+how its ranks hold the parameters and the batch (the attributes below), checks
+a size of it (:meth:`Strategy.propose_dimension`) and applies it
+(:meth:`Strategy.apply_dimension`). The core composes the dimensions in one
+order (:mod:`snnfw.plan.compose`), so a dimension never names another.
+"""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable
 
 if TYPE_CHECKING:
     import torch
 
     from snnfw.config import Config
 
+REPLICATED, SHARDED, SPLIT = "replicated", "sharded", "split"  # how a dimension's ranks hold the parameters
+IN_PLACE, STAGES, DATA = 100, 200, 300  # when a dimension applies: on the model in place, splitting it, reducing gradients
+
 
 class Strategy:
     """A strategy's answers to the core; the defaults fit a plain torch optimizer and a model that a dry run on a
     fake process group can step as it is. A plugin subclasses it where its strategy differs and registers an
     instance: ``register("mine", MyStrategy(), "what it does")``."""
+
+    dimension: str | None = None  # the parallel.mesh dimension this strategy owns in a composed mesh
+    parameters: str = REPLICATED  # its ranks hold the same parameters (gradients averaged), shards of them, or parts
+    splits_batch: bool = False  # its ranks see different samples
+    splits_stages: bool = False  # its ranks hold different pipeline stages
+    neurons_alike: bool = False  # a neuron it does not shard runs alike on its ranks (its spikes count once)
+    order: int = IN_PLACE  # IN_PLACE changes the model, STAGES splits it, DATA reduces gradients (snnfw.plan.compose)
 
     def optimizer_state(self, optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
         """The optimizer-state tensors this rank holds (the dry run counts them)."""
@@ -24,6 +42,19 @@ class Strategy:
         returns ``config`` with what this rank decided that the next rank must reuse (a fake group cannot
         broadcast it)."""
         return config
+
+    def propose_dimension(self, request, layout):
+        """This strategy's part of a composed mesh: a :class:`snnfw.plan.layout.Proposal` of its dimension (its
+        rationale, a refusal, the microbatches it needs), or None to accept it as it is. ``layout`` is the
+        composed proposal so far: the whole mesh, in the core's order, and which dimensions split the batch."""
+        return None
+
+    def apply_dimension(self, model: torch.nn.Module, plan, mesh, hooks, wrap: Callable | None = None):
+        """Applies this dimension to ``model`` on ``mesh`` (the whole device mesh) and returns the model. A
+        ``SHARDED`` dimension shards over itself and replicates over ``plan``'s averaged dimensions; a
+        ``STAGES`` dimension calls ``wrap`` on each stage it keeps (the data dimensions). The default does
+        nothing: the core averages the gradients over ``REPLICATED`` dimensions."""
+        return model
 
 
 def _is_tensor(value) -> bool:

@@ -1,0 +1,28 @@
+"""``mesh``: the dimensions ``parallel.mesh`` names, composed (:mod:`snnfw.plan.compose`); a config that sets
+``parallel.mesh`` and no strategy gets it."""
+
+from snnfw import hookimpl
+from snnfw.plan.compose import apply_mesh, propose_mesh
+from snnfw.plan.layout import COMPOSED
+from snnfw.plugin.strategy import Strategy
+
+
+class Composed(Strategy):
+    """Each dimension applied by the strategy that owns it, in the core's order."""
+
+    @hookimpl
+    def snnfw_parallelize(self, model, plan, mesh, hooks):
+        return apply_mesh(model, plan, mesh, hooks)
+
+
+@hookimpl
+def snnfw_register_strategies(register):
+    register(COMPOSED, Composed(), "any mix of the mesh dimensions parallel.mesh names (dp_replicate, dp_shard, tp, pp, "
+                                   "time), composed in one order")
+
+
+@hookimpl
+def snnfw_plan(request):
+    if request.strategy == COMPOSED:
+        return propose_mesh(request)
+    return None

@@ -1,0 +1,164 @@
+"""Composed meshes: ``parallel.mesh`` alone names a size per dimension, and the strategy owning each dimension
+applies its part, in one order, so that any mix the model allows trains (strategy ``mesh``).
+
+A dimension is owned by the strategy whose :attr:`~snnfw.plugin.strategy.Strategy.dimension` names it
+(built in: ``dp_replicate``, ``dp_shard``, ``tp``, ``pp``, ``time``). Its ranks hold the parameters
+``replicated`` (gradients averaged over them), ``sharded`` (FSDP2) or ``split`` (each its own part).
+
+The mesh, outermost first (torchtitan's order; ranks of the innermost dimension are neighbours): stage
+dimensions, replicated ones, the sharded one, the other split ones; the config's order within each.
+
+Applied in this order:
+
+1. the in-place dimensions on the whole model, innermost first (``tp`` shards its layers, then ``time``
+   splits the time steps of the neurons, sharded or not);
+2. the blocks compiled where ``compile.enable`` asks;
+3. a stage dimension (``pp``) splits the model and wraps each stage it keeps in step 4;
+4. the gradient reduction: FSDP2 over the sharded dimension, replicated over the replicated ones (HSDP);
+   where nothing shards parameters, DistributedDataParallel over the replicated ones, on a process group of
+   its own (a pipeline averages its stages' gradients itself instead).
+"""
+
+from __future__ import annotations
+
+import math
+
+import attrs
+
+from snnfw.plan.layout import COMPOSED, Proposal, PlanRequest
+from snnfw.plugin.strategy import IN_PLACE, REPLICATED, SHARDED, STAGES, Strategy
+
+EXAMPLE = "parallel.mesh = {dp_shard = 2, tp = 2}"
+
+
+def owners(plugins) -> dict[str, str]:
+    """Each mesh dimension a registered strategy owns, and that strategy's name."""
+    found: dict[str, str] = {}
+    for entry in plugins.strategies.entries():
+        dimension = getattr(entry.value, "dimension", None)
+        if dimension in found:
+            from snnfw.errors import PluginError
+
+            raise PluginError(f"mesh dimension {dimension!r} is owned by two strategies, {found[dimension]!r} and "
+                              f"{entry.name!r}; uninstall or block the plugin of one")
+        if dimension:
+            found[dimension] = entry.name
+    return found
+
+
+def _nesting(strategy: Strategy) -> int:
+    """Where a dimension sits in the mesh, outermost first."""
+    if strategy.splits_stages:
+        return 0
+    return {REPLICATED: 1, SHARDED: 2}.get(strategy.parameters, 3)
+
+
+def propose_mesh(request: PlanRequest) -> Proposal:
+    """The composed proposal of ``parallel.mesh``: every dimension's strategy asked for its part, or the refusal
+    naming the dimension (or the two) that cannot run."""
+    plugins, asked = request.plugins, request.config.parallel.mesh
+    if not asked:
+        return Proposal.refuse(COMPOSED, f"it composes the dimensions parallel.mesh names; set {EXAMPLE}")
+    owned = owners(plugins)
+    for name, _ in asked:
+        if name not in owned:
+            hint = (" (dp_replicate for DistributedDataParallel, dp_shard for FSDP2)" if name == "dp" else "")
+            return Proposal.refuse(COMPOSED, f"parallel.mesh names dimension {name!r}, which no strategy owns{hint}; "
+                                             f"dimensions: {', '.join(sorted(owned))}")
+    kept = [(name, size) for name, size in asked if size > 1]
+    if not kept:
+        return Proposal.refuse(COMPOSED, "every dimension of parallel.mesh has size 1; use strategy none on one rank")
+    strategies = {name: plugins.strategy(owned[name]) for name, _ in kept}
+    mesh = tuple(sorted(kept, key=lambda dim: _nesting(strategies[dim[0]])))
+    names = [name for name, _ in mesh]
+    for role, what in ((SHARDED, "shard the parameters"), ("stages", "split the model into stages")):
+        both = [n for n in names if (strategies[n].splits_stages if role == "stages" else strategies[n].parameters == role)]
+        if len(both) > 1:
+            return Proposal.refuse(COMPOSED, f"dimensions {both[0]} and {both[1]} both {what}; keep one of them")
+    layout = Proposal(
+        COMPOSED,
+        mesh=mesh,
+        dp_dims=tuple(n for n in names if strategies[n].splits_batch),
+        stage_dims=tuple(n for n in names if strategies[n].splits_stages),
+        replicated_neuron_dims=tuple(n for n in names if strategies[n].neurons_alike),
+        strategies=tuple(owned[n] for n in names),
+    )
+    parts = []
+    for name in names:
+        part = strategies[name].propose_dimension(request, layout) or Proposal(owned[name], rationale=(
+            f"{name} = {dict(mesh)[name]}",))
+        if part.refusal:
+            return Proposal.refuse(COMPOSED, f"dimension {name} ({owned[name]}): {part.refusal}")
+        parts.append(part)
+    shape = " x ".join(f"{n}={s}" for n, s in mesh)
+    dropped = [f"{n} = 1" for n, s in asked if s == 1]
+    rationale = (f"composed mesh {shape} (outermost first)" + (f"; {', '.join(dropped)} left out" if dropped else ""),
+                 *(line for part in parts for line in part.rationale), _reduction_line(names, strategies))
+    microbatches = max((p.microbatches for p in parts if p.microbatches), default=None)
+    return attrs.evolve(layout, rationale=rationale, microbatches=microbatches)
+
+
+def _reduction_line(names, strategies) -> str:
+    averaged, sharded = _reduction(names, strategies)
+    if sharded:
+        over = f", replicated over {' x '.join(averaged)} (HSDP)" if averaged else ""
+        return f"gradients: FSDP2 reduce-scatter over {sharded[0]}{over}"
+    if not averaged:
+        return "gradients: no data dimension, each rank's parameters are its own"
+    if any(strategies[n].splits_stages for n in names):
+        return f"gradients: each stage's averaged over {' x '.join(averaged)} after the step's last microbatch"
+    return f"gradients: DistributedDataParallel over {' x '.join(averaged)}"
+
+
+def _reduction(names, strategies) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """The dimensions gradients are averaged over, and the sharded one (at most one)."""
+    averaged = tuple(n for n in names if strategies[n].parameters == REPLICATED)
+    return averaged, tuple(n for n in names if strategies[n].parameters == SHARDED)
+
+
+def averaged_dims(plan, hooks) -> tuple[str, ...]:
+    """The dimensions of ``plan``'s composed mesh whose ranks average their gradients."""
+    names = [name for name, _ in plan.mesh]
+    return _reduction(names, dict(zip(names, map(hooks.strategy, plan.strategies))))[0]
+
+
+def apply_mesh(model, plan, mesh, hooks):
+    """``plan``'s composed mesh applied to ``model`` in the module's order; returns the model to train."""
+    from snnfw.distributed.groups import replicate, rows_group
+
+    names = [name for name, _ in plan.mesh]
+    strategies = dict(zip(names, map(hooks.strategy, plan.strategies)))
+    for name in reversed(names):  # innermost first
+        if strategies[name].order == IN_PLACE:
+            model = strategies[name].apply_dimension(model, plan, mesh, hooks)
+    averaged, sharded = _reduction(names, strategies)
+    staged = [strategies[n] for n in names if strategies[n].order == STAGES]
+
+    def wrap(module):
+        if sharded:
+            return strategies[sharded[0]].apply_dimension(module, plan, mesh, hooks)
+        if averaged and not staged:
+            return replicate(module, plan.device_type, rows_group(mesh, averaged))
+        return module
+
+    if staged:
+        return staged[0].apply_dimension(model, plan, mesh, hooks, wrap)
+    hooks.compile(model, plan)
+    return wrap(model)
+
+
+def fsdp_mesh(plan, mesh, hooks, dimension: str):
+    """The device mesh ``fully_shard`` takes for the sharded ``dimension``: 1-D, or 2-D (replicated, sharded; HSDP)
+    with the averaged dimensions flattened into one."""
+    averaged = averaged_dims(plan, hooks)
+    if not averaged:
+        return mesh[dimension]
+    if len(averaged) > 1:
+        mesh[averaged]._flatten("replicate")
+        return mesh["replicate", dimension]
+    return mesh[averaged[0], dimension]
+
+
+def replicas(layout) -> int:
+    """How many data replicas ``layout`` (a proposal) makes: the product of its batch-splitting dimensions."""
+    return math.prod(dict(layout.mesh)[d] for d in layout.dp_dims)
