@@ -27,7 +27,7 @@ from snnfw.distributed.pipeline import parse_layout
 from snnfw.errors import keys_phrase
 from snnfw.plan.estimate import estimate, ring_bytes
 from snnfw.plan.layout import GLOO_CUDA_POINT_TO_POINT, Proposal, refuse_others
-from snnfw.plugin.strategy import Strategy
+from snnfw.plugin.strategy import SPLIT, STAGES, Strategy
 
 NAME = "pp"
 
@@ -65,11 +65,27 @@ class Pipeline(Strategy):
         config = config.with_section("pipeline", attrs.evolve(config.pipeline, layout=layout))
         return attrs.evolve(config, explicit=config.explicit | {"pipeline.layout"})
 
+    dimension, parameters, splits_stages, order = "pp", SPLIT, True, STAGES
+
+    def propose_dimension(self, request, layout):
+        from snnfw.plan.compose import replicas
+
+        pipeline = request.config.pipeline
+        return _stages(request, pipeline.schedule, pipeline.virtual_stages, dict(layout.mesh)["pp"], replicas(layout))
+
+    def apply_dimension(self, model, plan, mesh, hooks, wrap=None):
+        from snnfw.distributed.groups import rows_group
+        from snnfw.plan.compose import averaged_dims
+        from snnfw_plugins.strategies.pp_build import build_pipeline
+
+        averaged = averaged_dims(plan, hooks)
+        return build_pipeline(model, plan, mesh, hooks, wrap, rows_group(mesh, averaged) if averaged else None)
+
     @hookimpl
     def snnfw_parallelize(self, model, plan, mesh, hooks):
         from snnfw_plugins.strategies.pp_build import build_pipeline
 
-        return build_pipeline(model, plan, mesh, hooks)
+        return build_pipeline(model, plan, mesh, hooks, dp_group=mesh.get_group("dp") if "dp" in dict(plan.mesh) else None)
 
     @hookimpl
     def snnfw_forward_backward(self, model, batches, plan, hooks):
@@ -189,13 +205,20 @@ def _proposals(request) -> Proposal | list[Proposal]:
 
 
 def _propose(request, schedule: str, virtual: int) -> Proposal:
+    mesh = request.config.parallel.mesh or (("pp", request.topology.world_size),)
+    if reason := _mesh_refusal(mesh):
+        return Proposal.refuse(NAME, reason)
+    proposal = _stages(request, schedule, virtual, dict(mesh)["pp"], dict(mesh).get("dp", 1))
+    if proposal.refusal:
+        return proposal
+    return attrs.evolve(proposal, mesh=mesh, dp_dims=("dp",) if "dp" in dict(mesh) else (), stage_dims=("pp",))
+
+
+def _stages(request, schedule: str, virtual: int, pp: int, dp: int) -> Proposal:
+    """``pp`` ranks of stages in each of ``dp`` replicas: the schedule, split and microbatches, or a refusal."""
     config, pipeline = request.config, request.config.pipeline
     if request.topology.shares_gpus:
         return Proposal.refuse(NAME, f"its stages send activations point to point: {GLOO_CUDA_POINT_TO_POINT}")
-    mesh = config.parallel.mesh or (("pp", request.topology.world_size),)
-    if reason := _mesh_refusal(mesh):
-        return Proposal.refuse(NAME, reason)
-    pp, dp = dict(mesh)["pp"], dict(mesh).get("dp", 1)
     spec = request.plugins.schedules.get(schedule)  # an unknown name lists the registered ones
     if reason := spec.virtual_refusal(schedule, virtual):
         return Proposal.refuse(NAME, reason)
@@ -224,10 +247,8 @@ def _propose(request, schedule: str, virtual: int) -> Proposal:
         f"{len(units)} units, {split}",
         f"{dp} pipeline replicas, stage gradients averaged over them" if dp > 1 else "one pipeline replica",
     )
-    dp_dims = ("dp",) if "dp" in dict(mesh) else ()
     cost = _estimate(request, spec, pp, dp, virtual, micro)
-    return Proposal(NAME, mesh=mesh, dp_dims=dp_dims, stage_dims=("pp",), rationale=rationale, microbatches=micro,
-                    estimate=cost)
+    return Proposal(NAME, rationale=rationale, microbatches=micro, estimate=cost)
 
 
 def _estimate(request, spec, pp: int, dp: int, virtual: int, microbatches: int):

@@ -43,8 +43,9 @@ def stage_inputs(stages: list[Stage], example: torch.Tensor, hooks) -> list[torc
 LAST_SPLIT: list = []  # the split of the pipeline built last, for the run's summary
 
 
-def build_pipeline(model: nn.Module, plan, mesh, hooks) -> PipelineModel:
-    """This rank's stages of ``model``, their torch PipelineStages and the schedule."""
+def build_pipeline(model: nn.Module, plan, mesh, hooks, wrap=None, dp_group=None) -> PipelineModel:
+    """This rank's stages of ``model``, each passed through ``wrap`` (a composed mesh's data dimensions), their
+    torch PipelineStages and the schedule; stage gradients averaged over ``dp_group`` where given."""
     pipeline, pp_mesh = plan.config.pipeline, mesh["pp"]
     spec = hooks.schedules.get(pipeline.schedule)
     pp, pp_rank, group = pp_mesh.size(), pp_mesh.get_local_rank(), pp_mesh.get_group()
@@ -65,7 +66,7 @@ def build_pipeline(model: nn.Module, plan, mesh, hooks) -> PipelineModel:
     every = [Stage(*(units[u] for u in split.unit_range(index)), precision=precision) for index in range(len(split.layout))]
     hooks.transform_stages(model, list(zip(every, stage_inputs(every, example, hooks))), tuple(indices), plan)
     hooks.compile(model, plan)
-    stages = {index: every[index] for index in indices}
+    stages = {index: (wrap or _same)(every[index]) for index in indices}
     local_units = {u for index in indices for u in split.unit_range(index)}
     for u, unit in enumerate(units):
         if u not in local_units and not is_fake(example):  # fake tensors (the dry run) hold no memory
@@ -81,8 +82,11 @@ def build_pipeline(model: nn.Module, plan, mesh, hooks) -> PipelineModel:
         raise PluginError(f"no plugin builds schedule {pipeline.schedule!r}; its plugin must implement snnfw_schedule")
     owner = {index: rank for rank in range(pp) for index in spec.stage_indices(rank, pp, pipeline.virtual_stages)}
     owners = tuple(owner[index] for index in range(len(split.layout)))
-    dp_group = mesh.get_group("dp") if "dp" in mesh.mesh_dim_names else None
     pipeline = PipelineModel(stages, schedule, loss, split, owners, device, group, dp_group, stopwatch, torch_stages,
                              plan.config)
     pipeline.model_names = {raw: names[id(tensor)] for raw, tensor in pipeline.state_dict(keep_vars=True).items()}
     return pipeline
+
+
+def _same(stage):
+    return stage
