@@ -43,6 +43,8 @@ HSDP_DIMS = ("dp_replicate", "dp_shard")
 class FullyShard(Strategy):
     """Each declared block a unit of fully_shard over the dp dimensions, then the root."""
 
+    shards_parameters = True
+
     @hookimpl
     def snnfw_parallelize(self, model, plan, mesh, hooks):
         hooks.compile(model, plan)

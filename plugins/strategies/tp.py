@@ -95,6 +95,8 @@ def apply_tensor_parallel(model, plan, tp_mesh, hooks) -> None:
 class TensorParallel(Strategy):
     """The family's tp_plan applied over the ``tp`` mesh; every rank sees the whole batch."""
 
+    shards_parameters = True
+
     @hookimpl
     def snnfw_parallelize(self, model, plan, mesh, hooks):
         apply_tensor_parallel(model, plan, mesh, hooks)

@@ -15,6 +15,10 @@ class Strategy:
     fake process group can step as it is. A plugin subclasses it where its strategy differs and registers an
     instance: ``register("mine", MyStrategy(), "what it does")``."""
 
+    shards_parameters = False
+    """True where every rank holds only its shard of the parameters (its state dict's pieces): ranks other than 0
+    then build the model on the meta device and receive their pieces of rank 0's (:mod:`snnfw.distributed.materialize`)."""
+
     def optimizer_state(self, optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
         """The optimizer-state tensors this rank holds (the dry run counts them)."""
         return [value for state in optimizer.state.values() for value in state.values() if _is_tensor(value)]
