@@ -36,7 +36,8 @@ from snnfw.distributed.chunks import is_held_tensor, pieces, value_dtype, whole_
 
 
 def builds_shards(config, plugins, world_size: int, given_instance: bool) -> bool:
-    """Whether the ranks of this run build only their shards: the same answer on every rank."""
+    """Whether the ranks of this run build only their shards: the same answer on every rank (``config`` names a
+    registered strategy, not ``auto``)."""
     return (world_size > 1 and not given_instance and plugins.strategy(config.parallel.strategy).shards_parameters
             and not plugins.transform_runs_model(config))
 

@@ -191,7 +191,8 @@ def prepare(config: Config, world_size: int, plugins: Plugins, local_ranks: int 
         datasets = built_data = build_datasets(config, source.spec, plugins)
     config = _resolved(config, plugins, source, datasets)
     topology = Topology.detect(world_size, config.parallel.device, local_ranks, config.parallel.backend)
-    shards = rank is not None and builds_shards(config, plugins, world_size, isinstance(model, torch.nn.Module))
+    shards = rank is not None and config.parallel.strategy != AUTO and builds_shards(config, plugins, world_size,
+                                                                                         isinstance(model, torch.nn.Module))
     config, built, model_notes, analysis = _built_and_analyzed(config, source, plugins, on_meta=shards and rank != 0)
     decision = None
     if config.parallel.strategy == AUTO:

@@ -1,6 +1,6 @@
 """Only the shard is built: under fsdp2 a rank other than 0 never holds the whole model, and starts from none's weights.
 
-A spiking MLP of eight equal hidden layers, so that a quarter of its parameters plus its largest tensor is well
+A spiking MLP of equal hidden layers, so that a quarter of its parameters plus its largest tensor is well
 under the whole; its frames are tiny, so the model's tensors dominate what a rank allocates before its first
 step.
 """
