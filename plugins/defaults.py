@@ -121,10 +121,12 @@ def state_name(name: str) -> str:
 
 
 def held_state(model, optimizer) -> dict:
-    """Model and optimizer state by parameter name as this rank holds it: FSDP2's shards stay DTensors."""
+    """Model and optimizer state by parameter name as this rank holds it: FSDP2's shards stay DTensors. Without an
+    optimizer (None) the optimizer's part is empty."""
     from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
 
-    return {"model": get_model_state_dict(model), "optimizer": get_optimizer_state_dict(model, optimizer)}
+    optimizer_state = get_optimizer_state_dict(model, optimizer) if optimizer is not None else {"state": {}, "param_groups": []}
+    return {"model": get_model_state_dict(model), "optimizer": optimizer_state}
 
 
 def load_held_state(model, optimizer, state) -> None:

@@ -137,6 +137,12 @@ def _pipelined(plan) -> bool:
 
 
 @hookimpl
+def snnfw_transform_runs_model(config):
+    """optimize_memory runs the blocks it wraps (and its cache key reads the model)."""
+    return config.memopt.level > 0 or None
+
+
+@hookimpl
 def snnfw_transform_model(model, plan, example, hooks):
     _last_run.clear()
     if plan.config.memopt.level == 0 or _pipelined(plan):

@@ -125,6 +125,12 @@ def measure(model: nn.Module, example: torch.Tensor, plan, hooks) -> dict[str, f
 
 
 @hookimpl
+def snnfw_transform_runs_model(config):
+    """``auto`` times a forward and backward in each layout."""
+    return config.model.memory_format == "auto" or None
+
+
+@hookimpl
 def snnfw_transform_model(model, plan, example, hooks):
     from torch._subclasses.fake_tensor import is_fake
 

@@ -57,6 +57,8 @@ class FullyShard(Strategy):
 
         return apply_fully_shard(model, plan, fsdp_mesh(plan, mesh, hooks, self.dimension))
 
+    shards_parameters = True
+
     @hookimpl
     def snnfw_parallelize(self, model, plan, mesh, hooks):
         hooks.compile(model, plan)

@@ -19,6 +19,8 @@ NAME = "fsdp2_tp"
 class TensorParallelFullyShard(Strategy):
     """The tp_plan over the mesh's ``tp`` dimension, then fully_shard over ``dp``."""
 
+    shards_parameters = True
+
     @hookimpl
     def snnfw_parallelize(self, model, plan, mesh, hooks):
         apply_tensor_parallel(model, plan, mesh["tp"], hooks)

@@ -2,13 +2,20 @@
 ``parallel.mesh`` and no strategy gets it."""
 
 from snnfw import hookimpl
-from snnfw.plan.compose import apply_mesh, propose_mesh
+from snnfw.plan.compose import apply_mesh, owners, propose_mesh
 from snnfw.plan.layout import COMPOSED
-from snnfw.plugin.strategy import Strategy
+from snnfw.plugin.strategy import DATA, Strategy
 
 
 class Composed(Strategy):
     """Each dimension applied by the strategy that owns it, in the core's order."""
+
+    def builds_shards(self, config, plugins):
+        """Where a dimension shards parameters and every other one applies in place or reduces gradients (a
+        pipeline's split runs the model, which a meta build cannot)."""
+        strategies = [plugins.strategy(owners(plugins)[name]) for name, size in config.parallel.mesh or () if size > 1]
+        return any(s.shards_parameters for s in strategies) and all(
+            s.shards_parameters or s.order == DATA for s in strategies)
 
     @hookimpl
     def snnfw_parallelize(self, model, plan, mesh, hooks):

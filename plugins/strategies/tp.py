@@ -107,6 +107,7 @@ class TensorParallel(Strategy):
     def apply_dimension(self, model, plan, mesh, hooks, wrap=None):
         apply_tensor_parallel(model, plan, mesh["tp"], hooks)
         return model
+    shards_parameters = True
 
     @hookimpl
     def snnfw_parallelize(self, model, plan, mesh, hooks):

@@ -48,7 +48,9 @@ def _unreadable(err: Exception) -> str:
 
 
 def load_weights(model: torch.nn.Module, weights: dict[str, torch.Tensor]) -> None:
-    """Loads ``weights`` into the unparallelized ``model`` (cast to its dtype); every name must match."""
+    """Loads ``weights`` into the unparallelized ``model`` (cast to its dtype); every name must match. A model on the
+    meta device (a rank that is sent its shard of rank 0's, :mod:`snnfw.distributed.materialize`) holds no values:
+    the weights are only checked."""
     own = model.state_dict()
     missing, unknown = sorted(own.keys() - weights.keys()), sorted(weights.keys() - own.keys())
     if missing or unknown:
@@ -66,4 +68,5 @@ def load_weights(model: torch.nn.Module, weights: dict[str, torch.Tensor]) -> No
         if weights[name].is_floating_point() and not torch.isfinite(weights[name]).all():
             raise CheckpointError(f"the weights hold NaN or infinite values in {name}; give weights of a run that "
                                   "did not diverge")
-    model.load_state_dict({name: weights[name].to(own[name].dtype) for name in own})
+    if not any(tensor.is_meta for tensor in own.values()):
+        model.load_state_dict({name: weights[name].to(own[name].dtype) for name in own})

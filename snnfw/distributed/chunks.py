@@ -103,7 +103,7 @@ def gather_whole(state: dict, dst: int | None = 0) -> dict:
     if not dist.is_initialized() or dist.get_world_size() == 1:
         return {name: _whole_here(value) for name, value in sorted(state.items())}
     rank, world = dist.get_rank(), dist.get_world_size()
-    held = {name: ([at for at, t in pieces(v)], tuple(whole_shape(v)), _dtype(v)) if is_held_tensor(v) else None
+    held = {name: ([at for at, t in pieces(v)], tuple(whole_shape(v)), value_dtype(v)) if is_held_tensor(v) else None
             for name, v in state.items()}
     every: list = [None] * world
     dist.all_gather_object(every, held)
@@ -133,14 +133,14 @@ def gather_whole(state: dict, dst: int | None = 0) -> dict:
     return out
 
 
-def _dtype(value) -> torch.dtype:
+def value_dtype(value) -> torch.dtype:
     return value.dtype if isinstance(value, torch.Tensor) else value.pieces[0][1].dtype
 
 
 def _whole_here(value):
     if not is_held_tensor(value):
         return value
-    whole = torch.empty(whole_shape(value), dtype=_dtype(value))
+    whole = torch.empty(whole_shape(value), dtype=value_dtype(value))
     for at, tensor in pieces(value):
         _place(whole, at, tensor.detach().cpu())
     return whole

@@ -20,6 +20,7 @@ from snnfw.config import Config, check_log_steps
 from snnfw.data import batches as datalib
 from snnfw.data.augment import check_augment
 from snnfw.distributed import cpu_allocator
+from snnfw.distributed.materialize import builds_shards
 from snnfw.errors import ConfigError, users_code
 from snnfw.model import source as models
 from snnfw.model.analysis import Analysis, analyze
@@ -56,6 +57,20 @@ def _analyze(model, config: Config, source, plugins: Plugins) -> Analysis:
     return analyze(model, source.name, plugins, models.own_part(model, config) if source.own else None)
 
 
+def _built_and_analyzed(config: Config, source: models.Source, plugins: Plugins, on_meta: bool):
+    """:func:`_build` and the analysis, on the meta device with ``on_meta`` (a rank that receives its shard), or
+    for real where the build or the analysis needs values (a meta tensor has none)."""
+    if on_meta:
+        try:
+            with torch.device("meta"):
+                config_built, model, notes = _build(config, source)
+                return config_built, model, notes, _analyze(model, config_built, source, plugins)
+        except Exception:  # built for real below, which raises the model's own errors as rank 0 does
+            pass
+    config, model, notes = _build(config, source)
+    return config, model, notes, _analyze(model, config, source, plugins)
+
+
 @attrs.frozen
 class Prepared:
     """The outcome of analyze -> plan: what every rank then applies and runs."""
@@ -65,6 +80,7 @@ class Prepared:
     spec: datalib.InputSpec
     analysis: Analysis
     given_instance: bool = False  # a module handed over whole: ranks take rank 0's initial state
+    builds_shards: bool = False  # this run's ranks materialize only their shards (snnfw.distributed.materialize)
     datasets: tuple | None = None  # (train, test) as built for counting epochs, for the trainer to reuse
     decision: Decision | None = None  # auto's choice, for the launcher to carry to the ranks
 
@@ -154,8 +170,10 @@ def _here(decide: Callable[[], Decision], device_type: str) -> Decision:
 
 
 def prepare(config: Config, world_size: int, plugins: Plugins, local_ranks: int | None = None,
-            model=None, datasets: tuple | None = None, agree: Callable = _here) -> Prepared:
-    """analyze -> plan for a world of ``world_size`` ranks, ``local_ranks`` on this node.
+            model=None, datasets: tuple | None = None, agree: Callable = _here, rank: int | None = None) -> Prepared:
+    """analyze -> plan for a world of ``world_size`` ranks, ``local_ranks`` on this node; ``rank``: this process's
+    rank in a run (None outside one: the launcher, ``snnfw plan``), which under a strategy that shards parameters
+    builds the model on the meta device unless it is rank 0 (:mod:`snnfw.distributed.materialize`).
 
     ``model`` (a module or builder) and ``datasets`` (train, test) are what the Python API was handed.
     ``auto``'s choice depends on a measurement, so it is made once: ``agree(decide, device_type)`` runs
@@ -173,8 +191,9 @@ def prepare(config: Config, world_size: int, plugins: Plugins, local_ranks: int 
         datasets = built_data = build_datasets(config, source.spec, plugins)
     config = _resolved(config, plugins, source, datasets)
     topology = Topology.detect(world_size, config.parallel.device, local_ranks, config.parallel.backend)
-    config, built, model_notes = _build(config, source)
-    analysis = _analyze(built, config, source, plugins)
+    shards = rank is not None and config.parallel.strategy != AUTO and builds_shards(config, plugins, world_size,
+                                                                                         isinstance(model, torch.nn.Module))
+    config, built, model_notes, analysis = _built_and_analyzed(config, source, plugins, on_meta=shards and rank != 0)
     decision = None
     if config.parallel.strategy == AUTO:
         def decide() -> Decision:
@@ -190,7 +209,7 @@ def prepare(config: Config, world_size: int, plugins: Plugins, local_ranks: int 
         ("cpu_allocator retain: each rank's malloc keeps freed blocks for the next step",) if allocator == "retain" else ())
     plan = attrs.evolve(plan, rationale=topology.rationale + plan.rationale + model_notes + data_notes + notes)
     return Prepared(plan, built, source.spec, analysis, given_instance=isinstance(model, torch.nn.Module),
-                    datasets=built_data, decision=decision)
+                    builds_shards=shards, datasets=built_data, decision=decision)
 
 
 def auto_candidates(config: Config, world_size: int, plugins: Plugins, device_memory: float | None = None) -> list:

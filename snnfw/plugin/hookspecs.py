@@ -113,6 +113,16 @@ def snnfw_transform_model(model, plan, example, hooks):
     """
 
 
+@hookspec
+def snnfw_transform_runs_model(config):
+    """Return True where this plugin's :func:`snnfw_transform_model` will run the model under ``config`` (a forward
+    pass, a timing), which needs its values; None otherwise.
+
+    Asked before the model is built: under a strategy that shards parameters, ranks other than 0 build it on the
+    meta device (:mod:`snnfw.distributed.materialize`) unless a transform says it runs it.
+    """
+
+
 @hookspec(firstresult=True)
 def snnfw_parallelize(model, plan, mesh, hooks):
     """Apply ``plan`` to ``model`` on ``mesh`` (a DeviceMesh, or None on one rank).
@@ -223,7 +233,9 @@ def snnfw_state_dict(model, optimizer, plan):
     returns it. Nothing is gathered: each rank writes its part, and on resuming
     the same structure is what a checkpoint of any strategy is read into. A
     collective: every rank calls it. Return None to decline; stops at the first
-    non-None result, the default taking the state dict API's sharded state.
+    non-None result, the default taking the state dict API's sharded state. ``optimizer`` None asks for the
+    model's part alone (``"optimizer"`` then holds no state): a model is materialized that way before its
+    optimizer exists (:mod:`snnfw.distributed.materialize`).
     """
 
 

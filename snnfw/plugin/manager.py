@@ -319,6 +319,9 @@ class Plugins:
     def transform_model(self, model, plan, example) -> None:
         self.hook.snnfw_transform_model(model=model, plan=plan, example=example, hooks=self)
 
+    def transform_runs_model(self, config) -> bool:
+        return any(self.hook.snnfw_transform_runs_model(config=config))
+
     def compile(self, model, plan) -> None:
         self.hook.snnfw_compile(model=model, plan=plan)
 

@@ -32,6 +32,13 @@ class Strategy:
     splits_stages: bool = False  # its ranks hold different pipeline stages
     neurons_alike: bool = False  # a neuron it does not shard runs alike on its ranks (its spikes count once)
     order: int = IN_PLACE  # IN_PLACE changes the model, STAGES splits it, DATA reduces gradients (snnfw.plan.compose)
+    shards_parameters = False
+    """True where every rank holds only its shard of the parameters (its state dict's pieces): ranks other than 0
+    then build the model on the meta device and receive their pieces of rank 0's (:mod:`snnfw.distributed.materialize`)."""
+
+    def builds_shards(self, config, plugins) -> bool:
+        """Whether this strategy's ranks build only their shards for ``config``: :attr:`shards_parameters`."""
+        return self.shards_parameters
 
     def optimizer_state(self, optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
         """The optimizer-state tensors this rank holds (the dry run counts them)."""

@@ -356,7 +356,8 @@ def _started(config: Config, model, train_set, test_set, run_dir, resume, weight
     datasets = (train_set, test_set) if train_set is not None else None
     started = dist.is_initialized()
     try:
-        prepared = prepare(config, env.world_size, plugins, model=model, datasets=datasets, agree=_agreement(env, config))
+        prepared = prepare(config, env.world_size, plugins, model=model, datasets=datasets, agree=_agreement(env, config),
+                           rank=env.rank)
     except PlanError as err:
         if "WORLD_SIZE" in os.environ or config.parallel.strategy == "none":
             raise

@@ -1,0 +1,95 @@
+"""Only the shard is built: under a strategy that shards parameters, a rank materializes only what it holds.
+
+Rank 0 builds the model on the CPU as every rank did before (the run's seed, the same random stream: the
+initial weights of strategy ``none``, bit for bit); the other ranks build it on the meta device, which holds
+no memory (:func:`builds_shards`, asked in ``prepare``). In the trainer every rank then:
+
+1. sets its model aside (:func:`set_aside`): rank 0 keeps its tensors by name, and the module itself moves to
+   the meta device on every rank, so that the transforms and the strategy apply to a model without storage;
+2. parallelizes it (FSDP2's ``fully_shard`` and the tp styles take meta modules);
+3. materializes it (:func:`materialize`): empty storage on its device for what it holds (``to_empty``), then
+   one tensor at a time rank 0 broadcasts the whole tensor and each rank copies out its pieces, those the
+   strategy's state dict names (the pieces its checkpoints write); rank 0 lets go of each whole tensor once
+   it is sent.
+
+A rank other than 0 thus holds its shard plus one whole tensor before the first step; rank 0 also holds the
+whole model in CPU memory until it is sent. Broadcasting rather than building the shards locally keeps the
+weights exactly those of one build whatever the initialisation (a family's sampling until values fit, a
+user's builder), which no rank could reproduce for its slice alone.
+
+Every rank builds the whole model, as before, where this does not apply: strategies that keep whole models
+(``none``, ``dp``, ``zero``, ``pp``, whose ranks then free other stages' units, ``tsp``, ``fsdp2_tsp``),
+``auto`` (chosen only after the model is built), a module instance handed to the Python API (ranks take
+rank 0's state by broadcast), a transform that runs the model before it is parallelized
+(``snnfw_transform_runs_model``: memopt, a timed memory format), and a model whose build or analysis needs
+values (a meta tensor has none), which that rank builds for real instead, its values then overwritten.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+import torch.distributed as dist
+
+from snnfw.distributed.chunks import is_held_tensor, pieces, value_dtype, whole_shape
+
+
+def builds_shards(config, plugins, world_size: int, given_instance: bool) -> bool:
+    """Whether the ranks of this run build only their shards: the same answer on every rank (``config`` names a
+    registered strategy, not ``auto``)."""
+    return (world_size > 1 and not given_instance and plugins.strategy(config.parallel.strategy).builds_shards(config, plugins)
+            and not plugins.transform_runs_model(config))
+
+
+def set_aside(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """Every parameter and buffer of ``model`` by name, whole on rank 0 (on the meta device elsewhere); ``model``
+    itself moved to the meta device in place, to be parallelized without storage."""
+    named = {**dict(model.named_parameters(remove_duplicate=False)), **dict(model.named_buffers(remove_duplicate=False))}
+    whole = {name: tensor.detach() for name, tensor in named.items()}
+    model.to_empty(device="meta")
+    return whole if dist.get_rank() == 0 else {name: tensor.to("meta") for name, tensor in whole.items()}
+
+
+@torch.no_grad()
+def materialize(model: torch.nn.Module, device: torch.device, whole: dict[str, torch.Tensor],
+                held_state: Callable[[], dict]) -> None:
+    """Gives the parallelized meta ``model`` storage on ``device`` and rank 0's values (a collective).
+
+    ``whole`` is what :func:`set_aside` returned; ``held_state()`` maps the model's own names to what this rank
+    holds of each tensor (whole tensors, DTensors, :class:`~snnfw.distributed.chunks.Chunked` pieces): the
+    strategy's state dict, whose pieces are views of the model's storage. Buffers outside it (non-persistent
+    ones) are held whole. ``whole`` is emptied as its tensors are sent.
+    """
+    model.to_empty(device=device)
+    held = dict(held_state())
+    held.update({name: buffer for name, buffer in model.named_buffers() if name not in held})
+    held = {name: value for name, value in held.items() if is_held_tensor(value)}
+    _check_names(held, whole)
+    rng = torch.get_rng_state()  # rank 0's, which its build advanced: every rank's stream as if it had built too
+    dist.broadcast(rng, src=0)
+    torch.set_rng_state(rng)
+    for name in sorted(held):
+        value, source = held[name], whole.pop(name)
+        shape, dtype = whole_shape(value), value_dtype(value)
+        if dist.get_rank() == 0:
+            tensor = source.to(device, dtype).reshape(shape)  # a 0-dim parameter FSDP2 made a vector
+        else:
+            tensor = torch.empty(shape, dtype=dtype, device=device)
+        del source
+        dist.broadcast(tensor, src=0)
+        for at, piece in pieces(value):
+            piece.copy_(tensor[tuple(slice(start, start + length) for start, length in zip(at, piece.shape))])
+    whole.clear()
+
+
+def _check_names(held: dict, whole: dict[str, torch.Tensor]) -> None:
+    """Refuses (alike on every rank: every rank knows each tensor's shape) a parallelized model whose tensors are
+    not those of the model set aside."""
+    unknown = sorted(held.keys() - whole.keys())
+    resized = sorted(name for name in held.keys() & whole.keys() if whole_shape(held[name]).numel() != whole[name].numel())
+    if unknown or resized:
+        raise RuntimeError(
+            f"the parallelized model holds tensors the built model does not: unknown {unknown[:3]}, resized "
+            f"{resized[:3]}; a strategy with shards_parameters must keep the model's own names and sizes in its state dict"
+        )

@@ -1,0 +1,58 @@
+"""Only the shard is built: under fsdp2 a rank other than 0 never holds the whole model, and starts from none's weights.
+
+A spiking MLP of equal hidden layers, so that a quarter of its parameters plus its largest tensor is well
+under the whole; its frames are tiny, so the model's tensors dominate what a rank allocates before its first
+step.
+"""
+
+import torch
+from torch import nn
+
+from snnfw.config import build_config
+from snnfw.plan.prepare import build_model
+from snnfw.plugin.manager import Plugins
+from snnfw.run.loop import run_training
+from snnfw.testing import run_on_ranks
+from snnfw.testing.build_memory import seen, track_until_first_step
+
+WIDTH, LAYERS, RANKS = 256, 8, 4
+OTHER_BYTES = 256 * 1024  # what a rank allocates besides the model before its first step: frames, RNG state, plans
+
+
+def wide_mlp():
+    from spikingjelly.activation_based import layer, neuron
+
+    hidden = [module for _ in range(LAYERS - 1) for module in (layer.Linear(WIDTH, WIDTH, step_mode="m"),
+                                                               neuron.LIFNode(step_mode="m"))]
+    return nn.Sequential(layer.Flatten(step_mode="m"), layer.Linear(2 * 8 * 8, WIDTH, step_mode="m"),
+                         neuron.LIFNode(step_mode="m"), *hidden, layer.Linear(WIDTH, 10, step_mode="m"))
+
+
+def config(strategy):
+    return build_config({
+        "model": {"builder": f"{__file__}:wide_mlp", "input_shape": [2, 8, 8], "num_classes": 10, "input_layout": "TN",
+                  "time_steps": 4},
+        "data": {"name": "synthetic_dvs", "batch_size": 8, "train_samples": 16, "test_samples": 8},
+        "train": {"steps": 3, "lr": 0.01, "seed": 3, "dtype": "float64"},
+        "parallel": {"strategy": strategy, "device": "cpu"},
+    })
+
+
+def test_fsdp2_ranks_other_than_0_hold_a_quarter_of_the_model_and_start_from_none_weights():
+    model, _ = build_model(config("none"), Plugins())
+    initial = {name: p.detach().to(torch.float64) for name, p in model.named_parameters()}
+    whole = sum(p.numel() for p in initial.values()) * 8
+    largest = max(p.numel() for p in initial.values()) * 8
+    reference = run_training(config("none"))
+    summaries = run_on_ranks(config("fsdp2"), RANKS, before=track_until_first_step, inspect=seen, timeout_s=120)
+    peaks = [summary["inspect"]["peak"] for summary in summaries]
+    assert peaks[0] >= whole, (peaks, whole)  # rank 0 builds it: the tracker sees the model's tensors
+    for rank, peak in enumerate(peaks[1:], start=1):
+        assert peak <= whole / RANKS + largest + OTHER_BYTES, f"rank {rank} held {peak} bytes, of a {whole}-byte model"
+    for rank, summary in enumerate(summaries):
+        got = summary["inspect"]["initial"]
+        assert got.keys() == initial.keys()
+        for name, tensor in initial.items():
+            assert torch.equal(got[name], tensor), f"rank {rank}: initial {name} differs from none's"
+        for step, (want, loss) in enumerate(zip(reference["losses"], summary["losses"]), start=1):
+            assert abs(loss - want) <= 1e-9 * abs(want), f"rank {rank}, step {step}: loss {loss}, none's {want}"
