@@ -13,7 +13,8 @@ class Composed(Strategy):
     def builds_shards(self, config, plugins):
         """Where a dimension shards parameters and every other one applies in place or reduces gradients (a
         pipeline's split runs the model, which a meta build cannot)."""
-        strategies = [plugins.strategy(owners(plugins)[name]) for name, size in config.parallel.mesh or () if size > 1]
+        owned = owners(plugins)
+        strategies = [plugins.strategy(owned[name]) for name, size in config.parallel.mesh or () if size > 1 and name in owned]
         return any(s.shards_parameters for s in strategies) and all(
             s.shards_parameters or s.order == DATA for s in strategies)
 
