@@ -1,0 +1,66 @@
+"""Composed meshes in the plan: parallel.mesh alone is strategy mesh; each dimension is checked by its owner and
+placed in the core's order; what cannot run is refused naming the dimension."""
+
+import pytest
+
+from snnfw.errors import PlanError
+from snnfw.plan.compose import owners
+from snnfw.plan.prepare import prepare
+from snnfw.plugin.manager import Plugins
+from snnfw.testing import tiny_config
+
+
+@pytest.fixture(scope="module")
+def plugins():
+    return Plugins()
+
+
+def mesh_config(mesh: dict, **sections):
+    config = tiny_config(**sections)
+    data = config.to_dict()
+    del data["parallel"]["strategy"]
+    data["explicit"] = [key for key in data["explicit"] if key != "parallel.strategy"] + ["parallel.mesh"]
+    data["parallel"]["mesh"] = mesh
+    from snnfw.config import build_config
+
+    return build_config(data)
+
+
+def test_a_mesh_alone_is_strategy_mesh_and_every_dimension_has_an_owner(plugins):
+    assert mesh_config({"dp_shard": 2, "tp": 2}).parallel.strategy == "mesh"
+    assert owners(plugins) == {"dp_replicate": "dp", "dp_shard": "fsdp2", "tp": "tp", "pp": "pp", "time": "tsp"}
+
+
+def test_dimensions_take_the_core_order_and_their_roles(plugins):
+    plan = prepare(mesh_config({"tp": 2, "time": 2, "dp_shard": 2, "pp": 1}), 8, plugins).plan
+    assert plan.strategy == "mesh" and plan.mesh == (("time", 2), ("dp_shard", 2), ("tp", 2))
+    assert plan.strategies == ("tsp", "fsdp2", "tp")
+    assert plan.dp_dims == ("dp_shard",) and plan.replicated_neuron_dims == ("tp",) and plan.stage_dims == ()
+    assert plan.rationale[0] == "composed mesh time=2 x dp_shard=2 x tp=2 (outermost first); pp = 1 left out"
+    assert "gradients: FSDP2 reduce-scatter over dp_shard, replicated over time (HSDP)" in plan.rationale
+
+
+def test_a_pipeline_outermost_takes_its_microbatches(plugins):
+    plan = prepare(mesh_config({"dp_replicate": 2, "pp": 2}, train={"microbatches": 2}), 4, plugins).plan
+    assert plan.mesh == (("pp", 2), ("dp_replicate", 2)) and plan.stage_dims == ("pp",)
+    assert plan.microbatches == 2 and plan.replica_batch == plan.global_batch // 2
+
+
+@pytest.mark.parametrize("mesh, world, message", [
+    ({"dp": 2, "tp": 2}, 4, "dimension 'dp', which no strategy owns (dp_replicate for DistributedDataParallel, "
+                            "dp_shard for FSDP2)"),
+    ({"dp_shard": 2, "tp": 3}, 6, "dimension tp (tp): features.0 (conv_bn_neuron)"),
+    ({"dp_replicate": 2, "time": 3}, 6, "dimension time (tsp): model.time_steps = 4 does not split into 3"),
+    ({"dp_shard": 2, "tp": 2}, 8, "has 4 ranks but the world has 8"),
+    ({"tp": 1}, 1, "every dimension of parallel.mesh has size 1"),
+])
+def test_what_a_composed_mesh_cannot_run_is_refused_naming_the_dimension(plugins, mesh, world, message):
+    with pytest.raises(PlanError) as refused:
+        prepare(mesh_config(mesh), world, plugins)
+    assert message in str(refused.value), str(refused.value)
+
+
+def test_a_key_of_a_dimension_applies_in_a_mesh_that_has_it_and_is_refused_in_one_that_does_not(plugins):
+    prepare(mesh_config({"dp_replicate": 2, "time": 2}, tsp={"slices": 2}), 4, plugins)
+    with pytest.raises(PlanError, match="tsp.slices applies only to strategies tsp and fsdp2_tsp"):
+        prepare(mesh_config({"dp_replicate": 2, "tp": 2}, tsp={"slices": 2}), 4, plugins)
