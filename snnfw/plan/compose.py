@@ -154,8 +154,12 @@ def fsdp_mesh(plan, mesh, hooks, dimension: str):
     if not averaged:
         return mesh[dimension]
     if len(averaged) > 1:
+        import warnings
+
         mesh[averaged]._flatten("replicate")
-        return mesh["replicate", dimension]
+        with warnings.catch_warnings():  # torch 2.13 warns that slicing a flattened dimension will change (2.11's note)
+            warnings.filterwarnings("ignore", "Slicing a flattened dim from root mesh", UserWarning)
+            return mesh["replicate", dimension]
     return mesh[averaged[0], dimension]
 
 

@@ -199,3 +199,22 @@ def test_auto_candidates_are_dry_run_and_ranked_by_what_they_hold(capsys):
     schedules = [line.split('pipeline.schedule = "')[1].split('"')[0] for line in measured if "pipeline.schedule" in line]
     assert {"gpipe", "1f1b", "interleaved"} <= set(schedules)
     assert lines[-1] == f"by the dry run, prefer memory picks {measured[0].split(' (')[0].strip()}"
+
+
+def test_a_four_dimensional_mesh_of_1024_ranks_is_dry_run_from_this_machine():
+    """dp_replicate x time x dp_shard x tp = 16 x 2 x 16 x 2: a rank holds what it holds under dp_shard x tp alone
+    (replicas and time peers hold the same parameters), and the activations of half the time steps."""
+    def composed(mesh, batch):
+        data = config("none").to_dict()
+        data["parallel"] = {"mesh": mesh, "device": "cpu"}
+        data["data"]["batch_size"] = batch
+        data["explicit"] = [k for k in data["explicit"] if k != "parallel.strategy"] + ["parallel.mesh"]
+        return build_config(data)
+
+    plan, ((_, first), (last_rank, last)) = dry_run(
+        composed({"tp": 2, "dp_shard": 16, "time": 2, "dp_replicate": 16}, 1024), 1024, Plugins())
+    assert plan.strategy == "mesh" and last_rank == 1023 and plan.replica_batch == 4
+    assert plan.mesh == (("time", 2), ("dp_replicate", 16), ("dp_shard", 16), ("tp", 2))  # the config's order in a role
+    _, ((_, sharded), _) = dry_run(composed({"dp_shard": 16, "tp": 2}, 64), 32, Plugins())
+    assert first.parameters == sharded.parameters and first.optimizer == sharded.optimizer
+    assert 0 < first.activations < sharded.activations
