@@ -4,19 +4,21 @@
 from snnfw import hookimpl
 from snnfw.plan.compose import apply_mesh, owners, propose_mesh
 from snnfw.plan.layout import COMPOSED
-from snnfw.plugin.strategy import DATA, Strategy
+from snnfw.plugin.strategy import DATA, REPLICATED, SHARDED, Strategy
 
 
 class Composed(Strategy):
     """Each dimension applied by the strategy that owns it, in the core's order."""
 
     def builds_shards(self, config, plugins):
-        """Where a dimension shards parameters and every other one applies in place or reduces gradients (a
-        pipeline's split runs the model, which a meta build cannot)."""
+        """Where a dimension shards parameters, every other one shards them too or reduces gradients, and FSDP2
+        reduces them if anything does (a pipeline's split runs the model and DistributedDataParallel reads the
+        parameters as it wraps them, which a meta build cannot)."""
         owned = owners(plugins)
         strategies = [plugins.strategy(owned[name]) for name, size in config.parallel.mesh or () if size > 1 and name in owned]
-        return any(s.shards_parameters for s in strategies) and all(
-            s.shards_parameters or s.order == DATA for s in strategies)
+        roles = {s.parameters for s in strategies}
+        return (any(s.shards_parameters for s in strategies) and all(s.shards_parameters or s.order == DATA for s in strategies)
+                and (SHARDED in roles or REPLICATED not in roles))
 
     @hookimpl
     def snnfw_parallelize(self, model, plan, mesh, hooks):
