@@ -104,7 +104,10 @@ def test_the_launcher_plans_once_and_each_rank_builds_its_model_once(tmp_path, m
     launcher = subprocess.Popen([sys.executable, "-m", "snnfw", "train", "own.toml", "--nproc", "2", "--run-dir",
                                  str(run_dir)], cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                 text=True)
-    _, stderr = launcher.communicate(timeout=240)
+    try:
+        _, stderr = launcher.communicate(timeout=240)
+    finally:
+        launcher.kill()  # past the timeout; its ranks end with it
     assert launcher.returncode == 0, stderr[-3000:]
     counts = Counter(tuple(line.split()) for line in (tmp_path / "counts.txt").read_text().splitlines())
     ranks = {pid for _, pid in counts} - {str(launcher.pid)}
