@@ -157,6 +157,7 @@ def _cmd_train(args) -> int:
     from snnfw import rundir
     from snnfw.config import load_config
     from snnfw.errors import ConfigError
+    from snnfw.plan import planfile
     from snnfw.plan.prepare import build_datasets, prepare
     from snnfw.plugin.manager import Plugins
     from snnfw.tools.launch import check_wandb_login, launch
@@ -176,17 +177,20 @@ def _cmd_train(args) -> int:
     plugins = Plugins()
     # refuse a bad config before starting any process
     prepared = prepare(config, args.nproc * args.nnodes, plugins, local_ranks=args.nproc)
-    build_datasets(config, prepared.spec, plugins)
+    if prepared.datasets is None:  # those counting epochs were built and checked
+        build_datasets(prepared.plan.config, prepared.spec, plugins)
     model = re.sub(r"\W+", "_", prepared.analysis.family.rpartition("/")[2]).strip("_")
     run_dir = Path(args.run_dir or f"runs/{model}-{config.parallel.strategy}-{time.strftime('%Y%m%d-%H%M%S')}")
     rundir.check_run_dir(run_dir, args.resume, args.overwrite)
     owner = rundir.locked(run_dir) if args.node_rank == 0 else contextlib.nullcontext()  # node 0 holds the shared one
     with owner:
+        plan = run_dir / rundir.PLAN
+        if args.node_rank == 0:  # every node's ranks run node 0's plan, written before its rendezvous opens
+            planfile.write(plan, prepared.plan, plugins, planfile.config_digest(args.config, args.overrides))
         return launch(
             args.config, args.nproc, run_dir, args.overrides, config.parallel.timeout_s, nnodes=args.nnodes,
             node_rank=args.node_rank, rdzv_endpoint=args.rdzv_endpoint, max_restarts=args.max_restarts,
-            resume=args.resume, extra=["--overwrite"] if args.overwrite else [],
-            decision=prepared.decision.to_json() if prepared.decision else None, debug=args.debug,
+            resume=args.resume, extra=["--overwrite"] if args.overwrite else [], plan=plan, debug=args.debug,
         )
 
 
@@ -255,13 +259,14 @@ def _cmd_eval(args) -> int:
     from snnfw import rundir
     from snnfw.components.weights import load_weights, read_weights
     from snnfw.config import for_evaluation, load_config
+    from snnfw.plan import planfile
     from snnfw.plan.prepare import prepare
     from snnfw.plugin.manager import Plugins
     from snnfw.run.loop import check_predictions_file
     from snnfw.tools.launch import launch
 
-    config = for_evaluation(load_config(args.config, args.overrides))
-    prepared = prepare(config, args.nproc, Plugins(), local_ranks=args.nproc)  # refuse a bad config before any process
+    config, plugins = for_evaluation(load_config(args.config, args.overrides)), Plugins()
+    prepared = prepare(config, args.nproc, plugins, local_ranks=args.nproc)  # refuse a bad config before any process
     weights = _scored_weights(Path(args.weights))
     load_weights(prepared.model, read_weights(weights))  # and weights that are not there or do not fit
     predict = getattr(args, "out", None)
@@ -269,8 +274,10 @@ def _cmd_eval(args) -> int:
     run_dir = Path(args.run_dir) if args.run_dir else weights.parent if weights.is_file() else weights.parent.parent
     extra = ["--evaluate", str(weights)] + (["--predict", predict] if predict else [])
     with rundir.locked(run_dir):  # not a folder a run in progress writes, nor a file or a place that cannot be written
+        plan = run_dir / rundir.EVAL_PLAN
+        planfile.write(plan, prepared.plan, plugins, planfile.config_digest(args.config, args.overrides))
         return launch(args.config, args.nproc, run_dir, args.overrides, config.parallel.timeout_s, extra=extra,
-                      decision=prepared.decision.to_json() if prepared.decision else None, debug=args.debug)
+                      plan=plan, debug=args.debug)
 
 
 def _scored_weights(weights: Path) -> Path:

@@ -31,6 +31,8 @@ STEP = "step-"  # in CHECKPOINTS: the folder ``step-N`` holds the checkpoint aft
 STEP_META = "meta.json"  # in a checkpoint: its step, loss and settings, written last (a checkpoint without it is cut)
 PROFILE = "profile"  # the folder of ``log.profile``'s traces and shares, per rank
 MEMORY = "memory"  # the folder of ``log.memory_snapshot``'s records, per rank
+PLAN = "plan.json"  # the plan ``snnfw train`` made, which its ranks run (written at each launch, not a result)
+EVAL_PLAN = "eval_plan.json"  # the same of ``snnfw eval`` and ``snnfw predict``
 RUN_FILES = (METRICS, SUMMARY, FINAL_MODEL, BEST_MODEL, TENSORBOARD, CHECKPOINTS, PROFILE, MEMORY)  # a run's files
 
 ERROR_LOG = "error.log"  # the traceback of an error in the user's own code that ended a rank
@@ -38,7 +40,6 @@ RANKS = ".ranks"  # the ranks' markers for the launcher
 STOPPED = "stopped"  # in RANKS: the user error that stopped a rank, one line
 LAUNCHED = "SNNFW_LAUNCHED"  # environment: set by ``snnfw train``, which reports a rank's user error itself, once
 DEBUG = "SNNFW_DEBUG"  # environment: set by ``snnfw --debug train``: ranks show tracebacks on screen too
-AUTO_DECISION = "SNNFW_AUTO_DECISION"  # environment: the launcher's ``auto`` choice (JSON), which every rank applies
 
 
 def checkpoint_step(path: Path) -> int:

@@ -1,7 +1,9 @@
 """Worker entry point: ``torchrun --nproc_per_node=N -m snnfw.train CONFIG [--run-dir DIR] [--set k=v ...] [--resume]``.
 
-``snnfw train`` launches this module on every rank; it also runs under a
-plain torchrun. Rank 0 prints progress and writes the run directory. A
+``snnfw train`` launches this module on every rank with the plan it made
+(``--plan RUN_DIR/plan.json``), which each rank checks and runs without
+planning again; under a plain torchrun each rank plans for itself. Rank 0
+prints progress and writes the run directory. A
 restarted attempt (``TORCHELASTIC_RESTART_COUNT`` > 0) resumes from the newest
 checkpoint, unless an earlier attempt stopped on a user error, which a
 restart would only repeat. An error raised in the user's own code (a model
@@ -25,6 +27,7 @@ from pathlib import Path
 from snnfw import fast_exit, rundir
 from snnfw.config import load_config
 from snnfw.errors import UserError, explain, said, user_line
+from snnfw.plan import planfile
 from snnfw.plugin.manager import Plugins
 
 
@@ -51,6 +54,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--overwrite", action="store_true", help="replace an earlier run's files in the run directory")
     parser.add_argument("--evaluate", metavar="WEIGHTS", help="score these weights on the test split instead of training")
     parser.add_argument("--predict", metavar="FILE", help="with --evaluate: write per-sample predictions (.jsonl)")
+    parser.add_argument("--plan", metavar="FILE", help="the plan file snnfw train made for this config, run instead of planning")
     args = parser.parse_args(argv)
     from snnfw.run.loop import run_evaluation, run_training  # here: fast_exit.run must come before torch's import
 
@@ -66,10 +70,13 @@ def main(argv: list[str] | None = None) -> int:
         earlier.unlink(missing_ok=True)
     rundir.mark_started(run_dir, rank)
     try:
-        config = load_config(args.config, args.overrides)
         plugins = Plugins()
+        if args.plan:
+            config, plan = None, planfile.read(Path(args.plan), plugins, planfile.config_digest(args.config, args.overrides))
+        else:
+            config, plan = load_config(args.config, args.overrides), None
         if args.evaluate:
-            result = run_evaluation(config, args.evaluate, run_dir, args.predict, plugins)
+            result = run_evaluation(config, args.evaluate, run_dir, args.predict, plugins, plan)
             if rank == 0:
                 print(f"[snnfw] {args.evaluate}: test accuracy {result['eval_acc']:.1%}, loss {result['eval_loss']:.4f}"
                       f"; {run_dir / rundir.EVAL}" + (f", predictions in {args.predict}" if args.predict else ""))
@@ -81,7 +88,7 @@ def main(argv: list[str] | None = None) -> int:
                 rundir.clear_run_dir(run_dir)
         owner = rundir.locked(run_dir) if rank == 0 and not os.environ.get(rundir.LAUNCHED) else contextlib.nullcontext()
         with owner:  # under plain torchrun rank 0 holds the run directory; under snnfw train its launcher does
-            summary = run_training(config, run_dir, plugins, resume=args.resume or restarted)
+            summary = run_training(config, run_dir, plugins, resume=args.resume or restarted, plan=plan)
     except UserError as err:
         if not os.environ.get(rundir.LAUNCHED):
             print(f"snnfw: error: {explain(err)}", file=sys.stderr)

@@ -5,16 +5,14 @@ from __future__ import annotations
 import contextlib
 import datetime
 import os
-from typing import TYPE_CHECKING, Any, Callable, Iterator
+from typing import Any, Callable, Iterator
 
 import attrs
 import torch
 import torch.distributed as dist
 
+from snnfw.distributed.layout import Layout
 from snnfw.errors import UserError
-
-if TYPE_CHECKING:  # a plan is handed down from the layer above
-    from snnfw.plan.layout import Plan
 
 
 @attrs.frozen
@@ -50,9 +48,9 @@ def collective_backend(device_type: str, backend: str = "auto") -> str:
     return "nccl" if device_type == "cuda" and backend != "gloo" else "gloo"
 
 
-def device_for(plan: Plan, env: RankEnv) -> torch.device:
+def device_for(layout: Layout, env: RankEnv) -> torch.device:
     """The local rank's GPU (ranks beyond the GPU count share them in turn, under gloo), or the CPU."""
-    if plan.device_type == "cuda":
+    if layout.device_type == "cuda":
         device = torch.device("cuda", env.local_rank % torch.cuda.device_count())
         torch.cuda.set_device(device)
         return device
@@ -96,18 +94,18 @@ def decided_once(decide: Callable[[], Any], device_type: str, env: RankEnv, time
 
 
 @contextlib.contextmanager
-def process_group(plan: Plan, env: RankEnv, timeout_s: float) -> Iterator[object | None]:
-    """Initialises the process group (unless started already) and the plan's device mesh; yields the mesh
+def process_group(layout: Layout, env: RankEnv, timeout_s: float) -> Iterator[object | None]:
+    """Initialises the process group (unless started already) and the layout's device mesh; yields the mesh
     (None on one rank)."""
-    if plan.world_size == 1:
+    if layout.world_size == 1:
         yield None
         return
     from torch.distributed.device_mesh import init_device_mesh
 
-    init_world(plan.backend, env, timeout_s)
+    init_world(layout.backend, env, timeout_s)
     try:
-        names, sizes = zip(*plan.mesh)
-        mesh = init_device_mesh(plan.device_type, tuple(sizes), mesh_dim_names=tuple(names))
+        names, sizes = zip(*layout.mesh)
+        mesh = init_device_mesh(layout.device_type, tuple(sizes), mesh_dim_names=tuple(names))
         set_timeouts(timeout_s)  # the mesh's groups start with torch's default timeout, not the world's
         yield mesh
     finally:
@@ -123,21 +121,21 @@ def set_timeouts(timeout_s: float) -> None:
             _set_pg_timeout(datetime.timedelta(seconds=timeout_s), group)
 
 
-def dp_coordinate(plan: Plan, mesh) -> int:
-    """This rank's data-parallel replica index, flattened over the plan's dp dimensions."""
+def dp_coordinate(layout: Layout, mesh) -> int:
+    """This rank's data-parallel replica index, flattened over the layout's dp dimensions."""
     if mesh is None:
         return 0
     index = 0
-    for name in plan.dp_dims:
+    for name in layout.dp_dims:
         index = index * mesh.size(mesh.mesh_dim_names.index(name)) + mesh.get_local_rank(name)
     return index
 
 
-def dp_group(plan: Plan, mesh):
+def dp_group(layout: Layout, mesh):
     """The process group of this rank's data-parallel replicas (None with one replica)."""
-    if mesh is None or plan.dp_size == 1:
+    if mesh is None or layout.dp_size == 1:
         return None
-    dims = tuple(plan.dp_dims)
+    dims = tuple(layout.dp_dims)
     return mesh.get_group(dims[0]) if len(dims) == 1 else mesh[dims]._flatten().get_group()
 
 

@@ -14,6 +14,8 @@ import math
 
 import torch
 
+from snnfw.distributed.layout import Layout
+
 SLICES = "snnfw_slices"  # written by tensor-parallel styles: parameter name -> TensorSlice
 EPS = 1e-6  # torch.nn.utils.clip_grad_norm_'s
 
@@ -37,11 +39,10 @@ def _pieces(grad: torch.Tensor, sliced_over) -> tuple[torch.Tensor, int]:
     return grad, pieces
 
 
-def local_grad_squares(model: torch.nn.Module, plan, device: torch.device | None = None) -> torch.Tensor:
+def local_grad_squares(model: torch.nn.Module, layout: Layout, device: torch.device | None = None) -> torch.Tensor:
     """This rank's share of the squared L2 norm of the whole model's gradient, a float64 tensor on the device:
     added over the world, it counts every piece of every parameter once."""
-    stages = math.prod(dict(plan.mesh)[dim] for dim in plan.stage_dims)  # ranks holding different parameters
-    holders = plan.world_size // stages  # ranks that hold any one parameter
+    holders = layout.world_size // layout.size(layout.stage_dims)  # ranks that hold any one parameter
     by_weight: dict[tuple[float, torch.dtype], list[torch.Tensor]] = {}  # (pieces / holders, dtype) -> local gradients
     for module in model.modules():
         slices = module.__dict__.get(SLICES, {})
@@ -58,10 +59,10 @@ def local_grad_squares(model: torch.nn.Module, plan, device: torch.device | None
     return total if total is not None else torch.zeros((), dtype=torch.float64, device=device)
 
 
-def global_grad_norm(model: torch.nn.Module, plan, squares: torch.Tensor | None = None) -> torch.Tensor:
+def global_grad_norm(model: torch.nn.Module, layout: Layout, squares: torch.Tensor | None = None) -> torch.Tensor:
     """The L2 norm of the whole model's gradient, a float64 tensor on the device (a collective over the world);
     ``squares``: this rank's share where :func:`local_grad_squares` has already computed it."""
-    squares = (local_grad_squares(model, plan) if squares is None else squares).clone()
+    squares = (local_grad_squares(model, layout) if squares is None else squares).clone()
     if torch.distributed.is_initialized():
         torch.distributed.all_reduce(squares)
     return squares.sqrt()

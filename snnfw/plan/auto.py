@@ -123,7 +123,8 @@ def ranked_candidates(request, plugins) -> tuple[list[Candidate], list[Candidate
 
 @attrs.frozen
 class Decision:
-    """``auto``'s choice: made once, from one measurement, and carried to every rank, which all apply it alike."""
+    """``auto``'s choice: made once, from one measurement, and applied alike by every rank (the launcher's plan file
+    carries it; ranks that plan for themselves take rank 0's)."""
 
     strategy: str
     mesh: tuple[tuple[str, int], ...]
@@ -134,18 +135,6 @@ class Decision:
         """``config`` with the chosen strategy, mesh and settings (the keys the user set are kept)."""
         parallel = attrs.evolve(config.parallel, strategy=self.strategy, mesh=self.mesh)
         return with_settings(attrs.evolve(config, parallel=parallel), dict(self.settings))[0]
-
-    def to_json(self) -> str:
-        return json.dumps(attrs.asdict(self))
-
-    @classmethod
-    def from_json(cls, text: str) -> "Decision":
-        fields = json.loads(text)
-        return cls(
-            strategy=fields["strategy"], mesh=tuple((name, size) for name, size in fields["mesh"]),
-            settings=tuple((key, tuple(v) if isinstance(v, list) else v) for key, v in fields["settings"]),
-            rationale=tuple(fields["rationale"]),
-        )
 
 
 def choose(request, plugins) -> Decision:

@@ -8,6 +8,7 @@ from typing import Any
 import attrs
 
 from snnfw.config import COMPOSED, Config, with_settings
+from snnfw.distributed.layout import Layout
 from snnfw.errors import PlanError
 from snnfw.model.analysis import Analysis
 
@@ -173,6 +174,11 @@ class Plan:
         """How many ranks the mesh dimensions ``dims`` span together."""
         sizes = dict(self.mesh)
         return math.prod(sizes[d] for d in dims)
+
+    @property
+    def layout(self) -> Layout:
+        """The mesh and its dimensions' roles, as the distributed primitives take them."""
+        return Layout(self.mesh, self.dp_dims, self.stage_dims, self.replicated_neuron_dims, self.device_type, self.backend)
 
     @property
     def replica_batch(self) -> int:

@@ -1,8 +1,10 @@
 """analyze -> plan: the model, its analysis and the plan, decided before any process starts.
 
-``snnfw plan`` stops here; every rank of a run repeats it (the same config and
-seed give the same model and plan) and then applies and runs it
-(:mod:`snnfw.run.loop`).
+``snnfw plan`` stops here. ``snnfw train`` plans once and writes the plan file
+(:mod:`snnfw.plan.planfile`), under which each rank only builds its model
+(:func:`from_plan`); a rank started without one (plain torchrun, the Python
+API) plans for itself, the same config and seed giving the same model and
+plan. Each then applies and runs it (:mod:`snnfw.run.loop`).
 """
 
 from __future__ import annotations
@@ -36,14 +38,19 @@ def build_model(config: Config, plugins: Plugins, given=None):
     return _build(config, source)[1], source.spec
 
 
-def _build(config: Config, source: models.Source) -> tuple[Config, torch.nn.Module, tuple[str, ...]]:
-    """The config (with the input layout a model of the user's own takes), the model, and the plan's lines on it."""
+def _built(config: Config, source: models.Source) -> torch.nn.Module:
+    """The model, built with the run's seed."""
     torch.manual_seed(config.train.seed)
     with users_code(f"building {source.name}"):
         model = source.build()
     if not isinstance(model, torch.nn.Module):
         raise ConfigError(f"{source.name} returned {type(model).__name__}, not a torch.nn.Module; return the network")
-    notes = ()
+    return model
+
+
+def _build(config: Config, source: models.Source) -> tuple[Config, torch.nn.Module, tuple[str, ...]]:
+    """The config (with the input layout a model of the user's own takes), the model, and the plan's lines on it."""
+    model, notes = _built(config, source), ()
     if source.own:
         explicit = "model.input_layout" in config.explicit
         layout, notes = check_model(model, source.name, source.spec, config.model.input_layout, explicit)
@@ -82,7 +89,6 @@ class Prepared:
     given_instance: bool = False  # a module handed over whole: ranks take rank 0's initial state
     builds_shards: bool = False  # this run's ranks materialize only their shards (snnfw.distributed.materialize)
     datasets: tuple | None = None  # (train, test) as built for counting epochs, for the trainer to reuse
-    decision: Decision | None = None  # auto's choice, for the launcher to carry to the ranks
 
 
 def check_data(config: Config, plugins: Plugins, own_data: bool) -> None:
@@ -178,7 +184,7 @@ def prepare(config: Config, world_size: int, plugins: Plugins, local_ranks: int 
     ``model`` (a module or builder) and ``datasets`` (train, test) are what the Python API was handed.
     ``auto``'s choice depends on a measurement, so it is made once: ``agree(decide, device_type)`` runs
     ``decide`` (the measurement and the choice) where it should and returns its :class:`Decision` (the ranks
-    of a job pass one that takes rank 0's, or the launcher's).
+    of a job that plan for themselves pass one that takes rank 0's).
     """
     check_data(config, plugins, datasets is not None)
     if (profile := config.log.profile) and profile.ranks and profile.ranks[-1] >= world_size:
@@ -209,7 +215,27 @@ def prepare(config: Config, world_size: int, plugins: Plugins, local_ranks: int 
         ("cpu_allocator retain: each rank's malloc keeps freed blocks for the next step",) if allocator == "retain" else ())
     plan = attrs.evolve(plan, rationale=topology.rationale + plan.rationale + model_notes + data_notes + notes)
     return Prepared(plan, built, source.spec, analysis, given_instance=isinstance(model, torch.nn.Module),
-                    builds_shards=shards, datasets=built_data, decision=decision)
+                    builds_shards=shards, datasets=built_data)
+
+
+def from_plan(plan: Plan, plugins: Plugins, rank: int) -> Prepared:
+    """What rank ``rank`` applies and runs under a plan made before it started (:mod:`snnfw.plan.planfile`): the
+    model built from the plan's resolved config as planning built it (on the meta device where the rank receives
+    its shard); nothing is analysed, measured or proposed again."""
+    config = plan.config
+    source = models.source(config, plugins)
+    shards = builds_shards(config, plugins, plan.world_size, given_instance=False)
+    model = None
+    if shards and rank != 0:
+        try:
+            with torch.device("meta"):
+                model = _built(config, source)
+        except Exception:  # built for real below, which raises the model's own errors as rank 0 does
+            pass
+    model = model or _built(config, source)
+    if config.model.input_layout == "TN":
+        models.time_major_input(model)
+    return Prepared(plan, model, source.spec, plan.analysis, builds_shards=shards)
 
 
 def auto_candidates(config: Config, world_size: int, plugins: Plugins, device_memory: float | None = None) -> list:

@@ -16,6 +16,7 @@ from snnfw.components.profile import StepProfiler
 from snnfw.components.weights import read_weights
 from snnfw.config import Config, for_evaluation
 from snnfw.distributed.collectives import all_reduce, barrier
+from snnfw.plan.layout import Plan
 from snnfw.plugin.manager import Plugins
 from snnfw.run.session import start
 from snnfw.run.trainer import Trainer
@@ -23,13 +24,15 @@ from snnfw.rundir import BEST_MODEL, EVAL, FINAL_MODEL
 
 
 def run_training(
-    config: Config,
+    config: Config | None,
     run_dir: str | Path | None = None,
     plugins: Plugins | None = None,
     on_finish: Callable[[Trainer], Any] | None = None,
     resume: bool = False,
+    plan: Plan | None = None,
 ) -> dict[str, Any]:
-    """Runs one rank of a training job described by ``config``; returns the summary.
+    """Runs one rank of a training job described by ``config`` (None: ``plan``'s, a plan made before the ranks
+    started, under which the rank plans nothing: :func:`snnfw.run.session.start`); returns the summary.
 
     Rank 0 writes ``metrics.jsonl`` and ``summary.json`` into ``run_dir``.
     ``on_finish(trainer)``, if given, runs before the process group closes and
@@ -40,7 +43,7 @@ def run_training(
     """
     run_dir = Path(run_dir) if run_dir is not None else None
     started = time.perf_counter()
-    with start(config, run_dir=run_dir, resume=resume, plugins=plugins) as run:
+    with start(config, run_dir=run_dir, resume=resume, plugins=plugins, plan=plan) as run:
         config, plan, is_main = run.config, run.plan, run.env.rank == 0
         cuda = plan.device_type == "cuda"
         profiler = StepProfiler(config.log.profile, run.env.rank, run_dir, cuda)
@@ -98,14 +101,15 @@ def check_predictions_file(path: str | Path | None) -> None:
         rundir.check_writable(Path(path), "--out")
 
 
-def run_evaluation(config: Config, weights: str | Path, run_dir: str | Path | None = None, predict: str | Path | None = None,
-                   plugins: Plugins | None = None) -> dict[str, Any]:
+def run_evaluation(config: Config | None, weights: str | Path, run_dir: str | Path | None = None,
+                   predict: str | Path | None = None, plugins: Plugins | None = None, plan: Plan | None = None) -> dict[str, Any]:
     """Scores ``weights`` (a run directory, checkpoint or state-dict file) on the test split under
-    ``config``'s strategy, on this rank; rank 0 writes ``eval.json`` into ``run_dir`` and, with
-    ``predict``, one JSON line per test sample (index, label, predicted, logits) into that file."""
+    ``config``'s strategy (None: ``plan``'s, made for the config as :func:`for_evaluation` reads it), on this rank;
+    rank 0 writes ``eval.json`` into ``run_dir`` and, with ``predict``, one JSON line per test sample (index, label,
+    predicted, logits) into that file."""
     check_predictions_file(predict)
     state = read_weights(weights)
-    with start(for_evaluation(config), weights=state, plugins=plugins) as run:
+    with start(for_evaluation(config) if plan is None else None, weights=state, plugins=plugins, plan=plan) as run:
         result = {"weights": str(weights), **run.evaluate(ops=predict is None), "plan": run.plan.to_dict()}
         rows = run.predict() if predict is not None else None
         if run.env.rank == 0:

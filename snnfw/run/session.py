@@ -44,10 +44,11 @@ from snnfw.distributed.chunks import gather_whole
 from snnfw.distributed.collectives import RankEnv, decided_once, device_for, process_group, set_cpu_threads
 from snnfw.errors import ConfigError, PlanError, keys_phrase
 from snnfw.plan.auto import Decision
-from snnfw.plan.prepare import prepare
+from snnfw.plan.layout import Plan
+from snnfw.plan.prepare import from_plan, prepare
 from snnfw.plugin.manager import Plugins, check_same_plugins_on_all_ranks
 from snnfw.run.trainer import Trainer
-from snnfw.rundir import AUTO_DECISION, SUMMARY, write_text, written_whole
+from snnfw.rundir import SUMMARY, write_text, written_whole
 
 CHECKPOINT_MS = "checkpoint_ms"  # a step's metric: the time its checkpoint save held training up
 WRITES_INTO_RUN_DIR = ("tensorboard", "wandb", "profile", "memory_snapshot")  # [log] keys
@@ -287,12 +288,10 @@ class Session:
 
 
 def _agreement(env: RankEnv, config: Config):
-    """How the ranks agree on ``auto``'s choice: the launcher's, carried in the environment; else rank 0's, broadcast
-    (each rank measuring for itself could choose another layout and hang or train wrong)."""
+    """How ranks that plan for themselves agree on ``auto``'s choice: rank 0's, broadcast (each rank measuring for
+    itself could choose another layout and hang or train wrong)."""
 
     def agree(decide, device_type: str) -> Decision:
-        if carried := os.environ.get(AUTO_DECISION):
-            return Decision.from_json(carried)
         if env.world_size == 1:
             return decide()
         return decided_once(decide, device_type, env, config.parallel.timeout_s, config.parallel.backend)
@@ -311,6 +310,7 @@ def start(
     resume: bool = False,
     weights: dict | None = None,
     plugins: Plugins | None = None,
+    plan: Plan | None = None,
 ) -> Iterator[Session]:
     """Plans, starts the process group (from torchrun's environment) and applies the strategy; yields the :class:`Session`.
 
@@ -324,8 +324,14 @@ def start(
     (``Session.start_step``). ``weights`` (a state dict by the model's own
     names, :func:`snnfw.components.weights.read_weights`) replace the initial ones. Errors in the config are raised before any
     process group work.
+
+    Each rank plans for itself (builds and analyses the model, asks the strategies); ``auto``'s measurement and
+    choice are rank 0's, handed to the others. A ``plan`` made before the ranks started (``snnfw train``'s plan
+    file, :mod:`snnfw.plan.planfile`) replaces the config and that planning: the rank then only builds the model.
     """
-    config = as_config(config)
+    if plan is not None and (config is not None or model is not None or train_set is not None):
+        raise TypeError("a plan holds its config and is made for the config's model and data set; pass the plan alone")
+    config = plan.config if plan is not None else as_config(config)
     if run_dir is None and (keys := [f"log.{key}" for key in WRITES_INTO_RUN_DIR if getattr(config.log, key)]):
         subject, pronoun = keys_phrase(keys)
         raise ConfigError(f"{subject} written into the run directory, and this run has none; pass a run directory, "
@@ -333,7 +339,7 @@ def start(
     if (train_set is None) != (test_set is None):
         raise ConfigError("snnfw.start takes train_set and test_set together; pass both, or neither for the config's data set")
     with _scans_only_the_session():
-        yield from _started(config, model, train_set, test_set, run_dir, resume, weights, plugins)
+        yield from _started(config, model, train_set, test_set, run_dir, resume, weights, plugins, plan)
 
 
 @contextlib.contextmanager
@@ -350,14 +356,18 @@ def _scans_only_the_session() -> Iterator[None]:
         gc.unfreeze()
 
 
-def _started(config: Config, model, train_set, test_set, run_dir, resume, weights, plugins) -> Iterator[Session]:
+def _started(config: Config, model, train_set, test_set, run_dir, resume, weights, plugins, plan) -> Iterator[Session]:
     env = RankEnv.from_environ()
     plugins = plugins or Plugins()
     datasets = (train_set, test_set) if train_set is not None else None
     started = dist.is_initialized()
+    if plan is not None and plan.world_size != env.world_size:
+        raise PlanError(f"the plan is made for {plan.world_size} rank(s) and this job has {env.world_size}; launch "
+                        f"{plan.world_size} rank(s), or plan again for {env.world_size}")
     try:
-        prepared = prepare(config, env.world_size, plugins, model=model, datasets=datasets, agree=_agreement(env, config),
-                           rank=env.rank)
+        prepared = from_plan(plan, plugins, env.rank) if plan is not None else \
+            prepare(config, env.world_size, plugins, model=model, datasets=datasets, agree=_agreement(env, config),
+                    rank=env.rank)
     except PlanError as err:
         if "WORLD_SIZE" in os.environ or config.parallel.strategy == "none":
             raise
@@ -369,8 +379,8 @@ def _started(config: Config, model, train_set, test_set, run_dir, resume, weight
             dist.destroy_process_group()
         raise
     config = prepared.plan.config  # as resolved: auto's choice, the preference's defaults
-    device = device_for(prepared.plan, env)  # a GPU rank's device is set before its process group starts
-    with process_group(prepared.plan, env, config.parallel.timeout_s) as mesh:
+    device = device_for(prepared.plan.layout, env)  # a GPU rank's device is set before its process group starts
+    with process_group(prepared.plan.layout, env, config.parallel.timeout_s) as mesh:
         if mesh is not None:
             check_same_plugins_on_all_ranks(plugins)
         if device.type == "cpu":

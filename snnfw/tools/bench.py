@@ -24,10 +24,11 @@ import attrs
 import snnfw
 from snnfw.config import load_config
 from snnfw.errors import UserError
+from snnfw.plan import planfile
 from snnfw.plan.prepare import prepare
 from snnfw.plugin.manager import Plugins
 from snnfw.run.session import CHECKPOINT_MS
-from snnfw.rundir import METRICS, SUMMARY, check_writable, write_text
+from snnfw.rundir import METRICS, PLAN, SUMMARY, check_writable, write_text
 from snnfw.tools.launch import launch
 
 DEFAULT_RESULTS = Path("benchmark/results/bench.jsonl")
@@ -119,14 +120,16 @@ def bench(
     if baseline:
         strategy = "baseline-ddp" if nproc > 1 else "baseline-plain"
         config = attrs.evolve(config, parallel=attrs.evolve(config.parallel, strategy="dp" if nproc > 1 else "none", mesh=None))
-    prepared = prepare(config, nproc, Plugins())
-    plan = prepared.plan
+    plugins = Plugins()
+    plan = prepare(config, nproc, plugins).plan
     if baseline:
         plan = attrs.evolve(plan, strategy=strategy)
     with tempfile.TemporaryDirectory(prefix="snnfw-bench-") as tmp:
-        module = "snnfw.tools.baseline" if baseline else "snnfw.train"
-        status = launch(config_path, nproc, Path(tmp), overrides, config.parallel.timeout_s, module,
-                        decision=prepared.decision.to_json() if prepared.decision else None)
+        module, plan_file = "snnfw.tools.baseline" if baseline else "snnfw.train", None
+        if not baseline:
+            plan_file = Path(tmp) / PLAN
+            planfile.write(plan_file, plan, plugins, planfile.config_digest(config_path, overrides))
+        status = launch(config_path, nproc, Path(tmp), overrides, config.parallel.timeout_s, module, plan=plan_file)
         if status:
             return status
         metrics = [json.loads(line) for line in (Path(tmp) / METRICS).read_text().splitlines()]

@@ -28,7 +28,7 @@ import uuid
 from pathlib import Path
 
 from snnfw import rundir
-from snnfw.rundir import AUTO_DECISION, DEBUG, LAUNCHED
+from snnfw.rundir import DEBUG, LAUNCHED
 from snnfw.tools.watchdog import Watchdog, blame
 
 
@@ -52,12 +52,12 @@ def _elastic_loggers() -> list[logging.Logger]:
 def launch(
     config_path: str, nproc: int, run_dir: Path, overrides: list[str], timeout_s: float, module: str = "snnfw.train",
     *, nnodes: int = 1, node_rank: int = 0, rdzv_endpoint: str | None = None, max_restarts: int = 0, resume: bool = False,
-    extra: list[str] = (), decision: str | None = None, debug: bool = False,
+    extra: list[str] = (), plan: Path | None = None, debug: bool = False,
 ) -> int:
     """Runs ``module`` (the worker entry) on every rank and returns the exit status for the CLI.
 
-    ``decision``: ``auto``'s choice as the launcher made it (JSON), which every rank then applies. ``debug``: the
-    ranks show the tracebacks of errors in the user's code on screen too.
+    ``plan``: the plan file the launcher wrote (:mod:`snnfw.plan.planfile`), which every rank then runs instead of
+    planning. ``debug``: the ranks show the tracebacks of errors in the user's code on screen too.
     """
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
@@ -84,6 +84,7 @@ def launch(
         monitor_interval=0.1,
     )
     args = ["-u", "-m", module, config_path, "--run-dir", str(run_dir)] + (["--resume"] if resume else []) + list(extra)
+    args += ["--plan", str(plan)] if plan is not None else []
     for item in overrides:
         args += ["--set", item]
     stopped = rundir.stopped_marker(run_dir)
@@ -91,7 +92,7 @@ def launch(
     for logger in loggers:
         logger.addFilter(quiet)
     try:
-        with _environment({LAUNCHED: "1", AUTO_DECISION: decision, DEBUG: "1" if debug else None}), Watchdog(run_dir) as watchdog:
+        with _environment({LAUNCHED: "1", DEBUG: "1" if debug else None}), Watchdog(run_dir) as watchdog:
             elastic_launch(config, entrypoint=sys.executable)(*args)
     except SignalException as err:
         print(f"snnfw: error: {_stopped(err.sigval.name, run_dir, module == 'snnfw.train' and '--evaluate' not in extra)}",

@@ -283,9 +283,8 @@ def test_zero_killed_in_warmup_resumes_under_none(tmp_path, faults):
 
 
 def test_the_gradient_norm_and_clip_are_torchs_on_one_process():
-    from types import SimpleNamespace
-
     from snnfw.distributed.grad_norm import clip_gradients, global_grad_norm
+    from snnfw.distributed.layout import Layout
 
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(6, 5), torch.nn.ReLU(), torch.nn.Linear(5, 3))
@@ -293,7 +292,7 @@ def test_the_gradient_norm_and_clip_are_torchs_on_one_process():
     twin = copy.deepcopy(model)
     for p, q in zip(model.parameters(), twin.parameters()):
         q.grad = p.grad.clone()
-    norm = float(global_grad_norm(model, SimpleNamespace(world_size=1, mesh=(("dp", 1),), stage_dims=())))
+    norm = float(global_grad_norm(model, Layout((("dp", 1),))))
     assert norm == pytest.approx(torch.nn.utils.clip_grad_norm_(twin.parameters(), 0.5).item(), rel=1e-6) and norm > 0.5
     clip_gradients(model, torch.tensor(norm, dtype=torch.float64), 0.5)
     assert all(torch.allclose(p.grad, q.grad) for p, q in zip(model.parameters(), twin.parameters()))

@@ -164,7 +164,6 @@ def test_ranks_whose_measurements_differ_run_rank_0s_choice(plugins, monkeypatch
     from snnfw.testing import run_on_ranks
 
     config = auto(2, "speed")
-    monkeypatch.delenv("SNNFW_AUTO_DECISION", raising=False)
     alone = [None, None]
     for rank in (0, 1):  # each rank deciding for itself would part ways
         with monkeypatch.context() as patch:
@@ -176,32 +175,3 @@ def test_ranks_whose_measurements_differ_run_rank_0s_choice(plugins, monkeypatch
     assert [s["plan"]["strategy"] for s in summaries] == ["dp", "dp"]
     assert summaries[0]["plan"] == summaries[1]["plan"]
     assert summaries[0]["plan"]["rationale"][0].startswith("auto, prefer speed: chose dp")
-
-
-def test_the_launchers_choice_is_what_every_rank_runs(plugins):
-    """``snnfw train`` decides auto once and carries its choice to the ranks, which apply it without measuring."""
-    from snnfw.plan.auto import Decision
-    from snnfw.testing import run_on_ranks
-
-    carried = Decision("fsdp2", (("dp", 2),), (), ("auto, prefer speed: chose fsdp2 (dp=2), by the launcher",))
-    env = {rank: {"SNNFW_AUTO_DECISION": carried.to_json()} for rank in (0, 1)}
-    summaries = run_on_ranks(auto(2, "speed"), 2, timeout_s=240, env=env, before=_measuring_fails)
-    for summary in summaries:
-        assert summary["plan"]["strategy"] == "fsdp2"
-        assert summary["plan"]["rationale"][0] == carried.rationale[0]
-
-
-def _measuring_fails(rank):
-    import snnfw.plan.prepare as prepare_module
-
-    def measure(*args):
-        raise AssertionError("a rank measured although the launcher had decided")
-
-    prepare_module.measure = measure
-
-
-def test_a_decision_survives_its_trip_through_the_environment(plugins):
-    from snnfw.plan.auto import Decision
-
-    decision = prepare(auto(2, "memory"), 2, plugins).decision
-    assert Decision.from_json(decision.to_json()) == decision
