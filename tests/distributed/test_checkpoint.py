@@ -293,3 +293,44 @@ def test_fsdp2_saves_and_exports_hold_a_shard_not_the_whole_state(tmp_path):
         assert peaks["async_save"] <= 1.1 * peaks["whole"] / 4, (rank, peaks)
         if rank:
             assert peaks["export"] <= 1.1 * peaks["largest_piece"], (rank, peaks)
+
+
+def mesh(sizes: dict, **kwargs):
+    return config("mesh", parallel={"mesh": sizes}, **kwargs)
+
+
+def test_a_composed_checkpoint_resumes_on_another_composed_mesh(tmp_path, reference):
+    """dp_shard x tp (FSDP2 shards of tp slices) saved, resumed on dp_replicate x time (whole replicas, time split):
+    the uninterrupted run's losses."""
+    saved = run_on_ranks(mesh({"dp_shard": 2, "tp": 2}, steps=3), 4, tmp_path)
+    resumed = run_on_ranks(mesh({"dp_replicate": 2, "time": 2}), 4, tmp_path, resume=True)
+    for summary in saved:
+        assert_losses(reference[:3], summary["losses"])
+    for summary in resumed:
+        assert summary["resumed_from"] == 3
+        assert_losses(reference, summary["losses"])
+
+
+def test_a_pipelined_mesh_checkpoint_resumes_on_a_sharded_one(tmp_path):
+    """pp x dp_replicate (stage state under the model's names) saved, resumed on dp_shard x tp with as many
+    microbatches: none's losses with 4."""
+    want = run_training(config(microbatches=4, every=0))["losses"]
+    saved = run_on_ranks(mesh({"pp": 2, "dp_replicate": 2}, steps=3, microbatches=2), 4, tmp_path)
+    resumed = run_on_ranks(mesh({"dp_shard": 2, "tp": 2}, microbatches=2), 4, tmp_path, resume=True)
+    for summary in saved:
+        assert_losses(want[:3], summary["losses"])
+    for summary in resumed:
+        assert summary["resumed_from"] == 3
+        assert_losses(want, summary["losses"])
+
+
+@pytest.mark.full_matrix
+def test_a_three_dimensional_checkpoint_resumes_on_two_dimensions(tmp_path, reference):
+    """dp_shard x time x tp on 8 ranks saved, resumed on dp_shard x tp."""
+    saved = run_on_ranks(mesh({"dp_shard": 2, "time": 2, "tp": 2}, steps=3), 8, tmp_path, timeout_s=600)
+    resumed = run_on_ranks(mesh({"dp_shard": 2, "tp": 2}), 4, tmp_path, resume=True)
+    for summary in saved:
+        assert_losses(reference[:3], summary["losses"])
+    for summary in resumed:
+        assert summary["resumed_from"] == 3
+        assert_losses(reference, summary["losses"])
