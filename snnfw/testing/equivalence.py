@@ -11,6 +11,7 @@ microbatches. ``tests/test_guarantee.py`` asserts it in float64;
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import attrs
@@ -48,6 +49,23 @@ def _pipeline(schedule: str, virtual: int = 1, mesh: dict | None = None) -> dict
     return {"pipeline": {"schedule": schedule, "virtual_stages": virtual}, **parallel}
 
 
+def _composed(sizes: dict, microbatches: int = 1) -> Case:
+    """A composed mesh (strategy ``mesh``): its data replicas are its dp_replicate x dp_shard ranks."""
+    replicas = sizes.get("dp_replicate", 1) * sizes.get("dp_shard", 1)
+    name = "mesh-" + "-x-".join(f"{dim}{size}" for dim, size in sizes.items())
+    return Case(name, "mesh", math.prod(sizes.values()), replicas, microbatches, {"parallel": {"mesh": sizes}})
+
+
+MESH_CASES = (  # every pairing of the five dimensions at size 2, and three-dimensional layouts on 8 ranks
+    _composed({"dp_replicate": 2, "dp_shard": 2}),
+    _composed({"dp_replicate": 2, "tp": 2}),
+    _composed({"dp_replicate": 2, "pp": 2}, 2),
+    _composed({"dp_replicate": 2, "time": 2}),
+    _composed({"dp_shard": 2, "tp": 2}),
+    _composed({"dp_shard": 2, "time": 2}),
+    _composed({"tp": 2, "time": 2}),
+    _composed({"tp": 2, "time": 2, "dp_shard": 2}),
+)
 CASES = (
     Case("dp", "dp", 2, 2, 1),
     Case("zero", "zero", 2, 2, 1),
@@ -67,6 +85,7 @@ CASES = (
     Case("tsp-4", "tsp", 4, 1, 1, {"parallel": {"mesh": {"time": 4}}}),
     Case("dp-x-tsp", "tsp", 4, 2, 1, {"parallel": {"mesh": {"dp": 2, "time": 2}}}),
     Case("fsdp2-x-tsp", "fsdp2_tsp", 4, 2, 1, {"parallel": {"mesh": {"time": 2, "dp": 2}}}),
+    *MESH_CASES,
 )
 
 
