@@ -1,9 +1,11 @@
 """``mesh``: the dimensions ``parallel.mesh`` names, composed (:mod:`snnfw.plan.compose`); a config that sets
 ``parallel.mesh`` and no strategy gets it."""
 
+import attrs
+
 from snnfw import hookimpl
-from snnfw.plan.compose import apply_mesh, owners, propose_mesh
-from snnfw.plan.layout import COMPOSED
+from snnfw.plan.compose import apply_mesh, candidate_meshes, owners, propose_mesh
+from snnfw.plan.layout import AUTO, COMPOSED
 from snnfw.plugin.strategy import DATA, REPLICATED, SHARDED, Strategy
 
 
@@ -33,6 +35,11 @@ def snnfw_register_strategies(register):
 
 @hookimpl
 def snnfw_plan(request):
+    """The mesh asked for; under ``auto`` without one, every mesh of two or three dimensions of the world (each
+    refusal carries its mesh, so it rules out that mesh alone)."""
     if request.strategy == COMPOSED:
         return propose_mesh(request)
-    return None
+    if request.strategy != AUTO or request.config.parallel.mesh:
+        return None
+    meshes = candidate_meshes(request.topology.world_size, list(owners(request.plugins)))
+    return [attrs.evolve(propose_mesh(request, mesh), mesh=mesh) for mesh in meshes]

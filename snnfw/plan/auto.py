@@ -52,12 +52,12 @@ class Candidate:
 def candidates(request, proposals) -> tuple[list[Candidate], list[Candidate]]:
     """Splits proposals into runnable candidates and refused ones, with reasons.
 
-    A refusal without settings refuses its strategy, whichever plugin gives it, as
-    when the strategy is named; one with settings refuses only that variant.
+    A refusal without settings or a mesh refuses its strategy, whichever plugin gives it, as
+    when the strategy is named; one with settings or a mesh refuses only that variant.
     """
     config, topology = request.config, request.topology
     memory = topology.memory_per_rank()
-    vetoed = {p.strategy for p in proposals if p.refusal and not p.settings}
+    vetoed = {p.strategy for p in proposals if p.refusal and not p.settings and not p.mesh}
     feasible, refused = [], []
     for p in proposals:
         mesh = dict(p.mesh)

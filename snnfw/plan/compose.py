@@ -21,12 +21,14 @@ Applied in this order:
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import attrs
 
-from snnfw.plan.layout import COMPOSED, Proposal, PlanRequest
-from snnfw.plugin.strategy import IN_PLACE, REPLICATED, SHARDED, STAGES, Strategy
+from snnfw.plan.estimate import estimate, ring_bytes
+from snnfw.plan.layout import COMPOSED, Mesh, PlanRequest, Proposal
+from snnfw.plugin.strategy import DATA, IN_PLACE, REPLICATED, SHARDED, SPLIT, STAGES, Strategy
 
 EXAMPLE = "parallel.mesh = {dp_shard = 2, tp = 2}"
 
@@ -53,10 +55,10 @@ def _nesting(strategy: Strategy) -> int:
     return {REPLICATED: 1, SHARDED: 2}.get(strategy.parameters, 3)
 
 
-def propose_mesh(request: PlanRequest) -> Proposal:
-    """The composed proposal of ``parallel.mesh``: every dimension's strategy asked for its part, or the refusal
-    naming the dimension (or the two) that cannot run."""
-    plugins, asked = request.plugins, request.config.parallel.mesh
+def propose_mesh(request: PlanRequest, asked: Mesh | None = None) -> Proposal:
+    """The composed proposal of ``asked`` (default ``parallel.mesh``): every dimension's strategy asked for its
+    part, or the refusal naming the dimension (or the two) that cannot run."""
+    plugins, asked = request.plugins, asked or request.config.parallel.mesh
     if not asked:
         return Proposal.refuse(COMPOSED, f"it composes the dimensions parallel.mesh names; set {EXAMPLE}")
     owned = owners(plugins)
@@ -95,7 +97,48 @@ def propose_mesh(request: PlanRequest) -> Proposal:
     rationale = (f"composed mesh {shape} (outermost first)" + (f"; {', '.join(dropped)} left out" if dropped else ""),
                  *(line for part in parts for line in part.rationale), _reduction_line(names, strategies))
     microbatches = max((p.microbatches for p in parts if p.microbatches), default=None)
-    return attrs.evolve(layout, rationale=rationale, microbatches=microbatches)
+    layout = attrs.evolve(layout, rationale=rationale, microbatches=microbatches)
+    return attrs.evolve(layout, estimate=_estimate(request, layout, strategies))
+
+
+def _estimate(request: PlanRequest, layout: Proposal, strategies: dict[str, Strategy]):
+    """The coarse cost :mod:`snnfw.plan.estimate` ranks candidates by: a rank's share of the parameters (split and
+    sharded dimensions), of the samples (data dimensions), of the activations (the dimensions that are not data
+    ones) and of the compute (the split ones: a time split's ranks wait on each other); the gradient reduction's
+    bytes, tensor-parallel activations' and a pipeline's bubble."""
+    cost = request.cost
+    if cost is None:
+        return None
+    sizes, names = dict(layout.mesh), [name for name, _ in layout.mesh]
+    averaged, sharded = _reduction(names, strategies)
+    split = math.prod(sizes[n] for n in names if strategies[n].parameters == SPLIT)
+    shards = math.prod(sizes[n] for n in sharded)
+    parts = math.prod(sizes[n] for n in names if strategies[n].order != DATA)  # the time's ranks wait on each other
+    samples = request.config.data.batch_size / replicas(layout)
+    params = cost.parameter_bytes / split
+    comm = (1.5 * ring_bytes(params, shards) if sharded else 0.0) + ring_bytes(params / shards,
+                                                                                math.prod(sizes[n] for n in averaged))
+    comm += sum(ring_bytes(cost.activation_bytes * samples, sizes[n]) for n in names
+                if strategies[n].parameters == SPLIT and not strategies[n].splits_stages)
+    stages = math.prod(sizes[n] for n in layout.stage_dims)
+    micro = request.config.train.microbatches or layout.microbatches or 1
+    return estimate(request, samples=samples, parameter_shards=split * shards, activation_shards=parts,
+                    compute_shards=split, comm_bytes=comm, bubble=(stages - 1) / (micro + stages - 1))
+
+
+def candidate_meshes(world: int, dimensions: list[str]) -> list[Mesh]:
+    """Every mesh of two or three of ``dimensions`` whose sizes (2 or more) multiply to ``world``: ``auto``'s
+    composed candidates."""
+    return [tuple(zip(dims, sizes)) for count in (2, 3) for dims in itertools.combinations(sorted(dimensions), count)
+            for sizes in _factors(world, count)]
+
+
+def _factors(world: int, count: int) -> list[tuple[int, ...]]:
+    """Ordered factorisations of ``world`` into ``count`` factors of 2 or more."""
+    if count == 1:
+        return [(world,)] if world >= 2 else []
+    return [(first, *rest) for first in range(2, world + 1) if world % first == 0
+            for rest in _factors(world // first, count - 1)]
 
 
 def _reduction_line(names, strategies) -> str:

@@ -64,3 +64,12 @@ def test_a_key_of_a_dimension_applies_in_a_mesh_that_has_it_and_is_refused_in_on
     prepare(mesh_config({"dp_replicate": 2, "time": 2}, tsp={"slices": 2}), 4, plugins)
     with pytest.raises(PlanError, match="tsp.slices applies only to strategies tsp and fsdp2_tsp"):
         prepare(mesh_config({"dp_replicate": 2, "tp": 2}, tsp={"slices": 2}), 4, plugins)
+
+
+def test_auto_weighs_every_composed_mesh_of_two_dimensions_beside_the_presets(plugins):
+    from snnfw.plan.prepare import auto_candidates
+
+    ranked = auto_candidates(tiny_config("auto", microbatches=2), 4, plugins)  # a pipeline's 2 stages need 2
+    composed = {tuple(c.mesh.items()) for c in ranked if c.strategy == "mesh"}
+    assert (("dp_shard", 2), ("tp", 2)) in composed and (("dp_replicate", 2), ("pp", 2)) in composed
+    assert len(composed) == 10 and all(c.estimate is not None for c in ranked)
