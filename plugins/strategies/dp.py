@@ -32,6 +32,9 @@ class ReplicatedData(Replicas):
         size = dict(layout.mesh)[self.dimension]
         return Proposal(NAME, rationale=(f"dp_replicate = {size}: replicas on different samples",))
 
+    def label(self, config, plan):
+        return "+zero" if config["parallel"].get("zero") else None
+
 
 @hookimpl
 def snnfw_register_strategies(register):

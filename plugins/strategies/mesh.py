@@ -22,6 +22,9 @@ class Composed(Strategy):
         return (any(s.shards_parameters for s in strategies) and all(s.shards_parameters or s.order == DATA for s in strategies)
                 and (SHARDED in roles or REPLICATED not in roles))
 
+    def label(self, config, plan):
+        return " x ".join(f"{name}={size}" for name, size in plan["mesh"].items())
+
     @hookimpl
     def snnfw_parallelize(self, model, plan, mesh, hooks):
         return apply_mesh(model, plan, mesh, hooks)

@@ -67,6 +67,11 @@ class Pipeline(Strategy):
 
     dimension, parameters, splits_stages, order = "pp", SPLIT, True, STAGES
 
+    def label(self, config, plan):
+        pipeline = config.get("pipeline") or {}
+        virtual = pipeline.get("virtual_stages", 1)
+        return pipeline.get("schedule", "1f1b") + (f" v{virtual}" if virtual > 1 else "")
+
     def propose_dimension(self, request, layout):
         from snnfw.plan.compose import replicas
 

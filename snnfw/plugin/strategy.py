@@ -36,6 +36,11 @@ class Strategy:
     """True where every rank holds only its shard of the parameters (its state dict's pieces): ranks other than 0
     then build the model on the meta device and receive their pieces of rank 0's (:mod:`snnfw.distributed.materialize`)."""
 
+    def label(self, config: dict, plan: dict) -> str | None:
+        """Words reports add to a benchmark record's strategy for this strategy (a pipeline's schedule), given the
+        record's ``config`` and ``plan`` as written (dicts); None adds none."""
+        return None
+
     def builds_shards(self, config, plugins) -> bool:
         """Whether this strategy's ranks build only their shards for ``config``: :attr:`shards_parameters`."""
         return self.shards_parameters

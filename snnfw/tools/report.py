@@ -11,11 +11,13 @@ them (``benchmark/run_all.sh`` does), so that each pair shares its conditions.
 
 from __future__ import annotations
 
+import functools
 import json
 import statistics
 from pathlib import Path
 
 from snnfw.errors import UserError
+from snnfw.plugin.manager import Plugins
 
 
 def _grouped(results: Path) -> list[dict]:
@@ -49,17 +51,21 @@ def grouped(records: list[dict], key) -> list[dict]:
 
 
 def strategy_label(record: dict) -> str:
-    """The strategy, with the schedule and stages per rank for a pipeline, a neuron backend other than torch,
-    and the record's label."""
-    name = record["plan"]["strategy"]
-    pipeline = record["config"].get("pipeline") or {}
-    if name == "pp":
-        name += f" {pipeline['schedule']}" + (f" v{pipeline['virtual_stages']}" if pipeline["virtual_stages"] > 1 else "")
-    if record["config"]["parallel"].get("zero") and name != "zero":
-        name += " +zero"
+    """The strategy, with what the plan's strategies add (a pipeline's schedule, a composed mesh's shape), a
+    neuron backend other than torch, and the record's label."""
+    plan, plugins = record["plan"], _plugins()
+    words = [plan["strategy"]]
+    for name in (plan["strategy"], *plan.get("strategies", ())):
+        if name in plugins.strategies.names() and (label := plugins.strategy(name).label(record["config"], plan)):
+            words.append(label)
     if (backend := record["config"]["model"].get("neuron_backend", "torch")) != "torch":
-        name += f" +{backend} neurons"
-    return name + (f" ({record['label']})" if record.get("label") else "")
+        words.append(f"+{backend} neurons")
+    return " ".join(words) + (f" ({record['label']})" if record.get("label") else "")
+
+
+@functools.cache
+def _plugins() -> Plugins:
+    return Plugins()
 
 
 def _workload(record: dict) -> tuple:
