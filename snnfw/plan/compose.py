@@ -26,6 +26,7 @@ import math
 
 import attrs
 
+from snnfw.errors import PluginError
 from snnfw.plan.estimate import estimate, ring_bytes
 from snnfw.plan.layout import COMPOSED, Mesh, PlanRequest, Proposal
 from snnfw.plugin.strategy import DATA, IN_PLACE, REPLICATED, SHARDED, SPLIT, STAGES, Strategy
@@ -39,8 +40,6 @@ def owners(plugins) -> dict[str, str]:
     for entry in plugins.strategies.entries():
         dimension = getattr(entry.value, "dimension", None)
         if dimension in found:
-            from snnfw.errors import PluginError
-
             raise PluginError(f"mesh dimension {dimension!r} is owned by two strategies, {found[dimension]!r} and "
                               f"{entry.name!r}; uninstall or block the plugin of one")
         if dimension:
@@ -73,8 +72,9 @@ def propose_mesh(request: PlanRequest, asked: Mesh | None = None) -> Proposal:
     strategies = {name: plugins.strategy(owned[name]) for name, _ in kept}
     mesh = tuple(sorted(kept, key=lambda dim: _nesting(strategies[dim[0]])))
     names = [name for name, _ in mesh]
-    for role, what in ((SHARDED, "shard the parameters"), ("stages", "split the model into stages")):
-        both = [n for n in names if (strategies[n].splits_stages if role == "stages" else strategies[n].parameters == role)]
+    sharding = [n for n in names if strategies[n].parameters == SHARDED]
+    staging = [n for n in names if strategies[n].splits_stages]
+    for both, what in ((sharding, "shard the parameters"), (staging, "split the model into stages")):
         if len(both) > 1:
             return Proposal.refuse(COMPOSED, f"dimensions {both[0]} and {both[1]} both {what}; keep one of them")
     layout = Proposal(
@@ -113,7 +113,7 @@ def _estimate(request: PlanRequest, layout: Proposal, strategies: dict[str, Stra
     averaged, sharded = _reduction(names, strategies)
     split = math.prod(sizes[n] for n in names if strategies[n].parameters == SPLIT)
     shards = math.prod(sizes[n] for n in sharded)
-    parts = math.prod(sizes[n] for n in names if strategies[n].order != DATA)  # the time's ranks wait on each other
+    parts = math.prod(sizes[n] for n in names if strategies[n].order != DATA)
     samples = request.config.data.batch_size / replicas(layout)
     params = cost.parameter_bytes / split
     comm = (1.5 * ring_bytes(params, shards) if sharded else 0.0) + ring_bytes(params / shards,
