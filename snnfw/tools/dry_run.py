@@ -318,7 +318,8 @@ def dry_run(config: Config, world_size: int, plugins: Plugins) -> tuple[object, 
             with fake, _unchecked_ddp_shapes():
                 trainer = _ZeroBatches(prepared.plan.config, prepared, plugins, mesh, torch.device("cpu"), data)
                 trainer.running_stats.moves_nothing = True
-                config = plugins.strategy(plan.strategy).for_fake_world(trainer.model, config)
+                for name in (plan.strategy, *plan.strategies):  # a composed mesh's dimensions ready themselves too
+                    config = plugins.strategy(name).for_fake_world(trainer.model, config)
                 buckets: list[int] = []
                 for module in trainer.model.modules():
                     if isinstance(module, DistributedDataParallel):  # DDP's reducer needs its all-reduce's result
