@@ -145,13 +145,7 @@ def test_loading_runs_no_code_from_the_checkpoint(tmp_path):
 
 def test_dp_two_ranks_resumed_equals_uninterrupted(tmp_path, reference):
     """Saved with ZeRO's sharded optimizer (gathered into one whole state), resumed with a plain one."""
-    first = run_on_ranks(config("dp", steps=3, parallel={"zero": True}), 2, tmp_path)
-    resumed = run_on_ranks(config("dp"), 2, tmp_path, resume=True)
-    for summary in first:
-        assert_losses(reference[:3], summary["losses"])
-    for summary in resumed:
-        assert summary["resumed_from"] == 3
-        assert_losses(reference, summary["losses"])
+    assert_resumed_across(tmp_path, (config("dp", steps=3, parallel={"zero": True}), 2), (config("dp"), 2), reference)
 
 
 def test_fsdp2_checkpoint_resumes_under_tp_and_under_none(tmp_path):
@@ -299,38 +293,35 @@ def mesh(sizes: dict, **kwargs):
     return config("mesh", parallel={"mesh": sizes}, **kwargs)
 
 
+def assert_resumed_across(tmp_path, saved: tuple, resumed: tuple, want: list[float]) -> None:
+    """``saved`` = (config, ranks) trains 3 steps and checkpoints; ``resumed`` = (config, ranks) goes on from there:
+    the uninterrupted run's losses ``want``."""
+    first = run_on_ranks(*saved, tmp_path, timeout_s=600)
+    then = run_on_ranks(*resumed, tmp_path, resume=True)
+    for summary in first:
+        assert_losses(want[:3], summary["losses"])
+    for summary in then:
+        assert summary["resumed_from"] == 3
+        assert_losses(want, summary["losses"])
+
+
 def test_a_composed_checkpoint_resumes_on_another_composed_mesh(tmp_path, reference):
     """dp_shard x tp (FSDP2 shards of tp slices) saved, resumed on dp_replicate x time (whole replicas, time split):
     the uninterrupted run's losses."""
-    saved = run_on_ranks(mesh({"dp_shard": 2, "tp": 2}, steps=3), 4, tmp_path)
-    resumed = run_on_ranks(mesh({"dp_replicate": 2, "time": 2}), 4, tmp_path, resume=True)
-    for summary in saved:
-        assert_losses(reference[:3], summary["losses"])
-    for summary in resumed:
-        assert summary["resumed_from"] == 3
-        assert_losses(reference, summary["losses"])
+    assert_resumed_across(tmp_path, (mesh({"dp_shard": 2, "tp": 2}, steps=3), 4),
+                          (mesh({"dp_replicate": 2, "time": 2}), 4), reference)
 
 
 def test_a_pipelined_mesh_checkpoint_resumes_on_a_sharded_one(tmp_path):
     """pp x dp_replicate (stage state under the model's names) saved, resumed on dp_shard x tp with as many
     microbatches: none's losses with 4."""
     want = run_training(config(microbatches=4, every=0))["losses"]
-    saved = run_on_ranks(mesh({"pp": 2, "dp_replicate": 2}, steps=3, microbatches=2), 4, tmp_path)
-    resumed = run_on_ranks(mesh({"dp_shard": 2, "tp": 2}, microbatches=2), 4, tmp_path, resume=True)
-    for summary in saved:
-        assert_losses(want[:3], summary["losses"])
-    for summary in resumed:
-        assert summary["resumed_from"] == 3
-        assert_losses(want, summary["losses"])
+    assert_resumed_across(tmp_path, (mesh({"pp": 2, "dp_replicate": 2}, steps=3, microbatches=2), 4),
+                          (mesh({"dp_shard": 2, "tp": 2}, microbatches=2), 4), want)
 
 
 @pytest.mark.full_matrix
 def test_a_three_dimensional_checkpoint_resumes_on_two_dimensions(tmp_path, reference):
     """dp_shard x time x tp on 8 ranks saved, resumed on dp_shard x tp."""
-    saved = run_on_ranks(mesh({"dp_shard": 2, "time": 2, "tp": 2}, steps=3), 8, tmp_path, timeout_s=600)
-    resumed = run_on_ranks(mesh({"dp_shard": 2, "tp": 2}), 4, tmp_path, resume=True)
-    for summary in saved:
-        assert_losses(reference[:3], summary["losses"])
-    for summary in resumed:
-        assert summary["resumed_from"] == 3
-        assert_losses(reference, summary["losses"])
+    assert_resumed_across(tmp_path, (mesh({"dp_shard": 2, "time": 2, "tp": 2}, steps=3), 8),
+                          (mesh({"dp_shard": 2, "tp": 2}), 4), reference)
