@@ -28,6 +28,9 @@ class ReplicatedData(Replicas):
 
     dimension, splits_batch, order = "dp_replicate", True, DATA
 
+    def propose(self, request):
+        return propose_replicas(NAME, request, "gradients averaged by DDP after each step's last microbatch")
+
     def propose_dimension(self, request, layout):
         size = dict(layout.mesh)[self.dimension]
         return Proposal(NAME, rationale=(f"dp_replicate = {size}: replicas on different samples",))
@@ -39,13 +42,6 @@ class ReplicatedData(Replicas):
 @hookimpl
 def snnfw_register_strategies(register):
     register(NAME, ReplicatedData(), "data parallel (DistributedDataParallel): every rank holds the whole model")
-
-
-@hookimpl
-def snnfw_plan(request):
-    if not request.asks_for(NAME):
-        return None
-    return propose_replicas(NAME, request, "gradients averaged by DDP after each step's last microbatch")
 
 
 def propose_replicas(strategy: str, request, rationale: str, shard_optimizer: bool = False):

@@ -46,6 +46,9 @@ class FullyShard(Strategy):
 
     dimension, parameters, splits_batch, order = "dp_shard", SHARDED, True, DATA
 
+    def propose(self, request):
+        return _propose(request)
+
     def propose_dimension(self, request, layout):
         size = dict(layout.mesh)[self.dimension]
         return Proposal(NAME, rationale=(f"dp_shard = {size}: parameters, gradients and optimizer state sharded on dim 0 "
@@ -103,8 +106,7 @@ def _scope_refusals(request) -> list[Proposal]:
 
 @hookimpl
 def snnfw_plan(request):
-    own = [_propose(request)] if request.asks_for(NAME) else []
-    return own + _scope_refusals(request)
+    return _scope_refusals(request)
 
 
 def _propose(request) -> Proposal:

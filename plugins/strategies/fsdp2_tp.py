@@ -19,6 +19,9 @@ NAME = "fsdp2_tp"
 class TensorParallelFullyShard(Strategy):
     """The tp_plan over the mesh's ``tp`` dimension, then fully_shard over ``dp``."""
 
+    def propose(self, request):
+        return _propose(request)
+
     shards_parameters = True
 
     @hookimpl
@@ -33,10 +36,7 @@ def snnfw_register_strategies(register):
     register(NAME, TensorParallelFullyShard(), "2-D: tensor parallel within nodes of the tp dimension, FSDP2 across dp")
 
 
-@hookimpl
-def snnfw_plan(request):
-    if not request.asks_for(NAME):
-        return None
+def _propose(request) -> Proposal:
     world = request.topology.world_size
     mesh = request.config.parallel.mesh or (("dp", world // 2), ("tp", 2))
     sizes = dict(mesh)

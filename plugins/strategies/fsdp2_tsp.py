@@ -21,6 +21,9 @@ NAME = "fsdp2_tsp"
 class TimeSplitFullyShard(Strategy):
     """The time steps split over ``time``, then fully_shard over time x dp."""
 
+    def propose(self, request):
+        return _propose(request)
+
     @hookimpl
     def snnfw_parallelize(self, model, plan, mesh, hooks):
         split_in_time(model, plan, mesh)
@@ -32,10 +35,7 @@ def snnfw_register_strategies(register):
     register(NAME, TimeSplitFullyShard(), "2-D: the time steps split over the time dimension, FSDP2 across dp")
 
 
-@hookimpl
-def snnfw_plan(request):
-    if not request.asks_for(NAME):
-        return None
+def _propose(request) -> Proposal:
     world = request.topology.world_size
     mesh = request.config.parallel.mesh or (("time", 2), ("dp", world // 2))
     sizes = dict(mesh)

@@ -5,7 +5,7 @@ import attrs
 
 from snnfw import hookimpl
 from snnfw.plan.compose import apply_mesh, candidate_meshes, owners, propose_mesh
-from snnfw.plan.layout import AUTO, COMPOSED
+from snnfw.plan.layout import COMPOSED
 from snnfw.plugin.strategy import DATA, REPLICATED, SHARDED, Strategy
 
 
@@ -22,6 +22,16 @@ class Composed(Strategy):
         return (any(s.shards_parameters for s in strategies) and all(s.shards_parameters or s.order == DATA for s in strategies)
                 and (SHARDED in roles or REPLICATED not in roles))
 
+    def propose(self, request):
+        """The mesh asked for; under ``auto`` without one, every mesh of two or three dimensions of the world (each
+        refusal carries its mesh, so it rules out that mesh alone)."""
+        if request.strategy == COMPOSED:
+            return propose_mesh(request)
+        if request.config.parallel.mesh:
+            return None
+        meshes = candidate_meshes(request.topology.world_size, list(owners(request.plugins)))
+        return [attrs.evolve(propose_mesh(request, mesh), mesh=mesh) for mesh in meshes]
+
     def label(self, config, plan):
         return " x ".join(f"{name}={size}" for name, size in plan["mesh"].items())
 
@@ -34,15 +44,3 @@ class Composed(Strategy):
 def snnfw_register_strategies(register):
     register(COMPOSED, Composed(), "any mix of the mesh dimensions parallel.mesh names (dp_replicate, dp_shard, tp, pp, "
                                    "time), composed in one order")
-
-
-@hookimpl
-def snnfw_plan(request):
-    """The mesh asked for; under ``auto`` without one, every mesh of two or three dimensions of the world (each
-    refusal carries its mesh, so it rules out that mesh alone)."""
-    if request.strategy == COMPOSED:
-        return propose_mesh(request)
-    if request.strategy != AUTO or request.config.parallel.mesh:
-        return None
-    meshes = candidate_meshes(request.topology.world_size, list(owners(request.plugins)))
-    return [attrs.evolve(propose_mesh(request, mesh), mesh=mesh) for mesh in meshes]

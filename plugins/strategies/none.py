@@ -11,6 +11,9 @@ NAME = "none"
 class Single(Strategy):
     """One rank: the model as it is, its blocks compiled where ``compile.enable`` asks."""
 
+    def propose(self, request):
+        return _propose(request)
+
     @hookimpl
     def snnfw_parallelize(self, model, plan, mesh, hooks):
         hooks.compile(model, plan)
@@ -22,10 +25,7 @@ def snnfw_register_strategies(register):
     register(NAME, Single(), "single process, no parallelism (the reference for equivalence)")
 
 
-@hookimpl
-def snnfw_plan(request):
-    if not request.asks_for(NAME):
-        return None
+def _propose(request) -> Proposal:
     if request.topology.world_size != 1:
         return Proposal.refuse(
             NAME, f"it runs on one rank, not {request.topology.world_size}; use --nproc 1, or strategy dp"

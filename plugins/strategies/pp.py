@@ -67,6 +67,9 @@ class Pipeline(Strategy):
 
     dimension, parameters, splits_stages, order = "pp", SPLIT, True, STAGES
 
+    def propose(self, request):
+        return _proposals(request)
+
     def label(self, config, plan):
         pipeline = config.get("pipeline") or {}
         virtual = pipeline.get("virtual_stages", 1)
@@ -293,8 +296,7 @@ def _scope_refusals(request) -> list[Proposal]:
 
 @hookimpl
 def snnfw_plan(request):
-    own = _proposals(request) if request.asks_for(NAME) else []
-    return (own if isinstance(own, list) else [own]) + _scope_refusals(request)
+    return _scope_refusals(request)
 
 
 @hookimpl(trylast=True)

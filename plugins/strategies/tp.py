@@ -97,6 +97,9 @@ class TensorParallel(Strategy):
 
     dimension, parameters, neurons_alike = "tp", SPLIT, True
 
+    def propose(self, request):
+        return _propose(request)
+
     def propose_dimension(self, request, layout):
         size = dict(layout.mesh)[self.dimension]
         if reason := check_tp_plan(request, size):
@@ -121,10 +124,7 @@ def snnfw_register_strategies(register):
     register(NAME, TensorParallel(), "tensor parallel: channels, heads and neuron state sharded over ranks")
 
 
-@hookimpl
-def snnfw_plan(request):
-    if not request.asks_for(NAME):
-        return None
+def _propose(request) -> Proposal:
     world = request.topology.world_size
     if world < 2:
         return Proposal.refuse(NAME, "it needs at least 2 ranks; launch with --nproc 2 or more, or use strategy none")

@@ -102,6 +102,9 @@ class TimeSplit(Strategy):
 
     dimension = "time"
 
+    def propose(self, request):
+        return _propose(request)
+
     def propose_dimension(self, request, layout):
         from snnfw.plan.compose import replicas
 
@@ -133,11 +136,10 @@ def snnfw_register_strategies(register):
 
 @hookimpl
 def snnfw_plan(request):
-    others = []
     if "tsp.slices" in request.config.explicit:
-        others = refuse_others(request, OWNERS, "tsp.slices applies only to strategies tsp and fsdp2_tsp; remove it, "
-                                                "or use one of them")
-    return ([_propose(request)] if request.asks_for(NAME) else []) + others
+        return refuse_others(request, OWNERS, "tsp.slices applies only to strategies tsp and fsdp2_tsp; remove it, "
+                                              "or use one of them")
+    return None
 
 
 def _propose(request) -> Proposal:

@@ -31,27 +31,32 @@ def _wanted(plan_or_request) -> bool:
     return plan_or_request.config.parallel.zero or plan_or_request.strategy == NAME
 
 
+class ShardedOptimizer(Replicas):
+    """DDP's replicas, each rank's optimizer holding its partition of the state."""
+
+    def propose(self, request):
+        if "parallel.zero" in request.config.explicit and not request.config.parallel.zero:
+            return Proposal.refuse(NAME, "parallel.zero = false asks for an unsharded optimizer, which strategy zero "
+                                         "shards; remove it, or use dp")
+        rationale = "gradients averaged by DDP, each rank keeps 1/N of the optimizer state"
+        return propose_replicas(NAME, request, rationale, shard_optimizer=True)
+
+
 @hookimpl
 def snnfw_register_strategies(register):
-    register(NAME, Replicas(), "data parallel (DDP) with optimizer state sharded across replicas (ZeRO-1)")
+    register(NAME, ShardedOptimizer(), "data parallel (DDP) with optimizer state sharded across replicas (ZeRO-1)")
 
 
 @hookimpl
 def snnfw_plan(request):
-    own = []
-    if request.asks_for(NAME):
-        rationale = "gradients averaged by DDP, each rank keeps 1/N of the optimizer state"
-        own = [propose_replicas(NAME, request, rationale, shard_optimizer=True)]
-    if "parallel.zero" not in request.config.explicit:
-        return own
-    if not request.config.parallel.zero:
-        reason = "parallel.zero = false asks for an unsharded optimizer, which strategy zero shards; remove it, or use dp"
-        return own + ([Proposal.refuse(NAME, reason)] if request.asks_for(NAME) else [])
+    """Refusals of the strategies parallel.zero = true does not apply to."""
+    if "parallel.zero" not in request.config.explicit or not request.config.parallel.zero:
+        return None
     reason = (
         f"parallel.zero shards optimizer state across data-parallel replicas and composes with "
         f"{' and '.join(COMPOSES_WITH)} only (fsdp2 shards optimizer state already); remove parallel.zero"
     )
-    return own + refuse_others(request, COMPOSES_WITH, reason)
+    return refuse_others(request, COMPOSES_WITH, reason)
 
 
 @hookimpl

@@ -23,8 +23,10 @@ def snnfw_register_strategies(register):
     """Register parallelism strategies by name with their :class:`snnfw.plugin.strategy.Strategy` object
     (``register("dp", Strategy(), "DDP ...")``; None stands for the defaults).
 
-    The behaviour of a strategy lives in the plugin's :func:`snnfw_plan` and
-    :func:`snnfw_parallelize` implementations, which answer for its name.
+    The object proposes how to run a request that names the strategy (or ``auto``:
+    :meth:`~snnfw.plugin.strategy.Strategy.propose`), may own a dimension of a
+    composed mesh, and implements the hooks that apply and run it
+    (:func:`snnfw_parallelize` at least), called only for its plans.
     """
 
 
@@ -91,7 +93,9 @@ def snnfw_preference_defaults(config):
 
 @hookspec
 def snnfw_plan(request):
-    """Propose how to run ``request`` (:class:`snnfw.plan.layout.PlanRequest`).
+    """Propose how to run ``request`` (:class:`snnfw.plan.layout.PlanRequest`), beside what each asked strategy's
+    object proposes itself (:meth:`snnfw.plugin.strategy.Strategy.propose`): refusals of other strategies that
+    would ignore a key only this plugin's apply, or a strategy's proposal made by hook.
 
     Return an :class:`snnfw.plan.layout.Proposal` for each strategy this plugin owns
     (a refusal with its reason if it cannot run), or None. The core picks the

@@ -312,9 +312,12 @@ class Plugins:
         return merged
 
     def propose(self, request) -> list:
-        """Every plugin's proposals, a plugin's list of them flattened."""
-        answers = self.hook.snnfw_plan(request=request)
-        return [p for answer in answers for p in (answer if isinstance(answer, list) else [answer])]
+        """Every proposal for ``request``: each strategy asked for answers with its own (:meth:`Strategy.propose`),
+        every plugin through ``snnfw_plan`` (refusals of other strategies, a strategy proposed by hook); lists
+        flattened."""
+        answers = [self.strategy(name).propose(request) for name in self.strategies.names() if request.asks_for(name)]
+        answers += self.hook.snnfw_plan(request=request)
+        return [p for answer in answers if answer is not None for p in (answer if isinstance(answer, list) else [answer])]
 
     def transform_model(self, model, plan, example) -> None:
         self.hook.snnfw_transform_model(model=model, plan=plan, example=example, hooks=self)

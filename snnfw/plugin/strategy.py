@@ -36,6 +36,13 @@ class Strategy:
     """True where every rank holds only its shard of the parameters (its state dict's pieces): ranks other than 0
     then build the model on the meta device and receive their pieces of rank 0's (:mod:`snnfw.distributed.materialize`)."""
 
+    def propose(self, request):
+        """How this strategy would run ``request`` (:class:`snnfw.plan.layout.PlanRequest`), asked when the config
+        names it or ``auto``: a :class:`snnfw.plan.layout.Proposal` (a refusal with its reason if it cannot run),
+        a list of variants with their ``settings`` for ``auto`` to rank, or None to leave it to the plugin's
+        ``snnfw_plan``."""
+        return None
+
     def label(self, config: dict, plan: dict) -> str | None:
         """Words reports add to a benchmark record's strategy for this strategy (a pipeline's schedule), given the
         record's ``config`` and ``plan`` as written (dicts); None adds none."""
