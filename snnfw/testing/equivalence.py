@@ -67,6 +67,9 @@ CASES = (
     Case("tsp-4", "tsp", 4, 1, 1, {"parallel": {"mesh": {"time": 4}}}),
     Case("dp-x-tsp", "tsp", 4, 2, 1, {"parallel": {"mesh": {"dp": 2, "time": 2}}}),
     Case("fsdp2-x-tsp", "fsdp2_tsp", 4, 2, 1, {"parallel": {"mesh": {"time": 2, "dp": 2}}}),
+    Case("mesh-pp2-x-dp_shard2", "mesh", 4, 2, 2, {"parallel": {"mesh": {"pp": 2, "dp_shard": 2}}}),
+    Case("mesh-pp2-x-tp2", "mesh", 4, 1, 2, {"parallel": {"mesh": {"pp": 2, "tp": 2}}}),
+    Case("mesh-pp2-x-time2", "mesh", 4, 1, 2, {"parallel": {"mesh": {"pp": 2, "time": 2}}}),
 )
 
 
