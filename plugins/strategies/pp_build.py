@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 
+import attrs
 import torch
 from torch import nn
 from torch._subclasses.fake_tensor import is_fake
@@ -11,19 +12,24 @@ from torch._subclasses.fake_tensor import is_fake
 from snnfw.components.losses import training_loss
 from snnfw.components.precision import autocast
 from snnfw.errors import PluginError
+from snnfw.model.analysis import submodule
+from snnfw.plugin.strategy import IN_PLACE
 from snnfw_plugins.strategies.pp_model import PipelineModel, ScoredLoss
-from snnfw_plugins.strategies.pp_stages import Stage, Stopwatch, decide_split, pipeline_stage
-from snnfw_plugins.strategies.pp_state import tensor_names
+from snnfw_plugins.strategies.pp_stages import Stage, Stopwatch, decide_split, pipeline_stage, pipeline_units
+from snnfw_plugins.strategies.pp_state import model_names, tensor_names
 
 EXAMPLE_FIRING = 0.2  # share of active pixels in the dry run's frames
 
 
-def example_frames(plan, hooks, device) -> torch.Tensor:
-    """One microbatch of sparse random event frames ``[N, T, C, H, W]`` for splitting and the dry run."""
+def example_frames(plan, hooks, device, mesh) -> torch.Tensor:
+    """One microbatch of sparse random event frames ``[N, T, C, H, W]`` for splitting and the dry run, of the time
+    steps this rank reads (a time split's chunk)."""
     config = plan.config
     shape = config.model.input_shape or hooks.families.get(config.model.family).flavor(config.model.flavor).input_shape
+    view = hooks.time_view(plan, mesh)
+    steps = view[1] - view[0] if view else config.model.time_steps
     generator = torch.Generator().manual_seed(config.train.seed)
-    frames = torch.rand(plan.microbatch_size, config.model.time_steps, *shape, generator=generator) < EXAMPLE_FIRING
+    frames = torch.rand(plan.microbatch_size, steps, *shape, generator=generator) < EXAMPLE_FIRING
     return frames.to(device, config.train.torch_dtype)
 
 
@@ -51,22 +57,23 @@ def build_pipeline(model: nn.Module, plan, mesh, hooks, wrap=None, dp_group=None
     pp, pp_rank, group = pp_mesh.size(), pp_mesh.get_local_rank(), pp_mesh.get_group()
     device = next(model.parameters()).device
     names = tensor_names(model)
-    example = example_frames(plan, hooks, device)
-    units = hooks.split_stages(model, plan, example) or []
+    example = example_frames(plan, hooks, device, mesh)
+    units = pipeline_units(model, plan, hooks, example) or []
     declared = plan.analysis.stage_units
     if not units or (declared and len(units) != len(declared)):
         raise PluginError(
             f"splitting {plan.analysis.family!r} into pipeline units gave {len(units)} units for the "
             f"{len(declared)} stage_units it declares; its plugin must implement snnfw_split_stages"
         )
-    split = decide_split(model, plan, hooks, example, pp * pipeline.virtual_stages)
+    split = decide_split(model, plan, hooks, example, pp * pipeline.virtual_stages, units, _in_place_peers(plan, mesh, hooks))
     LAST_SPLIT[:] = [split]
     indices = spec.stage_indices(pp_rank, pp, pipeline.virtual_stages)
     precision = functools.partial(autocast, plan.config.train, plan.device_type)
     every = [Stage(*(units[u] for u in split.unit_range(index)), precision=precision) for index in range(len(split.layout))]
     hooks.transform_stages(model, list(zip(every, stage_inputs(every, example, hooks))), tuple(indices), plan)
     hooks.compile(model, plan)
-    stages = {index: (wrap or _same)(every[index]) for index in indices}
+    blocks = [submodule(model, name) for name in plan.analysis.blocks]
+    stages = {index: (wrap or _same)(every[index], _stage_plan(plan, every[index], blocks)) for index in indices}
     local_units = {u for index in indices for u in split.unit_range(index)}
     for u, unit in enumerate(units):
         if u not in local_units and not is_fake(example):  # fake tensors (the dry run) hold no memory
@@ -84,9 +91,27 @@ def build_pipeline(model: nn.Module, plan, mesh, hooks, wrap=None, dp_group=None
     owners = tuple(owner[index] for index in range(len(split.layout)))
     pipeline = PipelineModel(stages, schedule, loss, split, owners, device, group, dp_group, stopwatch, torch_stages,
                              plan.config)
-    pipeline.model_names = {raw: names[id(tensor)] for raw, tensor in pipeline.state_dict(keep_vars=True).items()}
+    pipeline.model_names = model_names(pipeline, names)
     return pipeline
 
 
-def _same(stage):
+def _same(stage, plan):
     return stage
+
+
+def _stage_plan(plan, stage: nn.Module, blocks: list[nn.Module]):
+    """``plan`` as it applies to ``stage``: the model's blocks that lie in it, named within it (FSDP2's units)."""
+    inside = {id(block) for block in blocks}
+    names = tuple(name for name, module in stage.named_modules() if id(module) in inside)
+    return attrs.evolve(plan, analysis=attrs.evolve(plan.analysis, blocks=names))
+
+
+def _in_place_peers(plan, mesh, hooks) -> tuple[int, ...]:
+    """The last rank's peers along the mesh dimensions applied in place (a composed mesh's tp and time), whose layers
+    exchange with it."""
+    dims = {name for (name, _), strategy in zip(plan.mesh, getattr(plan, "strategies", ()))
+            if hooks.strategy(strategy).order == IN_PLACE}
+    if not dims:
+        return ()
+    index = tuple(slice(None) if name in dims else -1 for name in mesh.mesh_dim_names)
+    return tuple(mesh.mesh[index].flatten().tolist())

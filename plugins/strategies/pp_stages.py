@@ -21,6 +21,7 @@ from snnfw.components.precision import autocast
 from snnfw.distributed.pipeline import balanced_layout, parse_layout
 from snnfw.errors import ConfigError, PluginError
 from snnfw.model.analysis import is_neuron
+from snnfw.plugin.strategy import ROOT_HOOKS
 from snnfw_plugins.memory_format import is_channels_last, to_channels_last
 from snnfw_plugins.strategies.spike_bits import NeuronOutputs, check_binary, pack, packed_numel, unpack
 
@@ -212,19 +213,36 @@ def measure_units(units: list[nn.Module], example: torch.Tensor, reset, passes: 
     return tuple(boundaries), tuple(unit_ms), tuple(spikes)
 
 
-def decide_split(model: nn.Module, plan, hooks, example: torch.Tensor, stages: int) -> Split:
+def pipeline_units(model: nn.Module, plan, hooks, example: torch.Tensor) -> list[nn.Module] | None:
+    """``model``'s pipeline units (``snnfw_split_stages``), the first run after and the last before the hooks that
+    in-place dimensions put on the model's own input and output (``snnfw_root_hooks``: a time split's)."""
+    units = hooks.split_stages(model, plan, example)
+    for before, after in vars(model).get(ROOT_HOOKS, ()) if units else ():
+        first = nn.Sequential(units[0])
+        first.register_forward_pre_hook(before)
+        last = nn.Sequential(first if len(units) == 1 else units[-1])
+        last.register_forward_hook(after)
+        units = [*([first] + units[1:])[:-1], last]
+    return units
+
+
+def decide_split(model: nn.Module, plan, hooks, example: torch.Tensor, stages: int, units: list[nn.Module],
+                 peers: tuple[int, ...] = ()) -> Split:
     """The last rank runs a copy of ``model`` (its buffers, gradients and hooks stay untouched),
     balances the measured unit costs over ``stages`` unless ``pipeline.layout`` is given,
     and broadcasts the split, so every rank uses the same one. Not rank 0: it holds the first stage, which
     keeps the most microbatches' activations in flight in every schedule, so the copy and the timing would
     raise the run's peak there. In a fake process group (the dry run), which
-    moves nothing, each rank decides the split itself."""
+    moves nothing, each rank decides the split itself.
+
+    Where dimensions applied in place (tp, time) exchange inside the layers, the last rank's ``peers`` along them
+    measure with it, on ``model``'s own ``units``: a copy would run its layers' exchanges with the model's state."""
     payload: list[Split | str | None] = [None]
     alone = dist.get_backend() == "fake"
     measurer = dist.get_world_size() - 1
-    if alone or dist.get_rank() == measurer:
+    if alone or dist.get_rank() in (measurer, *peers):
         with autocast(plan.config.train, plan.device_type):  # boundary dtypes as training computes them
-            payload = [_measured_split(model, plan, hooks, example, stages)]
+            payload = [_measured_split(model, plan, hooks, example, stages, units if peers else None)]
     if not alone:
         dist.broadcast_object_list(payload, src=measurer)
     if isinstance(payload[0], str):
@@ -232,12 +250,14 @@ def decide_split(model: nn.Module, plan, hooks, example: torch.Tensor, stages: i
     return payload[0]
 
 
-def _measured_split(model: nn.Module, plan, hooks, example: torch.Tensor, stages: int) -> Split | str:
-    """The split, or why the units do not compute the model. Fake tensors (the dry run) cannot be timed: their
-    units are balanced by FLOPs."""
-    replica = _replica(model)
-    units = hooks.split_stages(replica, plan, example)
-    if error := composition_error(replica, units, example, hooks.reset_state):
+def _measured_split(model: nn.Module, plan, hooks, example: torch.Tensor, stages: int,
+                    units: list[nn.Module] | None) -> Split | str:
+    """The split, or why the units do not compute the model: ``units`` of ``model`` itself, or (None) those of a
+    copy. Fake tensors (the dry run) cannot be timed: their units are balanced by FLOPs."""
+    if units is None:
+        model = _replica(model)
+        units = pipeline_units(model, plan, hooks, example)
+    if error := composition_error(model, units, example, hooks.reset_state):
         return error
     given, fake = plan.config.pipeline.layout, is_fake(example)
     boundaries, unit_ms, spikes = measure_units(units, example, hooks.reset_state, 0 if given or fake else TIMED_PASSES)

@@ -17,11 +17,24 @@ from torch.distributed.checkpoint.state_dict import _init_optim_state
 
 from snnfw_plugins.defaults import merge_optimizer_states, state_name
 from snnfw_plugins.strategies.pp_model import PipelineModel
+from snnfw_plugins.strategies.tp_state import chunked, convert_sliced
+from snnfw_plugins.strategies.tp_styles import SLICES
 
 
-def tensor_names(model: torch.nn.Module) -> dict[int, str]:
-    """``id`` of every parameter and buffer of ``model`` -> its state-dict name."""
-    return {id(tensor): state_name(name) for name, tensor in model.state_dict(keep_vars=True).items()}
+def tensor_names(model: torch.nn.Module) -> dict[tuple[int, str], str]:
+    """(``id`` of the module holding it, its attribute) of every parameter and buffer of ``model`` -> its state-dict
+    name: a wrapper may replace a tensor (FSDP2 shards it), never the module holding it."""
+    return {(id(module), attribute): state_name(f"{prefix}.{attribute}" if prefix else attribute)
+            for prefix, module in model.named_modules() for attribute in (*module._parameters, *module._buffers)}
+
+
+def model_names(pipeline: torch.nn.Module, names: dict[tuple[int, str], str]) -> dict[str, str]:
+    """Each state-dict key of ``pipeline`` -> the model's own name of that tensor (``names``: :func:`tensor_names`)."""
+    out = {}
+    for raw in pipeline.state_dict(keep_vars=True):
+        prefix, _, attribute = raw.rpartition(".")
+        out[raw] = names[(id(pipeline.get_submodule(prefix)), attribute)]
+    return out
 
 
 def _parameter_names(pipeline: PipelineModel, optimizer) -> list[str]:
@@ -30,8 +43,22 @@ def _parameter_names(pipeline: PipelineModel, optimizer) -> list[str]:
     return [names[id(p)] for group in optimizer.param_groups for p in group["params"]]
 
 
+def _slices(model: PipelineModel) -> dict:
+    """The model's name of every tensor a tp style sliced (a composed mesh's tp applied before the split) -> its
+    slice note."""
+    return {model.model_names[f"{prefix}.{name}"]: piece for prefix, module in model.named_modules()
+            for name, piece in getattr(module, SLICES, {}).items() if f"{prefix}.{name}" in model.model_names}
+
+
 def named_state(model: PipelineModel, optimizer) -> dict:
-    """This rank's stage state under the model's names, param groups listing every pp rank's parameters."""
+    """This rank's stage state under the model's names, param groups listing every pp rank's parameters; tp's
+    slices as pieces of the whole tensors (``tp_state``)."""
+    state = _named_state(model, optimizer)
+    slices = _slices(model)
+    return convert_sliced(state, slices, chunked) if slices else state
+
+
+def _named_state(model: PipelineModel, optimizer) -> dict:
     _init_optim_state(optimizer)  # a fresh optimizer's state, for a checkpoint to load into
     tensors = {model.model_names[raw]: tensor.detach() for raw, tensor in model.state_dict(keep_vars=True).items()}
     own, params = optimizer.state_dict(), _parameter_names(model, optimizer)
@@ -48,7 +75,9 @@ def named_state(model: PipelineModel, optimizer) -> dict:
 
 
 def load_named_state(model: PipelineModel, optimizer, state: dict) -> None:
-    """Loads this rank's entries of a whole ``state`` into its stages and optimizer."""
+    """Loads this rank's entries of a whole ``state`` (tp's slices read in place) into its stages and optimizer."""
+    if slices := _slices(model):
+        state = convert_sliced(state, slices, lambda pieces, piece: pieces.source)
     model.load_state_dict({raw: state["model"][name] for raw, name in model.model_names.items()})
     own = optimizer.state_dict()
     params = _parameter_names(model, optimizer)

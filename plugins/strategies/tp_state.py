@@ -40,7 +40,7 @@ def _runs(index: torch.Tensor) -> list[tuple[int, int, int]]:
     return [tuple(run) for run in runs]
 
 
-def _chunked(value, piece) -> Chunked:
+def chunked(value, piece) -> Chunked:
     """``value`` (a tensor, or FSDP2's DTensor of one) as pieces of the whole tensor it slices."""
     dim, runs = piece.dim, _runs(piece.index)
     shape = list(value.shape)
@@ -57,7 +57,7 @@ def _chunked(value, piece) -> Chunked:
     return Chunked(shape, out, source=value)
 
 
-def _convert(state: dict, slices: dict, convert) -> dict:
+def convert_sliced(state: dict, slices: dict, convert) -> dict:
     """``state`` with every sliced tensor, and its parameter's optimizer state, passed through ``convert``."""
     model = state["model"]
 
@@ -79,7 +79,7 @@ def _convert(state: dict, slices: dict, convert) -> dict:
 def sliced_state(model, optimizer) -> dict | None:
     """This rank's training state, its slices as pieces of the whole tensors; None when ``model`` holds none."""
     slices = _slices(model)
-    return _convert(held_state(model, optimizer), slices, _chunked) if slices else None
+    return convert_sliced(held_state(model, optimizer), slices, chunked) if slices else None
 
 
 def load_sliced_state(model, optimizer, state) -> bool:
@@ -88,5 +88,5 @@ def load_sliced_state(model, optimizer, state) -> bool:
     slices = _slices(model)
     if not slices:
         return False
-    load_held_state(model, optimizer, _convert(state, slices, lambda chunked, piece: chunked.source))
+    load_held_state(model, optimizer, convert_sliced(state, slices, lambda pieces, piece: pieces.source))
     return True

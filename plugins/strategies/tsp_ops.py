@@ -32,6 +32,8 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
+from snnfw.plugin.strategy import hook_root
+
 
 class Exchanges:
     """Host time this rank spent in the time group's messages and reductions, when ``enabled``
@@ -263,5 +265,4 @@ def split_time(model: nn.Module, neurons: list[nn.Module], time: TimeGroup, step
             return None  # the chunk already
         return (frames[:, time.chunk(frames.shape[1])], *args[1:])
 
-    model.register_forward_pre_hook(own_steps, prepend=True)
-    model.register_forward_hook(lambda module, args, logits: GatherTime.apply(logits, time))
+    hook_root(model, own_steps, lambda module, args, logits: GatherTime.apply(logits, time))

@@ -177,9 +177,9 @@ def apply_mesh(model, plan, mesh, hooks):
     averaged, sharded = _reduction(names, strategies)
     staged = [strategies[n] for n in names if strategies[n].order == STAGES]
 
-    def wrap(module):
+    def wrap(module, module_plan=plan):  # module_plan: plan as it applies to module (a stage: its blocks within it)
         if sharded:
-            return strategies[sharded[0]].apply_dimension(module, plan, mesh, hooks)
+            return strategies[sharded[0]].apply_dimension(module, module_plan, mesh, hooks)
         if averaged and not staged:
             return replicate(module, plan.device_type, rows_group(mesh, averaged))
         return module

@@ -19,6 +19,16 @@ if TYPE_CHECKING:
 
 REPLICATED, SHARDED, SPLIT = "replicated", "sharded", "split"  # how a dimension's ranks hold the parameters
 IN_PLACE, STAGES, DATA = 100, 200, 300  # when a dimension applies: on the model in place, splitting it, reducing gradients
+ROOT_HOOKS = "snnfw_root_hooks"
+
+
+def hook_root(model: torch.nn.Module, before: Callable, after: Callable) -> None:
+    """Registers ``before`` (a forward pre-hook, run first) and ``after`` (a forward hook) on ``model``, as an
+    in-place dimension changes the model's input and output; notes them in its ``snnfw_root_hooks`` so that a
+    stage dimension, which never calls the model's own forward, runs them before its first unit and after its last."""
+    model.register_forward_pre_hook(before, prepend=True)
+    model.register_forward_hook(after)
+    vars(model).setdefault(ROOT_HOOKS, []).append((before, after))
 
 
 class Strategy:
@@ -71,7 +81,8 @@ class Strategy:
     def apply_dimension(self, model: torch.nn.Module, plan, mesh, hooks, wrap: Callable | None = None):
         """Applies this dimension to ``model`` on ``mesh`` (the whole device mesh) and returns the model. A
         ``SHARDED`` dimension shards over itself and replicates over ``plan``'s averaged dimensions; a
-        ``STAGES`` dimension calls ``wrap`` on each stage it keeps (the data dimensions). The default does
+        ``STAGES`` dimension calls ``wrap(stage, stage_plan)`` on each stage it keeps (the data dimensions), with
+        ``plan`` as it applies to the stage (its blocks named within it). The default does
         nothing: the core averages the gradients over ``REPLICATED`` dimensions."""
         return model
 

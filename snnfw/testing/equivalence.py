@@ -64,7 +64,12 @@ MESH_CASES = (  # every pairing of the five dimensions at size 2, and three-dime
     _composed({"dp_shard": 2, "tp": 2}),
     _composed({"dp_shard": 2, "time": 2}),
     _composed({"tp": 2, "time": 2}),
+    _composed({"pp": 2, "dp_shard": 2}, 2),
+    _composed({"pp": 2, "tp": 2}, 2),
+    _composed({"pp": 2, "time": 2}, 2),
     _composed({"tp": 2, "time": 2, "dp_shard": 2}),
+    _composed({"pp": 2, "dp_shard": 2, "tp": 2}, 2),
+    _composed({"pp": 2, "dp_replicate": 2, "time": 2}, 2),
 )
 CASES = (
     Case("dp", "dp", 2, 2, 1),
