@@ -26,7 +26,7 @@ import argparse
 from pathlib import Path
 
 import snnfw
-from snnfw.config import load_config
+from snnfw.api import load_config
 
 RECIPES = Path(__file__).resolve().parent / "recipes"
 DVS_RECIPES = ("cifar10dvs_vgg_tet", "dvs128_gesture", "n_mnist_plif")

@@ -61,7 +61,7 @@ def build(channels: int = 16) -> nn.Module:
 
 def datasets():
     """(train, test): any map-style Datasets of (frames [T, C, H, W], label); here snnfw's moving DVS blobs."""
-    from snnfw.data.batches import InputSpec
+    from snnfw.api import InputSpec
     from snnfw_plugins.datasets.synthetic_dvs import SyntheticDVS
 
     spec = InputSpec(TIME_STEPS, FRAME, CLASSES)

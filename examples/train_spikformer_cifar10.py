@@ -16,7 +16,7 @@ import argparse
 from pathlib import Path
 
 import snnfw
-from snnfw.config import load_config
+from snnfw.api import load_config
 
 RECIPE = Path(__file__).resolve().parent / "recipes" / "spikformer_cifar10.toml"
 

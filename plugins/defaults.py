@@ -13,6 +13,7 @@ from snnfw.components.losses import LossSpec, cross_entropy, mse_rate, tet, trai
 from snnfw.components.optim import LrScheduleSpec, OptimizerSpec, build_optimizer
 from snnfw.components.precision import autocast
 from snnfw.components.step import StepOutput, hits, scored
+from snnfw.distributed.state import held_state, load_held_state
 from snnfw.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -110,40 +111,6 @@ def snnfw_register_lr_schedules(register):
 @hookimpl(trylast=True)
 def snnfw_build_optimizer(model, plan, mesh, hooks):
     return build_optimizer(model, plan.config.train, hooks)
-
-
-WRAPPER_NAMES = ("_checkpoint_wrapped_module", "_orig_mod")  # activation checkpointing (memopt), torch.compile
-
-
-def state_name(name: str) -> str:
-    """A parameter or buffer name as torch's state_dict API writes it: wrapper modules left out."""
-    return ".".join(part for part in name.split(".") if part not in WRAPPER_NAMES)
-
-
-def held_state(model, optimizer) -> dict:
-    """Model and optimizer state by parameter name as this rank holds it: FSDP2's shards stay DTensors. Without an
-    optimizer (None) the optimizer's part is empty."""
-    from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
-
-    optimizer_state = get_optimizer_state_dict(model, optimizer) if optimizer is not None else {"state": {}, "param_groups": []}
-    return {"model": get_model_state_dict(model), "optimizer": optimizer_state}
-
-
-def load_held_state(model, optimizer, state) -> None:
-    """Loads ``state`` as :func:`held_state` shapes it (a checkpoint is read into that shape, resharded)."""
-    from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_optimizer_state_dict
-
-    set_model_state_dict(model, state["model"])
-    set_optimizer_state_dict(model, optimizer, state["optimizer"])
-
-
-def merge_optimizer_states(parts: list[dict]) -> dict:
-    """One optimizer state from every rank's part: the union of states, each group's parameter names joined."""
-    groups = [
-        dict(group, params=[name for part in parts for name in part["param_groups"][i]["params"]])
-        for i, group in enumerate(parts[0]["param_groups"])
-    ]
-    return {"state": {name: value for part in parts for name, value in part["state"].items()}, "param_groups": groups}
 
 
 @hookimpl(trylast=True)

@@ -30,6 +30,7 @@ def _cmd_plugins(args) -> int:
             "hooks": list(p.hooks),
             "registers": plugins.registered_names(p.name),
             "overridden_by": list(p.overridden_by),
+            "error": p.error,
         }
         for p in plugins.info()
     ]
@@ -39,6 +40,9 @@ def _cmd_plugins(args) -> int:
     for row in rows:
         names = "; ".join(f"{kind}: {', '.join(n)}" for kind, n in row["registers"].items())
         print(f"{row['name']} ({row['distribution']} {row['version']})".rstrip())
+        if row["error"]:
+            print(f"    not loaded: failed to import: {row['error']}")
+            continue
         if row["overridden_by"]:
             print(f"    unloaded: overridden by {', '.join(row['overridden_by'])}")
             continue

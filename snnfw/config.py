@@ -418,9 +418,16 @@ def plugin_sections() -> dict[str, type]:
     """The config sections that installed plugins declare, by name (``section.plugin`` for keys added to a core
     section); a blocked plugin's (``SNNFW_BLOCK_PLUGINS``), and a third party's when plugins do not autoload, are
     left out as their plugins are."""
+    return _declared()[0]
+
+
+def _declared() -> tuple[dict[str, type], dict[str, entry_points.ImportFailure]]:
+    """:func:`plugin_sections`, and the sections left out because their distribution's plugin or the section's
+    own module failed to import (a section whose plugin is absent would take keys that nothing reads)."""
     blocked, autoload = entry_points.blocked(), entry_points.autoload()
     off = {ep.module for ep in entry_points.installed(entry_points.GROUP) if ep.name in blocked}
     found: dict[str, type] = {}
+    left_out: dict[str, entry_points.ImportFailure] = {}
     for ep in entry_points.installed(entry_points.SECTIONS_GROUP):
         dist = ep.dist.name if ep.dist is not None else "no distribution"
         if ep.module in off or (not autoload and not entry_points.is_builtin(ep)):
@@ -433,14 +440,21 @@ def plugin_sections() -> dict[str, type]:
             raise ConfigError(f"{dist} declares config section [{ep.name}], which another section has already; "
                               f"rename its entry point in [project.entry-points.\"{entry_points.SECTIONS_GROUP}\"]")
         try:
-            cls = ep.load()
+            cls = (not entry_points.is_builtin(ep) and entry_points.failure_of(dist)) or entry_points.load(ep)
         except Exception as err:
             raise ConfigError(f"config section [{ep.name}] of {dist} ({ep.value}) failed to import: {err!r}") from None
+        if isinstance(cls, entry_points.ImportFailure):
+            left_out[ep.name] = cls
+            continue
         if not attrs.has(cls):
             raise ConfigError(f"config section [{ep.name}] of {dist} is {ep.value}, which is not an attrs class; "
                               "declare the keys as fields of an @attrs.frozen class")
         found[ep.name] = cls
-    return dict(sorted(found.items()))
+    return dict(sorted(found.items())), left_out
+
+
+def _left_out(name: str, failure: entry_points.ImportFailure) -> str:
+    return f"config section [{name}] is declared by plugin {failure}; fix or uninstall it"
 
 
 def section_class(name: str, declared: dict[str, type] | None = None) -> type:
@@ -526,11 +540,13 @@ def build_config(data: dict[str, Any], overrides: list[str] = ()) -> Config:
     """
     data = dict(data)
     listed = data.pop(EXPLICIT, None)
-    declared = plugin_sections()
+    declared, left_out = _declared()
     classes = {**{name: section_class(name, declared) for name in _SECTION_CLASSES},
                **{name: cls for name, cls in declared.items() if "." not in name}}
     merged: dict[str, dict[str, Any]] = {}
     for section, table in data.items():
+        if section in left_out:
+            raise ConfigError(_left_out(section, left_out[section]))
         if section not in classes:
             raise ConfigError(f"unknown config section [{section}]; sections are {', '.join(classes)}")
         if not isinstance(table, dict):
@@ -538,6 +554,8 @@ def build_config(data: dict[str, Any], overrides: list[str] = ()) -> Config:
         merged[section] = dict(table)
     for text in overrides:
         section, name, value = parse_override(text)
+        if section in left_out:
+            raise ConfigError(_left_out(section, left_out[section]))
         if section not in classes:
             raise ConfigError(f"unknown config section in --set {shown(text)}; sections are {', '.join(classes)}")
         merged.setdefault(section, {})[name] = value
@@ -553,7 +571,10 @@ def build_config(data: dict[str, Any], overrides: list[str] = ()) -> Config:
         known = {f.name for f in attrs.fields(cls)}
         for key in table:
             if key not in known:
-                raise ConfigError(f"unknown config key {shortened(f'{section}.{key}')}; keys of [{section}] are {', '.join(sorted(known))}")
+                lost = "".join(f"; {_left_out(name, failure)}" for name, failure in left_out.items()
+                               if name.startswith(f"{section}."))
+                raise ConfigError(f"unknown config key {shortened(f'{section}.{key}')}; keys of [{section}] are "
+                                  f"{', '.join(sorted(known))}{lost}")
             _check_kind(cls, section, key, table[key])
         try:
             sections[section] = cls(**table)

@@ -3,7 +3,9 @@
 Plugins (group ``snnfw``) and the config sections they declare (group
 ``snnfw.config``) follow the same rules: snnfw's own always load, third-party
 ones unless ``SNNFW_DISABLE_PLUGIN_AUTOLOAD=1``, and ``SNNFW_BLOCK_PLUGINS``
-names plugins that do not load.
+names plugins that do not load. A third-party entry point whose import raises
+is left out with one warning line (:func:`load`); the commands that need what
+it would provide are refused, naming it.
 """
 
 from __future__ import annotations
@@ -12,6 +14,11 @@ import functools
 import os
 import sys
 from importlib import metadata
+from typing import Any
+
+import attrs
+
+from snnfw import rundir
 
 GROUP = "snnfw"
 SECTIONS_GROUP = "snnfw.config"  # a plugin's config section: name = "module:AttrsClass"
@@ -42,3 +49,54 @@ def installed(group: str) -> tuple[metadata.EntryPoint, ...]:
 @functools.lru_cache(maxsize=16)
 def _installed(group: str, path: tuple[str, ...]) -> tuple[metadata.EntryPoint, ...]:
     return tuple(metadata.entry_points(group=group))
+
+
+@attrs.frozen
+class ImportFailure:
+    """A third-party entry point whose import raised: left out, and named where a command needs what it provides."""
+
+    name: str  # the entry point's name: a plugin's, or a config section's
+    distribution: str  # "name version"
+    error: str  # the exception, on one line
+
+    def __str__(self) -> str:
+        return f"{self.name!r} ({self.distribution}) failed to import: {self.error}"
+
+
+def _distribution(ep: metadata.EntryPoint) -> str:
+    return f"{ep.dist.name} {ep.dist.version}" if ep.dist is not None else "no distribution"
+
+
+def load(ep: metadata.EntryPoint) -> Any:
+    """The object ``ep`` names; for a third-party entry point whose import raises, an :class:`ImportFailure`,
+    warned about once on stderr (by ``snnfw train``'s launcher, not again by its ranks; by rank 0 of a job started
+    otherwise). A built-in's import error is a bug of snnfw's, and raises."""
+    try:
+        return ep.load()
+    except Exception as err:
+        if is_builtin(ep):
+            raise
+        failure = ImportFailure(ep.name, _distribution(ep), " ".join(repr(err).split()))
+        _warn(failure, "plugin" if ep.group == GROUP else "config section")
+        return failure
+
+
+def failure_of(distribution: str) -> ImportFailure | None:
+    """The first plugin of ``distribution`` that loads (not blocked) and fails to import, if any."""
+    off, third_party = blocked(), autoload()
+    for ep in installed(GROUP):
+        if ep.dist is not None and ep.dist.name == distribution and ep.name not in off and (third_party or is_builtin(ep)):
+            if isinstance(found := load(ep), ImportFailure):
+                return found
+    return None
+
+
+_warned: set[ImportFailure] = set()
+
+
+def _warn(failure: ImportFailure, what: str) -> None:
+    if failure in _warned or os.environ.get(rundir.LAUNCHED) or os.environ.get("RANK", "0") != "0":
+        return
+    _warned.add(failure)
+    print(f"snnfw: warning: {what} {failure}; it is left out, and commands that need it are refused until it is "
+          "fixed or uninstalled", file=sys.stderr, flush=True)

@@ -15,7 +15,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.checkpoint.state_dict import _init_optim_state
 
-from snnfw_plugins.defaults import merge_optimizer_states, state_name
+from snnfw.api import merge_optimizer_states, state_name
 from snnfw_plugins.strategies.pp_model import PipelineModel
 from snnfw_plugins.strategies.tp_state import chunked, convert_sliced
 from snnfw_plugins.strategies.tp_styles import SLICES

@@ -19,7 +19,7 @@ NAME = "tp"
 
 def check_tp_plan(request, size: int) -> str | None:
     """Why the model's tp_plan cannot run with ``size`` shards, or None."""
-    from snnfw_plugins.defaults import state_name
+    from snnfw.api import state_name
     from snnfw_plugins.strategies.tp_styles import STYLES, Indivisible, unit
 
     plan, analysis = request.analysis.tp_plan, request.analysis

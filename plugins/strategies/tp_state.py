@@ -13,7 +13,7 @@ import torch
 import torch.distributed as dist
 
 from snnfw.distributed.chunks import Chunked, pieces
-from snnfw_plugins.defaults import held_state, load_held_state, state_name
+from snnfw.api import held_state, load_held_state, state_name
 from snnfw_plugins.strategies.tp_styles import SLICES
 
 

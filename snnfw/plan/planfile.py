@@ -4,8 +4,8 @@
 analyses the model, resolves the plan (``auto``'s measurement and choice
 included) and writes it whole into the run directory (``plan.json``): the
 plan with its resolved config and analysis, a digest of the config as given
-(the file's text and the ``--set`` overrides), the plugins and their versions,
-and a digest of all of it. A rank refuses, in one line, a file changed since,
+(the file's text and the ``--set`` overrides), the plugins and their versions
+(and those that failed to import), and a digest of all of it. A rank refuses, in one line, a file changed since,
 one made for a config that changed since, or one made under other plugins.
 """
 
@@ -40,7 +40,8 @@ def config_digest(config_path: str | Path, overrides: list[str]) -> str:
 
 def write(path: Path, plan: Plan, plugins, made_for: str) -> None:
     """Writes ``plan``, made for the config whose :func:`config_digest` is ``made_for``, to ``path`` whole."""
-    body = {"config_digest": made_for, "plugins": _versions(plugins), "plan": _plain(plan)}
+    body = {"config_digest": made_for, "plugins": _versions(plugins), "failed_plugins": _failed(plugins),
+            "plan": _plain(plan)}
     write_text(path, json.dumps({**body, "digest": _digest(body)}, indent=2) + "\n")
 
 
@@ -58,7 +59,7 @@ def read(path: Path, plugins, made_for: str) -> Plan:
         raise PlanError(f"{path} was changed after snnfw train wrote it; {AGAIN}")
     if body["config_digest"] != made_for:
         raise PlanError(f"the config changed after snnfw train planned this run ({path}); {AGAIN}")
-    _check_versions(body["plugins"], _versions(plugins), path)
+    _check_versions(body["plugins"], _versions(plugins), path, body.get("failed_plugins", {}), _failed(plugins))
     return _plan(body["plan"])
 
 
@@ -67,17 +68,26 @@ def _digest(body: dict) -> str:
 
 
 def _versions(plugins) -> dict[str, str]:
-    return {p.name: p.version for p in plugins.info()}
+    return {p.name: p.version for p in plugins.info() if not p.error}
 
 
-def _check_versions(planned: dict[str, str], here: dict[str, str], path: Path) -> None:
-    """Refuses, naming the first plugin that differs, a rank whose plugins are not those the plan was made under."""
+def _failed(plugins) -> dict[str, str]:
+    return {p.name: p.error for p in plugins.info() if p.error}
+
+
+def _check_versions(planned: dict[str, str], here: dict[str, str], path: Path, planned_failed: dict[str, str],
+                    failed_here: dict[str, str]) -> None:
+    """Refuses, naming the first plugin that differs, a rank whose plugins are not those the plan was made under;
+    where one of them failed to import, with its error."""
     when = f"when snnfw train planned the run ({path})"
     for name in sorted(planned.keys() | here.keys()):
         if name not in here:
-            found = f"was loaded{_version(planned[name])} {when} and is not on this rank"
+            absent = f"failed to import on this rank ({failed_here[name]})" if name in failed_here else \
+                "is not on this rank"
+            found = f"was loaded{_version(planned[name])} {when} and {absent}"
         elif name not in planned:
-            found = f"is loaded on this rank{_version(here[name])} and was not {when}"
+            absent = f"failed to import {when} ({planned_failed[name]})" if name in planned_failed else f"was not {when}"
+            found = f"is loaded on this rank{_version(here[name])} and {absent}"
         elif planned[name] != here[name]:
             found = f"is version {here[name] or 'none'} on this rank and was version {planned[name] or 'none'} {when}"
         else:

@@ -11,6 +11,9 @@ plan of its strategy: for hooks that take ``plan``, the other strategies'
 objects are left out. A plugin whose every registered name another plugin
 overrides (``register(..., overrides=True)``) is unloaded. An exception that
 escapes a hook carries a note naming the plugin and distribution it came from.
+A third-party plugin that fails to import is left out (``Plugins.failed``):
+listed by ``snnfw plugins``, and named where a config asks for a name that is
+not registered.
 """
 
 from __future__ import annotations
@@ -54,6 +57,7 @@ class PluginInfo:
     version: str
     hooks: tuple[str, ...]
     overridden_by: tuple[str, ...] = ()
+    error: str = ""  # why it failed to import, if it did; then it is not loaded
 
 
 def _describe_entry_point(ep: metadata.EntryPoint) -> str:
@@ -73,10 +77,12 @@ def _named_plugins() -> list[tuple[str, Any]]:
     return plugins
 
 
-def _load_entry_points(pm: pluggy.PluginManager) -> dict[str, metadata.Distribution]:
-    """Registers every entry point under its name; two entry points with one name fail, naming both."""
+def _load_entry_points(pm: pluggy.PluginManager) -> tuple[dict[str, metadata.Distribution], dict[str, Any]]:
+    """Registers every entry point under its name; two entry points with one name fail, naming both. Returns the
+    loaded plugins' distributions and the third-party plugins that failed to import, by name."""
     blocked, autoload = entry_points.blocked(), entry_points.autoload()
     loaded: dict[str, metadata.EntryPoint] = {}
+    failed: dict[str, tuple[metadata.EntryPoint, entry_points.ImportFailure]] = {}
     # Built-ins register first, so that third-party implementations run before them.
     for ep in sorted(entry_points.installed(GROUP), key=lambda ep: not entry_points.is_builtin(ep)):
         if ep.name in blocked:
@@ -84,20 +90,24 @@ def _load_entry_points(pm: pluggy.PluginManager) -> dict[str, metadata.Distribut
             continue
         if not entry_points.is_builtin(ep) and not autoload:
             continue
-        if ep.name in loaded:
+        if ep.name in loaded or ep.name in failed:
+            first = loaded[ep.name] if ep.name in loaded else failed[ep.name][0]
             raise PluginError(
-                f"two plugins have the entry-point name {ep.name!r}: {_describe_entry_point(loaded[ep.name])} and "
+                f"two plugins have the entry-point name {ep.name!r}: {_describe_entry_point(first)} and "
                 f"{_describe_entry_point(ep)}; plugin names are unique, so rename one entry point in its "
                 "[project.entry-points.snnfw] table (to replace a plugin's strategies, families, data sets or "
                 "schedules, register them under another plugin name with register(..., overrides=True))"
             )
         try:
-            plugin = ep.load()
-        except Exception as err:
+            plugin = entry_points.load(ep)
+        except Exception as err:  # a built-in's: a bug of snnfw's
             raise PluginError(f"plugin {ep.name!r} ({ep.value}) failed to import: {err!r}") from err
+        if isinstance(plugin, entry_points.ImportFailure):
+            failed[ep.name] = ep, plugin
+            continue
         pm.register(plugin, name=ep.name)
         loaded[ep.name] = ep
-    return {name: ep.dist for name, ep in loaded.items()}
+    return {name: ep.dist for name, ep in loaded.items()}, {name: failure for name, (_, failure) in failed.items()}
 
 
 def _strategies_of(plan, hook_name: str) -> tuple[str, ...]:
@@ -145,7 +155,7 @@ class Plugins:
     def __init__(self, extra: tuple[tuple[str, Any], ...] = ()):
         self.pm = pluggy.PluginManager(GROUP)
         self.pm.add_hookspecs(hookspecs)
-        self._dists = _load_entry_points(self.pm)
+        self._dists, self.failed = _load_entry_points(self.pm)
         if "defaults" not in self._dists and "defaults" not in entry_points.blocked():
             raise PluginError(
                 "snnfw's built-in plugins are not registered; install the package "
@@ -159,7 +169,8 @@ class Plugins:
             name = self.pm.get_name(err.plugin)
             raise PluginError(f"plugin {name!r} implements a hook that does not exist: {err}") from None
         self.hook = _Hooks(self)
-        self.registries = {kind: Registry(kind, ("auto",) if kind == "strategy" else ()) for kind in _REGISTRATION_HOOKS}
+        self.registries = {kind: Registry(kind, ("auto",) if kind == "strategy" else (), tuple(self.failed.values()))
+                           for kind in _REGISTRATION_HOOKS}
         for kind, hook_name in _REGISTRATION_HOOKS.items():
             registry = self.registries[kind]
             impls = getattr(self.pm.hook, hook_name).get_hookimpls()
@@ -291,6 +302,9 @@ class Plugins:
                     overridden_by=self.overridden.get(name, ()),
                 )
             )
+        for name, failure in self.failed.items():
+            distribution, _, version = failure.distribution.partition(" ")
+            out.append(PluginInfo(name=name, distribution=distribution, version=version, hooks=(), error=failure.error))
         return sorted(out, key=lambda p: p.name)
 
     def registered_names(self, plugin: str) -> dict[str, list[str]]:
@@ -391,10 +405,11 @@ class Plugins:
 
 
 def check_same_plugins_on_all_ranks(plugins: Plugins, group=None) -> None:
-    """Fails on every rank, naming the differences, when ranks loaded different plugins."""
+    """Fails on every rank, naming the differences, when ranks loaded different plugins (or one failed to import
+    a plugin that another loaded)."""
     import torch.distributed as dist
 
-    mine = sorted((p.name, p.version) for p in plugins.info())
+    mine = sorted((p.name, f"{p.version} (failed to import)" if p.error else p.version) for p in plugins.info())
     gathered: list[Any] = [None] * dist.get_world_size(group)
     dist.all_gather_object(gathered, mine, group=group)
     reference = set(gathered[0])

@@ -29,9 +29,10 @@ class Entry:
 class Registry:
     """Names of one kind ("strategy", "model family", ...) mapped to plugin objects."""
 
-    def __init__(self, kind: str, choosers: tuple[str, ...] = ()):
-        """``choosers``: names the core takes beside the registered ones (``auto`` for a strategy)."""
-        self.kind, self.choosers = kind, choosers
+    def __init__(self, kind: str, choosers: tuple[str, ...] = (), failed: tuple = ()):
+        """``choosers``: names the core takes beside the registered ones (``auto`` for a strategy); ``failed``: the
+        plugins that failed to import (:class:`snnfw.entry_points.ImportFailure`), named where a name is unknown."""
+        self.kind, self.choosers, self.failed = kind, choosers, failed
         self._entries: dict[str, Entry] = {}
         self.losers: list[Entry] = []
 
@@ -71,6 +72,8 @@ class Registry:
             raise UnknownNameError(
                 f"unknown {self.kind} {name!r}" + (f" (did you mean {close[0]!r}?)" if close else "")
                 + f"; registered {self.kind} names: {', '.join(known) or 'none'}"
+                + "".join(f"; plugin {failure}, and may be the one that registers it: fix or uninstall it"
+                          for failure in self.failed)
             ) from None
 
     def get(self, name: str) -> Any:

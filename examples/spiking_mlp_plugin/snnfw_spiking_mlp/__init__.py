@@ -12,9 +12,7 @@ imported only when a model is built, so that loading plugins stays fast.
 
 from functools import partial
 
-from snnfw import hookimpl
-from snnfw.model.analysis import AnalysisPart
-from snnfw.model.families import Flavor, ModelFamily
+from snnfw.api import AnalysisPart, Flavor, ModelFamily, hookimpl
 
 NAME = "spiking_mlp"
 
@@ -78,6 +76,6 @@ def snnfw_split_stages(model, plan):
         return None
     from torch import nn
 
-    from snnfw.model.modules import TimeMajor
+    from snnfw.api import TimeMajor
 
     return [nn.Sequential(TimeMajor(), nn.Flatten(2), model.encoder), *model.blocks, model.head]
