@@ -37,18 +37,11 @@ DEFAULT_RUN = {  # within the suite's time budget; -m full_matrix runs the rest
 }
 
 
-ONLY_ON = {  # cases verified on some families only: a composed mesh's pipeline with each other dimension
-    "mesh-pp2-x-dp_shard2": {"cifar10dvs_vgg"},
-    "mesh-pp2-x-tp2": {"cifar10dvs_vgg"},
-    "mesh-pp2-x-time2": {"cifar10dvs_vgg"},
-}
 
 
 def matrix():
     for family in FAMILIES:
         for case in CASES:
-            if family not in ONLY_ON.get(case.name, {family}):
-                continue
             marks = [] if case.name in DEFAULT_RUN[family] else [pytest.mark.full_matrix]
             yield pytest.param(family, case, id=f"{family}-{case.name}", marks=marks)
 
