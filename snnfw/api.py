@@ -47,6 +47,7 @@ _WHERE = {  # name: the module that defines it
     # a plugin's tests
     "tiny_config": "snnfw.testing", "run_on_ranks": "snnfw.testing", "RankFailure": "snnfw.testing",
     "full_parameters": "snnfw.testing", "run_training": "snnfw.run.loop",
+    "check_family": "snnfw.testing.family_check", "FamilyReport": "snnfw.testing.family_check",
 }
 
 __all__ = sorted(["__version__", "hookimpl", *_WHERE])

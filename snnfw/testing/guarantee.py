@@ -40,14 +40,22 @@ def assert_same_validations(rank, got, want, steps: int, eval_every: int):
         assert_close(f"rank {rank} step {step} eval_spike_rate", mine["eval_spike_rate"], ref["eval_spike_rate"])
 
 
+def checked_reference(family: str, microbatches: int, steps: int, eval_every: int, parallel: tuple = (),
+                      separates: float = 0.0) -> dict:
+    """:func:`reference`, asserted to be worth comparing with: every neuron layer fires, and its test accuracy
+    reaches ``separates``."""
+    want = reference(family, microbatches, steps, eval_every, parallel)
+    rates = want["layer_spike_rates"]
+    assert rates and all(LAYER_RATE[0] <= r <= LAYER_RATE[1] for r in rates.values()), \
+        f"every neuron layer must fire at a rate in {LAYER_RATE}: layer firing rates {rates}"
+    assert want["test_accuracy"] >= separates, f"the reference does not separate classes: {want['test_accuracy']}"
+    return want
+
+
 def check_case(family: str, case: Case, steps: int, eval_every: int, parallel: tuple = (), timeout_s: float = 300,
                separates: float = 0.0) -> None:
-    """Trains ``case`` on its ranks in float64 and asserts it matches ``none``'s run (:func:`reference`), whose
-    every neuron layer fires and whose test accuracy reaches ``separates``."""
-    want = reference(family, case.reference_microbatches, steps, eval_every, parallel)
-    rates = want["layer_spike_rates"]
-    assert rates and all(LAYER_RATE[0] <= r <= LAYER_RATE[1] for r in rates.values()), f"layer firing rates {rates}"
-    assert want["test_accuracy"] >= separates, f"the reference does not separate classes: {want['test_accuracy']}"
+    """Trains ``case`` on its ranks in float64 and asserts it matches ``none``'s run (:func:`checked_reference`)."""
+    want = checked_reference(family, case.reference_microbatches, steps, eval_every, parallel, separates)
     config = on(case_config(family, case, "float64", steps), eval_every, parallel)
     summaries = run_on_ranks(config, case.ranks, inspect=final_state, timeout_s=timeout_s)
     for rank, got in enumerate(summaries):

@@ -6,6 +6,7 @@ import sys
 
 import pytest
 
+import snnfw
 from snnfw.config import build_config
 from snnfw.entry_points import ENV_BLOCK, ENV_DISABLE_AUTOLOAD, GROUP, SECTIONS_GROUP
 from snnfw.errors import ConfigError, PluginError
@@ -110,7 +111,7 @@ def test_ranks_with_different_plugins_fail_naming_the_difference():
         run_on_ranks(tiny_config("dp"), 2, env={1: {ENV_BLOCK: "neuromorphic"}}, timeout_s=120)
     text = str(err.value)
     assert "ranks loaded different plugins" in text
-    assert "rank 0 has neuromorphic 0.1.0 that rank 1 lacks" in text
+    assert f"rank 0 has neuromorphic {snnfw.__version__} that rank 1 lacks" in text
 
 
 OVERRIDE_NONE = """
