@@ -45,12 +45,19 @@ EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "spiking_mlp_plu
 
 @pytest.fixture(scope="session")
 def installed(tmp_path_factory):
-    """pip-installs the example package into a folder put on sys.path (spawned ranks inherit it)."""
+    """pip-installs the example package into a folder put on sys.path and PYTHONPATH for the rest of the session:
+    spawned ranks inherit the one, a launcher's ranks the other, so every process of a later run has it alike."""
     target = tmp_path_factory.mktemp("site")
     subprocess.run(
         [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation", "--target", str(target), str(EXAMPLE)],
         check=True, timeout=180,
     )
+    before = os.environ.get("PYTHONPATH")
     sys.path.insert(0, str(target))
+    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, (str(target), before)))
     yield target
     sys.path.remove(str(target))
+    if before is None:
+        del os.environ["PYTHONPATH"]
+    else:
+        os.environ["PYTHONPATH"] = before

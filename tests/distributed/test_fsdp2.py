@@ -179,7 +179,7 @@ def test_auto_with_mixed_precision_chooses_among_fsdp2_and_fsdp2_tp_only():
     assert plan.strategy in ("fsdp2", "fsdp2_tp")
     assert "bf16 compute (BatchNorm in fp32), fp32 gradient reduction and output" in " ".join(plan.rationale)
     refused = [line for line in plan.rationale if "cannot run: parallel.mixed_precision" in line]
-    assert {line.split()[1].rstrip(":") for line in refused} == {"none", "dp", "zero", "tp", "pp", "tsp", "fsdp2_tsp"}, plan.rationale
+    assert {line.split()[1].rstrip(":") for line in refused} == {"none", "dp", "zero", "tp", "pp", "tsp", "fsdp2_tsp", "mesh"}, plan.rationale
 
 
 @pytest.mark.parametrize("strategy, world", [("none", 1), ("dp", 2), ("zero", 2), ("tp", 2), ("pp", 2)])
@@ -203,4 +203,4 @@ def test_auto_with_reshard_after_forward_chooses_among_fsdp2_and_fsdp2_tp_only()
     plan = prepare(tiny_config("auto", parallel={"reshard_after_forward": False}), 4, Plugins()).plan
     assert plan.strategy in ("fsdp2", "fsdp2_tp")
     refused = [line for line in plan.rationale if "cannot run: parallel.reshard_after_forward" in line]
-    assert {line.split()[1].rstrip(":") for line in refused} == {"none", "dp", "zero", "tp", "pp", "tsp", "fsdp2_tsp"}, plan.rationale
+    assert {line.split()[1].rstrip(":") for line in refused} == {"none", "dp", "zero", "tp", "pp", "tsp", "fsdp2_tsp", "mesh"}, plan.rationale

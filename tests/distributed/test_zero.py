@@ -50,6 +50,6 @@ def test_auto_with_parallel_zero_keeps_the_candidates_it_composes_with():
     plan = prepare(tiny_config("auto", microbatches=None, parallel={"zero": True, "prefer": "memory"}), 2, Plugins()).plan
     assert plan.strategy in ("dp", "zero") and plan.config.parallel.zero is True
     refused = {line.split()[1].rstrip(":") for line in plan.rationale if "composes with dp and zero only" in line}
-    assert refused == {"none", "fsdp2", "tp", "pp", "fsdp2_tp", "tsp", "fsdp2_tsp"}, plan.rationale
+    assert refused == {"none", "fsdp2", "tp", "pp", "fsdp2_tp", "tsp", "fsdp2_tsp", "mesh"}, plan.rationale
     plan = prepare(tiny_config("auto", microbatches=None, parallel={"zero": False}), 2, Plugins()).plan
     assert any(line.startswith("candidate zero: cannot run: parallel.zero = false") for line in plan.rationale)

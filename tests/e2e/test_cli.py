@@ -12,7 +12,7 @@ def test_plugins_json_lists_hooks_and_names(capsys):
     rows = {row["name"]: row for row in json.loads(capsys.readouterr().out)}
     assert rows["dp"]["registers"] == {"strategy": ["dp"]}
     assert rows["dp"]["distribution"] == "snnfw" and rows["dp"]["version"]
-    assert "snnfw_plan" in rows["none"]["hooks"]
+    assert "snnfw_parallelize" in rows["none"]["hooks"] and "snnfw_plan" in rows["fsdp2"]["hooks"]
 
 
 def test_plan_shows_layout_without_starting_processes(capsys):
