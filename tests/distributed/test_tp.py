@@ -94,8 +94,12 @@ def attention_shards(trainer):
 
 
 def test_tp_spikformer_shards_whole_heads_and_matches_none(tmp_path):
-    config = tiny_config("tp", model={"family": "spikformer"})
-    reference = run_training(tiny_config("none", model={"family": "spikformer"}))
+    # float64: in float32 a neuron whose potential lands within rounding of its threshold fires on one side and not
+    # the other, which depends on the kernels and their thread count (here, on one thread the step-2 loss differs by
+    # 2e-4 relative; on two, none and tp agree to the last bit)
+    model, train = {"family": "spikformer"}, {"dtype": "float64"}
+    config = tiny_config("tp", model=model, train=train)
+    reference = run_training(tiny_config("none", model=model, train=train))
     summaries = run_on_ranks(config, 2, tmp_path, inspect=attention_shards)
     for summary in summaries:
         assert_same_losses(reference, summary)
