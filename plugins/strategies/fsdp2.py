@@ -44,7 +44,7 @@ class FullyShard(Strategy):
     """Each declared block a unit of fully_shard over the dp dimensions, then the root; in a composed mesh, over
     ``dp_shard``, replicated over the dimensions whose ranks average gradients (HSDP)."""
 
-    dimension, parameters, splits_batch, order = "dp_shard", SHARDED, True, DATA
+    dimension, parameters, splits_batch, order, shards_parameters = "dp_shard", SHARDED, True, DATA, True
 
     def propose(self, request):
         return _propose(request)
@@ -59,8 +59,6 @@ class FullyShard(Strategy):
         from snnfw.plan.compose import fsdp_mesh
 
         return apply_fully_shard(model, plan, fsdp_mesh(plan, mesh, hooks, self.dimension))
-
-    shards_parameters = True
 
     @hookimpl
     def snnfw_parallelize(self, model, plan, mesh, hooks):

@@ -19,10 +19,10 @@ NAME = "fsdp2_tp"
 class TensorParallelFullyShard(Strategy):
     """The tp_plan over the mesh's ``tp`` dimension, then fully_shard over ``dp``."""
 
+    shards_parameters = True
+
     def propose(self, request):
         return _propose(request)
-
-    shards_parameters = True
 
     @hookimpl
     def snnfw_parallelize(self, model, plan, mesh, hooks):

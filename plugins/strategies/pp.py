@@ -27,7 +27,7 @@ from snnfw.distributed.pipeline import parse_layout
 from snnfw.errors import keys_phrase
 from snnfw.plan.estimate import estimate, ring_bytes
 from snnfw.plan.layout import GLOO_CUDA_POINT_TO_POINT, Proposal, refuse_others
-from snnfw.plugin.strategy import SHARDED, SPLIT, STAGES, Strategy
+from snnfw.plugin.strategy import SPLIT, STAGES, Strategy
 
 NAME = "pp"
 
@@ -83,12 +83,10 @@ class Pipeline(Strategy):
 
     def apply_dimension(self, model, plan, mesh, hooks, wrap=None):
         from snnfw.distributed.groups import rows_group
-        from snnfw.plan.compose import averaged_dims
+        from snnfw.plan.compose import stage_averaged_dims
         from snnfw_plugins.strategies.pp_build import build_pipeline
 
-        averaged = averaged_dims(plan, hooks)
-        if any(hooks.strategy(name).parameters == SHARDED for name in plan.strategies):
-            averaged = ()  # FSDP2 reduces the stages' gradients, over the averaged dimensions too (HSDP)
+        averaged = stage_averaged_dims(plan, hooks)
         return build_pipeline(model, plan, mesh, hooks, wrap, rows_group(mesh, averaged) if averaged else None)
 
     @hookimpl

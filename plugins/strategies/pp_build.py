@@ -109,7 +109,7 @@ def _stage_plan(plan, stage: nn.Module, blocks: list[nn.Module]):
 def _in_place_peers(plan, mesh, hooks) -> tuple[int, ...]:
     """The last rank's peers along the mesh dimensions applied in place (a composed mesh's tp and time), whose layers
     exchange with it."""
-    dims = {name for (name, _), strategy in zip(plan.mesh, getattr(plan, "strategies", ()))
+    dims = {name for (name, _), strategy in zip(plan.mesh, plan.strategies)
             if hooks.strategy(strategy).order == IN_PLACE}
     if not dims:
         return ()

@@ -95,7 +95,7 @@ def apply_tensor_parallel(model, plan, tp_mesh, hooks) -> None:
 class TensorParallel(Strategy):
     """The family's tp_plan applied over the ``tp`` mesh; every rank sees the whole batch."""
 
-    dimension, parameters, neurons_alike = "tp", SPLIT, True
+    dimension, parameters, neurons_alike, shards_parameters = "tp", SPLIT, True, True
 
     def propose(self, request):
         return _propose(request)
@@ -110,7 +110,6 @@ class TensorParallel(Strategy):
     def apply_dimension(self, model, plan, mesh, hooks, wrap=None):
         apply_tensor_parallel(model, plan, mesh["tp"], hooks)
         return model
-    shards_parameters = True
 
     @hookimpl
     def snnfw_parallelize(self, model, plan, mesh, hooks):

@@ -83,10 +83,11 @@ def time_split_refusal(request, size: int, replicas: int | None = None) -> str |
 def split_in_time(model, plan, mesh) -> None:
     """Splits ``model``'s time steps over the mesh's ``time`` dimension (``tsp_ops``), exchanging on process groups
     of their own, apart from any collective of the strategy's gradient reduction."""
-    from snnfw_plugins.strategies.tsp_ops import EXCHANGES, TimeGroup, exchange_group, split_time
+    from snnfw.distributed.groups import rows_group
+    from snnfw_plugins.strategies.tsp_ops import EXCHANGES, TimeGroup, split_time
 
     EXCHANGES.enabled = plan.config.log.phase_times
-    split_time(model, [submodule(model, name) for name in plan.analysis.neurons], TimeGroup(exchange_group(mesh)),
+    split_time(model, [submodule(model, name) for name in plan.analysis.neurons], TimeGroup(rows_group(mesh, ("time",))),
                plan.config.model.time_steps, slices(plan.config, plan.mesh))
 
 

@@ -82,19 +82,6 @@ def time_chunk(steps: int, rank: int, size: int) -> slice:
     return slice(rank * length, (rank + 1) * length)
 
 
-def exchange_group(mesh):
-    """A process group of this rank's ranks along the mesh's ``time`` dimension, made for its exchanges alone (every
-    rank makes every row's, in one order)."""
-    grid = mesh.mesh
-    axis = mesh.mesh_dim_names.index("time")
-    mine = None
-    for row in grid.movedim(axis, -1).reshape(-1, grid.shape[axis]).tolist():
-        group = dist.new_group(ranks=row)
-        if dist.get_rank() in row:
-            mine = group
-    return mine
-
-
 class GatherTime(torch.autograd.Function):
     """``[T / P, ...]`` on each rank -> ``[T, ...]`` in time order on every rank; backward keeps this rank's steps'
     gradient, times P: DDP's average over the P ranks of a time group is then their sum."""

@@ -159,10 +159,22 @@ def _reduction(names, strategies) -> tuple[tuple[str, ...], tuple[str, ...]]:
     return averaged, tuple(n for n in names if strategies[n].parameters == SHARDED)
 
 
+def _plan_reduction(plan, hooks) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """:func:`_reduction` of ``plan``'s composed mesh."""
+    names = [name for name, _ in plan.mesh]
+    return _reduction(names, dict(zip(names, map(hooks.strategy, plan.strategies))))
+
+
 def averaged_dims(plan, hooks) -> tuple[str, ...]:
     """The dimensions of ``plan``'s composed mesh whose ranks average their gradients."""
-    names = [name for name, _ in plan.mesh]
-    return _reduction(names, dict(zip(names, map(hooks.strategy, plan.strategies))))[0]
+    return _plan_reduction(plan, hooks)[0]
+
+
+def stage_averaged_dims(plan, hooks) -> tuple[str, ...]:
+    """The dimensions a stage dimension averages its stages' gradients over itself: the averaged ones, unless a
+    sharded dimension's FSDP2 reduces over them (HSDP)."""
+    averaged, sharded = _plan_reduction(plan, hooks)
+    return () if sharded else averaged
 
 
 def apply_mesh(model, plan, mesh, hooks):
