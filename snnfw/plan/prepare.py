@@ -64,18 +64,22 @@ def _analyze(model, config: Config, source, plugins: Plugins) -> Analysis:
     return analyze(model, source.name, plugins, models.own_part(model, config) if source.own else None)
 
 
-def _built_and_analyzed(config: Config, source: models.Source, plugins: Plugins, on_meta: bool):
-    """:func:`_build` and the analysis, on the meta device with ``on_meta`` (a rank that receives its shard), or
-    for real where the build or the analysis needs values (a meta tensor has none)."""
+def _built_and_analyzed(config: Config, source: models.Source, plugins: Plugins):
+    """:func:`_build` and the analysis."""
+    config, model, notes = _build(config, source)
+    return config, model, notes, _analyze(model, config, source, plugins)
+
+
+def _on_meta_or_real(on_meta: bool, make: Callable):
+    """``make()`` on the meta device with ``on_meta`` (a rank that receives its shard), else, or where making needs
+    values (a meta tensor has none), for real."""
     if on_meta:
         try:
             with torch.device("meta"):
-                config_built, model, notes = _build(config, source)
-                return config_built, model, notes, _analyze(model, config_built, source, plugins)
-        except Exception:  # built for real below, which raises the model's own errors as rank 0 does
+                return make()
+        except Exception:  # made for real below, which raises the model's own errors as rank 0 does
             pass
-    config, model, notes = _build(config, source)
-    return config, model, notes, _analyze(model, config, source, plugins)
+    return make()
 
 
 @attrs.frozen
@@ -199,7 +203,8 @@ def prepare(config: Config, world_size: int, plugins: Plugins, local_ranks: int 
     topology = Topology.detect(world_size, config.parallel.device, local_ranks, config.parallel.backend)
     shards = rank is not None and config.parallel.strategy != AUTO and builds_shards(config, plugins, world_size,
                                                                                          isinstance(model, torch.nn.Module))
-    config, built, model_notes, analysis = _built_and_analyzed(config, source, plugins, on_meta=shards and rank != 0)
+    config, built, model_notes, analysis = _on_meta_or_real(shards and rank != 0,
+                                                            lambda: _built_and_analyzed(config, source, plugins))
     decision = None
     if config.parallel.strategy == AUTO:
         def decide() -> Decision:
@@ -225,14 +230,7 @@ def from_plan(plan: Plan, plugins: Plugins, rank: int) -> Prepared:
     config = plan.config
     source = models.source(config, plugins)
     shards = builds_shards(config, plugins, plan.world_size, given_instance=False)
-    model = None
-    if shards and rank != 0:
-        try:
-            with torch.device("meta"):
-                model = _built(config, source)
-        except Exception:  # built for real below, which raises the model's own errors as rank 0 does
-            pass
-    model = model or _built(config, source)
+    model = _on_meta_or_real(shards and rank != 0, lambda: _built(config, source))
     if config.model.input_layout == "TN":
         models.time_major_input(model)
     return Prepared(plan, model, source.spec, plan.analysis, builds_shards=shards)

@@ -57,7 +57,8 @@ class Trainer:
         if weights is not None:
             load_weights(model, weights)
         whole = set_aside(model) if prepared.builds_shards else None  # parallelized on meta, then materialized
-        self.replica = dp_coordinate(self.plan.layout, mesh)
+        self.layout = self.plan.layout  # what the distributed primitives take, made once
+        self.replica = dp_coordinate(self.layout, mesh)
         self.running_stats = RunningStats(model)  # from here on, only training steps update BatchNorm statistics
         plugins.transform_model(model, self.plan, self.example())
         self.model = plugins.parallelize(model, self.plan, mesh)
@@ -65,7 +66,7 @@ class Trainer:
             materialize(self.model, device, whole, lambda: plugins.state_dict(self.model, None, self.plan)["model"])
         if view := plugins.time_view(self.plan, mesh):  # this rank's model reads only these time steps
             self.train_set, self.test_set = (datalib.TimeView(d, *view) for d in (self.train_set, self.test_set))
-        self.running_stats.bind(self.model, self.replica, self.plan.dp_size, dp_group(self.plan.layout, mesh))
+        self.running_stats.bind(self.model, self.replica, self.plan.dp_size, dp_group(self.layout, mesh))
         self.counter.clear()  # spikes of the transforms' and strategies' own forward passes
         if self.plan.replicated_neuron_dims:
             self.counter.weigh_replicated(self.plan.size(self.plan.replicated_neuron_dims))
@@ -107,10 +108,10 @@ class Trainer:
         loss_scale = self.run.loss_scale
         lr, scale = self.optimizer.param_groups[0]["lr"], loss_scale.scale
         with self.run.phases("grad_norm"):
-            squares = local_grad_squares(self.model, plan.layout, self.device)  # this rank's share, reduced with the step's figures
+            squares = local_grad_squares(self.model, self.layout, self.device)  # this rank's share, reduced with the step's figures
             skip = False
             if loss_scale.enabled or config.train.clip_grad_norm is not None:
-                norm = global_grad_norm(self.model, plan.layout, squares) / scale  # the same on every rank
+                norm = global_grad_norm(self.model, self.layout, squares) / scale  # the same on every rank
                 if loss_scale.enabled:  # fp16 skips a step that overflowed, as torch's GradScaler does
                     skip = not bool(torch.isfinite(norm))
                     if not skip:
