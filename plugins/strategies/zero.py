@@ -56,7 +56,7 @@ def snnfw_plan(request):
         f"parallel.zero shards optimizer state across data-parallel replicas and composes with "
         f"{' and '.join(COMPOSES_WITH)} only (fsdp2 shards optimizer state already); remove parallel.zero"
     )
-    return refuse_others(request, COMPOSES_WITH, reason)
+    return refuse_others(request, COMPOSES_WITH, reason, dimensions=())  # a composed mesh's dp_replicate keeps it whole
 
 
 @hookimpl

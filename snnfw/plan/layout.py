@@ -134,15 +134,19 @@ class Proposal:
         return cls(strategy=strategy, refusal=reason)
 
 
-def refuse_others(request: PlanRequest, owners: tuple[str, ...], reason: str) -> list[Proposal]:
-    """Refusals of the strategies asked for (under ``auto``, every registered one) but ``owners``.
+def refuse_others(request: PlanRequest, owners: tuple[str, ...], reason: str,
+                  dimensions: tuple[str, ...] | None = None) -> list[Proposal]:
+    """Refusals of the strategies asked for (under ``auto``, every registered one) but ``owners``, and of a composed
+    mesh without one of ``dimensions``, those that apply the key there (default: the owners' dimensions).
 
     How a plugin refuses a key only ``owners`` apply: under ``auto`` these rule out
     the other candidates alone.
     """
     asked = request.plugins.strategies.names() if request.strategy == AUTO else [request.strategy]
-    dimensions = {request.plugins.strategy(name).dimension for name in owners if name in request.plugins.strategies.names()}
-    if COMPOSED in asked and dimensions & set(dict(request.config.parallel.mesh or ())):
+    if dimensions is None:
+        registered = request.plugins.strategies.names()
+        dimensions = tuple(request.plugins.strategy(name).dimension for name in owners if name in registered)
+    if COMPOSED in asked and set(dimensions) & set(dict(request.config.parallel.mesh or ())):
         asked.remove(COMPOSED)  # a composed mesh with an owner's dimension applies the key
     return [Proposal.refuse(name, reason) for name in asked if name not in owners]
 

@@ -41,6 +41,12 @@ def test_zero_is_refused_where_it_does_not_compose():
         prepare(tiny_config("fsdp2", parallel={"zero": True}), 2, plugins)
 
 
+def test_a_composed_mesh_refuses_parallel_zero_which_its_dp_replicate_does_not_apply():
+    config = tiny_config("mesh", parallel={"mesh": {"dp_replicate": 2, "tp": 2}, "zero": True})
+    with pytest.raises(PlanError, match="strategy 'mesh' cannot run: parallel.zero shards optimizer state"):
+        prepare(config, 4, Plugins())
+
+
 def test_zero_refuses_parallel_zero_false():
     with pytest.raises(PlanError, match="strategy 'zero' cannot run: parallel.zero = false asks for an unsharded optimizer"):
         prepare(tiny_config("zero", parallel={"zero": False}), 2, Plugins())
