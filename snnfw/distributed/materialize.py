@@ -10,7 +10,8 @@ no memory (:func:`builds_shards`, asked in ``prepare``). In the trainer every ra
 3. materializes it (:func:`materialize`): empty storage on its device for what it holds (``to_empty``), then
    one tensor at a time rank 0 broadcasts the whole tensor and each rank copies out its pieces, those the
    strategy's state dict names (the pieces its checkpoints write); rank 0 lets go of each whole tensor once
-   it is sent.
+   it is sent. Every tensor crosses in one buffer the size of the largest, so no whole tensor outlives its
+   turn (a backend's worker thread may keep a reference to a sent tensor a while after the collective ends).
 
 A rank other than 0 thus holds its shard plus one whole tensor before the first step; rank 0 also holds the
 whole model in CPU memory until it is sent. Broadcasting rather than building the shards locally keeps the
@@ -69,18 +70,22 @@ def materialize(model: torch.nn.Module, device: torch.device, whole: dict[str, t
     rng = torch.get_rng_state()  # rank 0's, which its build advanced: every rank's stream as if it had built too
     dist.broadcast(rng, src=0)
     torch.set_rng_state(rng)
+    sizes = {name: (whole_shape(value), value_dtype(value)) for name, value in held.items()}
+    buffer = torch.empty(max((_nbytes(*size) for size in sizes.values()), default=0), dtype=torch.uint8, device=device)
     for name in sorted(held):
-        value, source = held[name], whole.pop(name)
-        shape, dtype = whole_shape(value), value_dtype(value)
+        (shape, dtype), source = sizes[name], whole.pop(name)
+        tensor = buffer[:_nbytes(shape, dtype)].view(dtype).view(shape)
         if dist.get_rank() == 0:
-            tensor = source.to(device, dtype).reshape(shape)  # a 0-dim parameter FSDP2 made a vector
-        else:
-            tensor = torch.empty(shape, dtype=dtype, device=device)
+            tensor.copy_(source.reshape(shape))  # a 0-dim parameter FSDP2 made a vector
         del source
         dist.broadcast(tensor, src=0)
-        for at, piece in pieces(value):
+        for at, piece in pieces(held[name]):
             piece.copy_(tensor[tuple(slice(start, start + length) for start, length in zip(at, piece.shape))])
     whole.clear()
+
+
+def _nbytes(shape: torch.Size, dtype: torch.dtype) -> int:
+    return shape.numel() * dtype.itemsize
 
 
 def _check_names(held: dict, whole: dict[str, torch.Tensor]) -> None:
