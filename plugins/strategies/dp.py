@@ -2,6 +2,7 @@
 
 from snnfw import hookimpl
 from snnfw.plan.estimate import estimate, ring_bytes
+from snnfw.plan.estimate import ddp_buckets
 from snnfw.plan.layout import Proposal
 from snnfw.plugin.strategy import DATA, Strategy
 
@@ -62,6 +63,7 @@ def propose_replicas(strategy: str, request, rationale: str, shard_optimizer: bo
         samples=request.config.data.batch_size / replicas,
         optimizer_shards=replicas if shard_optimizer else 1,
         comm_bytes=ring_bytes(params, replicas) + gathered,
+        calls=ddp_buckets(params) + (len(list(request.model.parameters())) if shard_optimizer and request.model else 0),
     )
     return Proposal(strategy, mesh=mesh, dp_dims=("dp",), rationale=(f"{replicas} replicas, {rationale}",), estimate=cost)
 

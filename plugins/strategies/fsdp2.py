@@ -171,7 +171,14 @@ def _estimate(request, shards: int, world: int):
         samples=request.config.data.batch_size / world,
         parameter_shards=shards,
         comm_bytes=1.5 * ring_bytes(params, shards) + ring_bytes(params / shards, world // shards),
+        calls=fsdp_calls(request, hybrid=world > shards),
     )
+
+
+def fsdp_calls(request, hybrid: bool = False) -> int:
+    """FSDP2's collectives a step: per unit (the blocks and the root) an all-gather before forward and one before
+    backward, a reduce-scatter after it (and an all-reduce over replicas under HSDP)."""
+    return (len(request.analysis.blocks) + 1) * (4 if hybrid else 3)
 
 
 def _scalars_to_vectors(model) -> None:

@@ -278,6 +278,7 @@ def _estimate(request, spec, pp: int, dp: int, virtual: int, microbatches: int):
         compute_shards=pp,
         comm_bytes=comm,
         bubble=spec.bubble(pp, virtual, microbatches),
+        calls=4 * virtual * microbatches + (1 if dp > 1 else 0),  # a send and a receive each way per boundary
     )
 
 

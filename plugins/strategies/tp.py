@@ -76,9 +76,9 @@ def tp_estimate(request, tp: int, replicas: int = 1):
     samples = request.config.data.batch_size / replicas
     params = cost.parameter_bytes / tp
     comm = 2 * (tp - 1) / tp * cost.activation_bytes * samples + 1.5 * ring_bytes(params, replicas)
-    return estimate(
-        request, samples=samples, parameter_shards=tp * replicas, activation_shards=tp, compute_shards=tp, comm_bytes=comm
-    )
+    calls = 2 * len(request.analysis.tp_plan) + (3 * (len(request.analysis.blocks) + 1) if replicas > 1 else 0)
+    return estimate(request, samples=samples, parameter_shards=tp * replicas, activation_shards=tp, compute_shards=tp,
+                    comm_bytes=comm, calls=calls)
 
 
 def apply_tensor_parallel(model, plan, tp_mesh, hooks) -> None:

@@ -16,6 +16,7 @@ import attrs
 from snnfw import hookimpl
 from snnfw.model.analysis import submodule
 from snnfw.plan.estimate import estimate, ring_bytes
+from snnfw.plan.estimate import ddp_buckets
 from snnfw.plan.layout import GLOO_CUDA_POINT_TO_POINT, Proposal, refuse_others
 from snnfw.plugin.strategy import Strategy
 
@@ -159,7 +160,8 @@ def _propose(request) -> Proposal:
     params = request.cost.parameter_bytes if request.cost else 0.0
     # Activations split P ways; time is not claimed: the neurons of a layer run one rank after another.
     cost = estimate(request, samples=config.data.batch_size / replicas, activation_shards=size,
-                    comm_bytes=ring_bytes(params, world))
+                    comm_bytes=ring_bytes(params, world),
+                    calls=2 * slices(config, mesh) * len(request.analysis.neurons) + ddp_buckets(params))
     return Proposal(
         NAME,
         mesh=mesh,

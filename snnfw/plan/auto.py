@@ -2,7 +2,9 @@
 
 Strategy plugins answer ``snnfw_plan`` for ``auto`` as for their own name,
 attaching an :class:`snnfw.plan.estimate.Estimate`; so a third-party strategy takes
-part without any change here. Candidates that cannot run are kept with their
+part without any change here. ``speed`` ranks by :mod:`snnfw.plan.cost_model`'s
+predicted step time (with the strategies' own byte estimates and assumed links;
+``snnfw tune`` counts the bytes by dry run, probes the links and measures). Candidates that cannot run are kept with their
 reason, for ``snnfw plan`` to show.
 """
 
@@ -16,6 +18,7 @@ import torch
 
 from snnfw.config import Config, with_settings
 from snnfw.errors import PlanError
+from snnfw.plan import cost_model
 from snnfw.plan.estimate import measure_cost
 
 AUTO = "auto"
@@ -29,6 +32,7 @@ class Candidate:
     estimate: object = None
     reason: str | None = None  # why it cannot run
     settings: tuple = ()  # config values it runs with, as in snnfw.plan.layout.Proposal
+    predicted_ms: float = 0.0  # the cost model's step time (snnfw.plan.cost_model)
 
     @property
     def assignments(self) -> str:
@@ -46,7 +50,7 @@ class Candidate:
         if self.reason:
             return f"{self.strategy}{settings and f' ({settings[2:]})'}: cannot run: {self.reason}"
         mesh = " x ".join(f"{d}={n}" for d, n in self.mesh.items())
-        return f"{self.strategy} ({mesh}{settings}): {self.estimate.summary(device_type)}"
+        return f"{self.strategy} ({mesh}{settings}): ~{self.predicted_ms:.1f} ms/step predicted, {self.estimate.summary()}"
 
 
 def candidates(request, proposals) -> tuple[list[Candidate], list[Candidate]]:
@@ -57,6 +61,7 @@ def candidates(request, proposals) -> tuple[list[Candidate], list[Candidate]]:
     """
     config, topology = request.config, request.topology
     memory = topology.memory_per_rank()
+    cluster = cost_model.Cluster.here(topology.device_type, topology.world_size)
     vetoed = {p.strategy for p in proposals if p.refusal and not p.settings and not p.mesh}
     feasible, refused = [], []
     for p in proposals:
@@ -73,7 +78,9 @@ def candidates(request, proposals) -> tuple[list[Candidate], list[Candidate]]:
         elif p.estimate.memory_bytes > memory:
             reason = f"needs ~{p.estimate.memory_bytes / 2**30:.1f} GiB per rank, has {memory / 2**30:.1f}"
         else:
-            feasible.append(Candidate(p.strategy, mesh, replicas, p.estimate, settings=p.settings))
+            terms = cost_model.terms_of(p.strategy, p.estimate, request.cost)
+            feasible.append(Candidate(p.strategy, mesh, replicas, p.estimate, settings=p.settings,
+                                      predicted_ms=cost_model.predict(terms, cluster).ms))
             continue
         refused.append(Candidate(p.strategy, mesh, reason=reason, settings=p.settings))
     return feasible, _collapse(refused)
@@ -88,12 +95,13 @@ def _collapse(refused: list[Candidate]) -> list[Candidate]:
     return list(kept.values())
 
 
-def rank(feasible: list[Candidate], prefer: str, device_type: str, memory: float) -> list[Candidate]:
-    """Best first: fastest (speed), least memory per rank (memory), largest batch that fits (capacity)."""
+def rank(feasible: list[Candidate], prefer: str, memory: float) -> list[Candidate]:
+    """Best first: fastest by the cost model (speed), least memory per rank (memory), largest batch that fits
+    (capacity)."""
     keys = {
-        "speed": lambda c: (c.estimate.step_ms(device_type), c.estimate.memory_bytes),
-        "memory": lambda c: (c.estimate.memory_bytes, c.estimate.step_ms(device_type)),
-        "capacity": lambda c: (-c.estimate.capacity(memory, c.replicas), c.estimate.step_ms(device_type)),
+        "speed": lambda c: (c.predicted_ms, c.estimate.memory_bytes),
+        "memory": lambda c: (c.estimate.memory_bytes, c.predicted_ms),
+        "capacity": lambda c: (-c.estimate.capacity(memory, c.replicas), c.predicted_ms),
     }
     return sorted(feasible, key=keys[prefer])
 
@@ -118,7 +126,7 @@ def ranked_candidates(request, plugins) -> tuple[list[Candidate], list[Candidate
         reasons = "; ".join(c.describe(topology.device_type) for c in refused) or "no strategy plugin proposed a plan"
         raise PlanError(f"auto found no strategy that can run on {topology.world_size} rank(s): {reasons}")
     memory = topology.memory_per_rank()
-    return rank(feasible, request.config.parallel.prefer or "speed", topology.device_type, memory), refused
+    return rank(feasible, request.config.parallel.prefer or "speed", memory), refused
 
 
 @attrs.frozen
@@ -151,7 +159,15 @@ def choose(request, plugins) -> Decision:
     return Decision(best.strategy, tuple(best.mesh.items()), tuple(best.settings), rationale)
 
 
-def measure(model, spec, plugins):
-    """The per-sample cost of ``model`` that estimates scale from."""
+def measure(model, spec, plugins, train, threads: int | None = None):
+    """The per-sample cost of ``model`` that estimates scale from, with a step of ``train.optimizer``, at
+    ``threads`` threads (default: this process's)."""
+    from snnfw.components.optim import optimizer_options
+
     frames, labels = example_batch(spec)
-    return measure_cost(model, frames, labels, plugins.reset_state)
+
+    def optimizer(parameters):
+        optimizer_class, options = optimizer_options(train, plugins, parameters)
+        return optimizer_class(parameters, **options)
+
+    return measure_cost(model, frames, labels, plugins.reset_state, optimizer, threads)

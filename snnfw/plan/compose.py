@@ -27,7 +27,7 @@ import math
 import attrs
 
 from snnfw.errors import PluginError
-from snnfw.plan.estimate import estimate, ring_bytes
+from snnfw.plan.estimate import ddp_buckets, estimate, ring_bytes
 from snnfw.plan.layout import COMPOSED, Mesh, PlanRequest, Proposal
 from snnfw.plugin.strategy import DATA, IN_PLACE, REPLICATED, SHARDED, SPLIT, STAGES, Strategy
 
@@ -105,7 +105,7 @@ def _estimate(request: PlanRequest, layout: Proposal, strategies: dict[str, Stra
     """The coarse cost :mod:`snnfw.plan.estimate` ranks candidates by: a rank's share of the parameters (split and
     sharded dimensions), of the samples (data dimensions), of the activations (the dimensions that are not data
     ones) and of the compute (the split ones: a time split's ranks wait on each other); the gradient reduction's
-    bytes, tensor-parallel activations' and a pipeline's bubble."""
+    bytes, tensor-parallel activations' and a pipeline's bubble; the collective calls of each."""
     cost = request.cost
     if cost is None:
         return None
@@ -122,8 +122,12 @@ def _estimate(request: PlanRequest, layout: Proposal, strategies: dict[str, Stra
                 if strategies[n].parameters == SPLIT and not strategies[n].splits_stages)
     stages = math.prod(sizes[n] for n in layout.stage_dims)
     micro = request.config.train.microbatches or layout.microbatches or 1
+    calls = (3 * (len(request.analysis.blocks) + 1) if sharded else ddp_buckets(params / shards) if averaged else 0)
+    calls += sum(2 * len(request.analysis.neurons) for n in names
+                 if strategies[n].parameters == SPLIT and not strategies[n].splits_stages)
+    calls += 4 * micro if stages > 1 else 0
     return estimate(request, samples=samples, parameter_shards=split * shards, activation_shards=parts,
-                    compute_shards=split, comm_bytes=comm, bubble=(stages - 1) / (micro + stages - 1))
+                    compute_shards=split, comm_bytes=comm, bubble=(stages - 1) / (micro + stages - 1), calls=calls)
 
 
 def candidate_meshes(world: int, dimensions: list[str]) -> list[Mesh]:

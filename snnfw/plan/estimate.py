@@ -2,16 +2,18 @@
 
 The core measures the model once (:func:`measure_cost`); each strategy turns
 that into per-rank memory, communication and compute for its layout with
-:func:`estimate`. The figures are coarse by design: they order candidates,
-they do not predict milliseconds.
+:func:`estimate`. The figures are coarse: they order candidates;
+:mod:`snnfw.plan.cost_model` predicts milliseconds from them.
 """
 
 from __future__ import annotations
 
 import copy
+import math
 import os
+import statistics
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable
 
 import attrs
 
@@ -21,7 +23,6 @@ if TYPE_CHECKING:
     import torch
 
 BYTES = 4  # fp32
-BANDWIDTH = {"cpu": 1e9, "cuda": 5e10}  # bytes/s of the collective backend, for ranking only
 
 
 @attrs.frozen
@@ -32,6 +33,8 @@ class ModelCost:
     activation_bytes: float  # tensors saved for backward
     neuron_state_bytes: float
     step_ms: float  # forward + backward
+    optimizer_ms: float = 0.0  # one optimizer step over every parameter (0: not measured)
+    threads: int = 0  # the threads it was timed at
 
     @property
     def parameter_bytes(self) -> float:
@@ -51,6 +54,7 @@ class Estimate:
     compute_ms: float
     samples: float  # per rank per step
     bubble: float = 0.0
+    calls: float = 0.0  # collective calls per step (their latency adds up where messages are small)
 
     @property
     def memory_bytes(self) -> float:
@@ -60,19 +64,16 @@ class Estimate:
     def static_bytes(self) -> float:
         return self.parameter_bytes + self.gradient_bytes + self.optimizer_bytes
 
-    def step_ms(self, device_type: str) -> float:
-        return self.compute_ms / (1.0 - self.bubble) + self.comm_bytes / BANDWIDTH[device_type] * 1e3
-
     def capacity(self, memory: float, replicas: int) -> float:
         """The largest global batch whose activations fit beside the static memory."""
         per_sample = (self.activation_bytes + self.neuron_state_bytes) / self.samples
         return max(memory - self.static_bytes, 0.0) / per_sample * replicas
 
-    def summary(self, device_type: str) -> str:
+    def summary(self) -> str:
         bubble = f", bubble {self.bubble:.0%}" if self.bubble else ""
         return (
             f"~{self.memory_bytes / 2**20:.1f} MB/rank (static {self.static_bytes / 2**20:.1f}), "
-            f"comm {self.comm_bytes / 2**20:.1f} MB/step, ~{self.step_ms(device_type):.0f} ms/step{bubble}"
+            f"comm {self.comm_bytes / 2**20:.1f} MB/step{bubble}"
         )
 
 
@@ -87,6 +88,7 @@ def estimate(
     comm_bytes: float = 0.0,
     compute_shards: float = 1,
     bubble: float = 0.0,
+    calls: float = 0.0,
 ) -> Estimate | None:
     """Scales the measured per-sample cost to ``samples`` per rank and the given shard factors.
 
@@ -107,7 +109,13 @@ def estimate(
         compute_ms=samples * cost.step_ms / compute_shards,
         samples=samples,
         bubble=bubble,
+        calls=calls,
     )
+
+
+def ddp_buckets(nbytes: float) -> int:
+    """All-reduces DDP makes of ``nbytes`` of gradients: a first bucket of 1 MiB, then 25 MiB ones."""
+    return 0 if nbytes <= 0 else 1 + math.ceil(max(nbytes - 2**20, 0) / (25 * 2**20))
 
 
 def ring_bytes(nbytes: float, ranks: int) -> float:
@@ -124,9 +132,11 @@ def device_memory_bytes(device_type: str, local_ranks: int) -> float:
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / max(local_ranks, 1)
 
 
-def measure_cost(model: torch.nn.Module, example: torch.Tensor, labels: torch.Tensor, reset) -> ModelCost:
-    """Times one forward and backward of ``example`` on a copy of ``model`` and counts
-    saved-for-backward and neuron-state bytes."""
+def measure_cost(model: torch.nn.Module, example: torch.Tensor, labels: torch.Tensor, reset,
+                 optimizer: Callable | None = None, threads: int | None = None) -> ModelCost:
+    """Times one forward and backward of ``example`` on a copy of ``model`` (and a step of ``optimizer(parameters)``
+    where given), at ``threads`` threads (default: this process's), and counts saved-for-backward and neuron-state
+    bytes."""
     import torch
 
     model = copy.deepcopy(model)
@@ -141,12 +151,16 @@ def measure_cost(model: torch.nn.Module, example: torch.Tensor, labels: torch.Te
         reset(model)
         cross_entropy({"label_smoothing": 0.0})(model(example), labels).backward()
 
-    samples = len(labels)
-    model.train()
-    step()  # warm-up: first calls allocate and initialise lazily
-    started = time.perf_counter()
-    step()
-    elapsed_ms = (time.perf_counter() - started) * 1e3
+    samples, before = len(labels), torch.get_num_threads()
+    torch.set_num_threads(threads or before)
+    try:
+        model.train()
+        elapsed_ms = _median_ms(step)
+        optimizer_ms = 0.0
+        if optimizer is not None:
+            optimizer_ms = _median_ms(optimizer([p for p in model.parameters() if p.requires_grad]).step)
+    finally:
+        torch.set_num_threads(before)
     reset(model)
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         cross_entropy({"label_smoothing": 0.0})(model(example), labels)
@@ -156,4 +170,17 @@ def measure_cost(model: torch.nn.Module, example: torch.Tensor, labels: torch.Te
         activation_bytes=saved / samples,
         neuron_state_bytes=state / samples,
         step_ms=elapsed_ms / samples,
+        optimizer_ms=optimizer_ms,
+        threads=threads or before,
     )
+
+
+def _median_ms(work: Callable, repeats: int = 3) -> float:
+    """The median of ``repeats`` timed calls of ``work`` after one untimed (first calls allocate lazily)."""
+    work()
+    times = []
+    for _ in range(repeats):
+        started = time.perf_counter()
+        work()
+        times.append((time.perf_counter() - started) * 1e3)
+    return statistics.median(times)

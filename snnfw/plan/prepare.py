@@ -28,6 +28,7 @@ from snnfw.model import source as models
 from snnfw.model.analysis import Analysis, analyze
 from snnfw.model.probe import check_model
 from snnfw.plan.auto import Decision, choose, measure, ranked_candidates
+from snnfw.plan.estimate import ModelCost
 from snnfw.plan.layout import AUTO, Plan, PlanRequest, Topology, make_plan
 from snnfw.plugin.manager import Plugins
 
@@ -208,7 +209,7 @@ def prepare(config: Config, world_size: int, plugins: Plugins, local_ranks: int 
     decision = None
     if config.parallel.strategy == AUTO:
         def decide() -> Decision:
-            cost = measure(built, source.spec, plugins)
+            cost = measure(built, source.spec, plugins, config.train)
             request = PlanRequest(config=config, topology=topology, analysis=analysis, model=built, plugins=plugins, cost=cost)
             return choose(request, plugins)
 
@@ -239,6 +240,13 @@ def from_plan(plan: Plan, plugins: Plugins, rank: int) -> Prepared:
 def auto_candidates(config: Config, world_size: int, plugins: Plugins, device_memory: float | None = None) -> list:
     """``auto``'s runnable candidates for ``config`` on ``world_size`` ranks, best first; starts no process.
     ``device_memory``: the bytes a rank may use (default: this machine's, shared by its ranks)."""
+    return costed_candidates(config, world_size, plugins, device_memory)[0]
+
+
+def costed_candidates(config: Config, world_size: int, plugins: Plugins, device_memory: float | None = None,
+                      threads: int | None = None) -> tuple[list, list, ModelCost]:
+    """(runnable candidates best first, refused ones, the model's profile at ``threads`` threads): every strategy's
+    under ``auto``, the named strategy's own otherwise; starts no process."""
     check_data(config, plugins, own_data=False)
     config, _ = follow_data(config, plugins)
     source = models.source(config, plugins)
@@ -246,12 +254,10 @@ def auto_candidates(config: Config, world_size: int, plugins: Plugins, device_me
     config, model, _ = _build(config, source)
     topology = attrs.evolve(Topology.detect(world_size, config.parallel.device, backend=config.parallel.backend),
                             device_memory=device_memory)
-    request = PlanRequest(
-        config=config, topology=topology,
-        analysis=_analyze(model, config, source, plugins), model=model, plugins=plugins,
-        cost=measure(model, source.spec, plugins),
-    )
-    return ranked_candidates(request, plugins)[0]
+    cost = measure(model, source.spec, plugins, config.train, threads)
+    request = PlanRequest(config=config, topology=topology, analysis=_analyze(model, config, source, plugins),
+                          model=model, plugins=plugins, cost=cost)
+    return (*ranked_candidates(request, plugins), cost)
 
 
 def build_datasets(config: Config, spec: datalib.InputSpec, plugins: Plugins) -> tuple:
