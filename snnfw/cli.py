@@ -214,6 +214,13 @@ def _cmd_bench(args) -> int:
     )
 
 
+def _cmd_tune(args) -> int:
+    from snnfw.tools.tune import tune
+
+    return tune(args.config, args.world_size, args.overrides, args.budget_s, Path(args.results), Path(args.out),
+                args.measure, probe_now=not args.no_probe)
+
+
 def _cmd_export(args) -> int:
     from snnfw.components.export import export
     from snnfw.errors import ConfigError
@@ -352,6 +359,18 @@ def parser() -> argparse.ArgumentParser:
                    "<!-- bench-table --> and <!-- /bench-table --> lines (docs/benchmarks.md's results)")
     p.add_argument("--set", **overrides)
     p.set_defaults(run=_cmd_bench)
+
+    p = sub.add_parser("tune", help="predict every candidate plan's step time, measure the best, write the fastest")
+    p.add_argument("config")
+    p.add_argument("--world-size", type=int, required=True, help="ranks to tune for (measured here when this host runs them)")
+    p.add_argument("--budget-s", type=float, default=300.0, help="seconds for the whole search (default 300)")
+    p.add_argument("--measure", type=int, default=3, help="candidates to measure, best predicted first (default 3; 0: none)")
+    p.add_argument("--results", default="benchmark/results/bench.jsonl",
+                   help="bench records to learn from and add to; probe.json and corrections.json live beside it")
+    p.add_argument("--out", default="tuned.toml", help="where the winner's config is written (default tuned.toml)")
+    p.add_argument("--no-probe", action="store_true", help="assume the links' figures rather than probe them")
+    p.add_argument("--set", **overrides)
+    p.set_defaults(run=_cmd_tune)
 
     p = sub.add_parser("export", help="write a checkpoint's model state as a plain state dict (torch.save or .safetensors)")
     p.add_argument("source", metavar="RUN_DIR_OR_CHECKPOINT",

@@ -5,7 +5,8 @@ latency, global and per-device samples/s, peak memory per rank, the
 plugins' per-step metrics averaged over the timed steps (TP communication,
 phase times, ...) and their whole-run totals under ``run_totals`` (memopt
 search and compile seconds, outside step time). A new record is
-compared with the last one of the same configuration in the results file.
+compared with the last one of the same configuration in the results file. A record also keeps the cost
+model's prediction of its step (``predicted``: its uncorrected parts), which ``snnfw tune`` learns from.
 """
 
 from __future__ import annotations
@@ -97,6 +98,17 @@ def make_record(config, plan, nproc: int, metrics: list[dict], summary: dict, wa
     }
 
 
+def _predicted(config_path, overrides: list[str], nproc: int, results: Path) -> dict | None:
+    """The cost model's parts for this run, which ``snnfw tune`` learns from (None, said, where it cannot)."""
+    from snnfw.tools.tune import predicted_parts
+
+    try:
+        return predicted_parts(config_path, overrides, nproc, results)
+    except UserError as err:
+        print(f"snnfw bench: no prediction in this record: {err}", file=sys.stderr)
+        return None
+
+
 def _change(new: float, old: float) -> str:
     return f"{(new - old) / old:+.1%}" if old else "n/a"
 
@@ -124,6 +136,7 @@ def bench(
     plan = prepare(config, nproc, plugins).plan
     if baseline:
         plan = attrs.evolve(plan, strategy=strategy)
+    predicted = None if baseline else _predicted(config_path, overrides, nproc, results)
     with tempfile.TemporaryDirectory(prefix="snnfw-bench-") as tmp:
         module, plan_file = "snnfw.tools.baseline" if baseline else "snnfw.train", None
         if not baseline:
@@ -135,6 +148,8 @@ def bench(
         metrics = [json.loads(line) for line in (Path(tmp) / METRICS).read_text().splitlines()]
         summary = json.loads((Path(tmp) / SUMMARY).read_text())
     record = make_record(config, plan, nproc, metrics, summary, warmup, regime, label)
+    if predicted:
+        record["predicted"] = predicted
     previous = _last_matching(results, config_key(record))
     earlier = results.read_text() if results.exists() else ""
     write_text(results, earlier + json.dumps(record) + "\n")  # whole: the earlier records and this one

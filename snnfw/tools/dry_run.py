@@ -55,6 +55,7 @@ class Footprint:
     neurons: int  # neuron state (membrane potentials) after the step's last microbatch
     activations: int  # peak of the tensors saved for backward, alive together
     communication: int = 0  # bytes the step's collectives carry (not held: outside the total)
+    traffic: tuple[tuple[str, int, int], ...] = ()  # (collective kind, bytes, calls) of the step
     save: int = 0  # bytes of the state this rank writes to a checkpoint (staged on the host with async_save)
     export: int = 0  # peak bytes an export gathers on this rank: the whole model on rank 0, one piece elsewhere
 
@@ -156,14 +157,32 @@ class Collectives(TorchDispatchMode):
     def __init__(self):
         super().__init__()
         self.bytes = 0
+        self.kinds: dict[str, list[int]] = {}  # kind -> [bytes, calls]
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         namespace, name = func.namespace, func._opname
         if namespace == "c10d" and "barrier" not in name:
-            self.bytes += _nbytes(args[1] if name in SCATTERS else args[0])
+            self.count(name, _nbytes(args[1] if name in SCATTERS else args[0]))
         elif namespace == "_c10d_functional" and not name.startswith("wait"):
-            self.bytes += _nbytes(args[0]) * (args[1] if name.startswith("all_gather") else 1)
+            self.count(name, _nbytes(args[0]) * (args[1] if name.startswith("all_gather") else 1))
         return func(*args, **(kwargs or {}))
+
+    def count(self, op: str, nbytes: int) -> None:
+        self.bytes += nbytes
+        kind = collective_kind(op)
+        carried = self.kinds.setdefault(kind, [0, 0])
+        carried[0] += nbytes
+        carried[1] += 1
+
+
+def collective_kind(op: str) -> str:
+    """The cost model's kind (:data:`snnfw.plan.cost_model.KINDS`) of a c10d operation's name."""
+    plain = op.replace("_", "")
+    for kind in ("reducescatter", "allgather", "alltoall", "broadcast", "send", "recv"):
+        if kind in plain:
+            return {"reducescatter": "reduce_scatter", "allgather": "all_gather", "alltoall": "all_to_all",
+                    "send": "send_recv", "recv": "send_recv"}.get(kind, kind)
+    return "all_reduce"
 
 
 def _nbytes(tree) -> int:
@@ -194,6 +213,7 @@ def measure_step(trainer, step: int) -> Footprint:
         neurons=tensor_bytes(_neuron_state(trainer.model)),
         activations=saved.peak,
         communication=collectives.bytes,
+        traffic=tuple((kind, nbytes, calls) for kind, (nbytes, calls) in sorted(collectives.kinds.items())),
     )
 
 
@@ -327,13 +347,24 @@ def dry_run(config: Config, world_size: int, plugins: Plugins) -> tuple[object, 
                 footprint = measure_step(trainer, 0)  # DDP's all-reduces do not run: its hook counts what they carry
             held = [_local(t) for t in (*trainer.model.parameters(), *trainer.model.buffers())]
             footprints.append((rank, attrs.evolve(
-                footprint, communication=footprint.communication + sum(buckets), save=tensor_bytes(held) + footprint.optimizer,
+                footprint, communication=footprint.communication + sum(buckets),
+                traffic=_with_buckets(footprint.traffic, buckets), save=tensor_bytes(held) + footprint.optimizer,
                 export=whole_model if rank == 0 else max((tensor_bytes([t]) for t in held), default=0),
             )))
         finally:
             if dist.is_initialized():
                 dist.destroy_process_group()
     return plan, footprints
+
+
+def _with_buckets(traffic: tuple, buckets: list[int]) -> tuple:
+    """``traffic`` with DDP's bucket all-reduces, which its counting hook saw instead of the dispatch."""
+    if not buckets:
+        return traffic
+    kinds = {kind: (nbytes, calls) for kind, nbytes, calls in traffic}
+    nbytes, calls = kinds.get("all_reduce", (0, 0))
+    kinds["all_reduce"] = (nbytes + sum(buckets), calls + len(buckets))
+    return tuple((kind, *kinds[kind]) for kind in sorted(kinds))
 
 
 def _state_bytes(model: torch.nn.Module, dtype: torch.dtype) -> int:

@@ -1,0 +1,254 @@
+"""``snnfw tune``: the fastest plan for this model here, predicted by :mod:`snnfw.plan.cost_model`, checked by
+measurement, learned from every ``snnfw bench`` record.
+
+1. The cluster: the collective probe's links (:mod:`snnfw.tools.probe`), kept in ``probe.json`` beside the
+   records and reused for the same host, device and world size.
+2. The candidates: every strategy, composed mesh and setting the plugins propose under ``auto``, with the
+   model's profile at a rank's threads; the dry run of each counts what it holds (those that do not fit are
+   dropped) and the bytes and calls of its collectives by kind.
+3. Predictions, with the corrections fitted from the records (``corrections.json``).
+4. The most promising are measured (``snnfw bench``, a record each) while ``--budget-s`` lasts; the
+   corrections are refitted from all the records and everything predicted again.
+5. The winner (the fastest measured, else the fastest predicted) is written as a config file, with a table:
+   candidate, predicted ms, measured ms, memory per rank.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+import tomllib
+import warnings
+from pathlib import Path
+
+import attrs
+
+from snnfw.config import load_config, parse_override
+from snnfw.errors import ConfigError, UserError
+from snnfw.plan import cost_model
+from snnfw.plan.cost_model import Cluster, Corrections, StepTerms, Traffic
+from snnfw.plan.prepare import costed_candidates
+from snnfw.plugin.manager import Plugins
+
+RECORDS, PROBE, CORRECTIONS = "bench.jsonl", "probe.json", "corrections.json"
+WARMUP, STEPS = 2, 4  # a measured candidate's steps
+
+
+@attrs.frozen
+class Tuned:
+    """One candidate as ``tune`` saw it."""
+
+    name: str
+    overrides: tuple[str, ...]
+    terms: StepTerms
+    memory_bytes: int
+    predicted_ms: float = 0.0
+    measured_ms: float | None = None
+
+
+def rank_threads(world: int) -> int:
+    """A local rank's threads, as the launcher sets them (``snnfw.distributed.collectives``)."""
+    return int(os.environ.get("OMP_NUM_THREADS", 0)) or max(1, (os.cpu_count() or 1) // world)
+
+
+def cluster_here(folder: Path, world: int, device_type: str, probe_now: bool) -> Cluster:
+    """The probe of ``folder`` for this host, device and world; probed now (and stored) where there is none and
+    ``probe_now``; else the stated assumptions."""
+    path = folder / PROBE
+    stored = json.loads(path.read_text()) if path.exists() else {}
+    key = f"{platform.node()}/{device_type}/{world}"
+    if key in stored:
+        return Cluster.from_dict(stored[key])
+    if not probe_now or world < 2:
+        return Cluster.here(device_type, world)
+    from snnfw.tools.probe import probe
+
+    cluster = probe(world, device_type)
+    stored[key] = cluster.to_dict()
+    folder.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(stored, indent=2) + "\n")
+    return cluster
+
+
+def step_terms(config, world: int, plugins: Plugins, candidate, cost) -> tuple[StepTerms, int]:
+    """The terms of ``config`` (a candidate's) on ``world`` ranks: compute and optimizer from ``candidate``'s
+    estimate of the profile ``cost``, the collectives from the dry run; and the bytes its fullest rank holds."""
+    from snnfw.tools.dry_run import dry_run
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)  # torch renaming the tensor collectives the strategies call
+        _, footprints = dry_run(config, world, plugins)
+    busiest = max(footprints, key=lambda item: item[1].communication)[1]
+    fullest = max(footprints, key=lambda item: item[1].total)[1]
+    terms = cost_model.terms_of(candidate.strategy, candidate.estimate, cost)
+    traffic = tuple(Traffic(kind, nbytes, calls) for kind, nbytes, calls in busiest.traffic)
+    sources = (*terms.sources[:2], ("traffic", "dry run"))
+    return attrs.evolve(terms, traffic=traffic, sources=sources), fullest.total
+
+
+def predicted_parts(config_path, overrides: list[str], world: int, results: Path) -> dict | None:
+    """What a bench record of this config keeps to learn from: the cost model's uncorrected parts (None where the
+    config's strategy gives no estimate)."""
+    config = load_config(config_path, overrides)
+    plugins = Plugins()
+    device_type = _device_type(config, world)
+    ranked, _, cost = costed_candidates(config, world, plugins, threads=rank_threads(world))
+    if not ranked:
+        return None
+    terms, _ = step_terms(config, world, plugins, ranked[0], cost)
+    cluster = cluster_here(results.parent, world, device_type, probe_now=False)
+    return {**cost_model.predict(terms, cluster).parts(), "cluster": cluster.links["all_reduce"].bandwidth.source}
+
+
+def tune(config_path, world: int, overrides: list[str], budget_s: float, results: Path, out: Path,
+         measure: int, probe_now: bool = True) -> int:
+    """``snnfw tune``: predicts every candidate, measures the best within ``budget_s``, writes the winner."""
+    started = time.monotonic()
+    if budget_s < 0 or measure < 0:
+        raise UserError(f"--budget-s and --measure take 0 or more; got {budget_s} and {measure}")
+    base = [*overrides, "parallel.strategy=auto"]
+    config = load_config(config_path, base)
+    device_type = _device_type(config, world)
+    folder = results.parent
+    records = cost_model.read_records(results) if results.exists() else []
+    cluster = cluster_here(folder, world, device_type, probe_now)
+    plugins = Plugins()
+    ranked, _, cost = costed_candidates(config, world, plugins, threads=rank_threads(world))
+    tuned = []
+    for index, candidate in enumerate(ranked, start=1):
+        _progress(index, len(ranked), f"dry run of {candidate.assignments}")
+        chosen = [*overrides, *candidate.overrides()]
+        try:
+            terms, memory = step_terms(load_config(config_path, chosen), world, plugins, candidate, cost)
+        except ConfigError as err:
+            print(f"\n  not a candidate: {candidate.assignments}: {err}", file=sys.stderr)
+            continue
+        if memory > config_memory(world, device_type):
+            continue
+        tuned.append(Tuned(_name(candidate), tuple(candidate.overrides()), terms, memory))
+    print(file=sys.stderr)
+    if not tuned:
+        raise UserError(f"no candidate fits {world} rank(s) here; see snnfw plan --dry-run")
+    corrections = cost_model.fit(records, cluster.device)
+    tuned = _predicted(tuned, cluster, corrections)
+    measured = 0
+    for index, candidate in enumerate(tuned[:measure], start=1):
+        left = budget_s - (time.monotonic() - started)
+        if left < 5:
+            print(f"budget spent: {len(tuned[:measure]) - index + 1} candidate(s) not measured", file=sys.stderr)
+            break
+        _progress(index, min(measure, len(tuned)), f"measuring {candidate.name} ({left:.0f} s left)")
+        step_ms = _bench(config_path, world, [*overrides, *candidate.overrides], results, left)
+        if step_ms is not None:
+            tuned[tuned.index(candidate)] = attrs.evolve(candidate, measured_ms=step_ms)
+            measured += 1
+    print(file=sys.stderr)
+    if measured:
+        corrections = cost_model.fit(cost_model.read_records(results), cluster.device)
+        cost_model.write_corrections(folder / CORRECTIONS, corrections)
+        tuned = _predicted(tuned, cluster, corrections)
+    timed = [t for t in tuned if t.measured_ms is not None]
+    winner = min(timed, key=lambda t: t.measured_ms) if timed else tuned[0]
+    write_config(config_path, [*overrides, *winner.overrides], out, winner)
+    print("\n".join(table(tuned, winner, corrections)))
+    print(f"wrote {out}: {winner.name}", file=sys.stderr)
+    return 0
+
+
+def _device_type(config, world: int) -> str:
+    from snnfw.plan.layout import Topology
+
+    return Topology.detect(world, config.parallel.device, backend=config.parallel.backend).device_type
+
+
+def config_memory(world: int, device_type: str) -> float:
+    from snnfw.plan.estimate import device_memory_bytes
+
+    return device_memory_bytes(device_type, world)
+
+
+def _predicted(tuned: list[Tuned], cluster: Cluster, corrections: Corrections) -> list[Tuned]:
+    """``tuned`` predicted anew, fastest first."""
+    again = [attrs.evolve(t, predicted_ms=cost_model.predict(t.terms, cluster, corrections).ms) for t in tuned]
+    return sorted(again, key=lambda t: t.predicted_ms)
+
+
+def _bench(config_path, world: int, overrides: list[str], results: Path, left_s: float) -> float | None:
+    """A candidate's median step ms by ``snnfw bench`` (its record appended to ``results``), in a process of its
+    own that the budget ends; None where it failed or ran out of time."""
+    command = [sys.executable, "-m", "snnfw", "bench", str(config_path), "--nproc", str(world), "--warmup", str(WARMUP),
+               "--steps", str(STEPS), "--results", str(results), "--label", "tune",
+               *(arg for override in overrides for arg in ("--set", override))]
+    before = len(cost_model.read_records(results)) if results.exists() else 0
+    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                               start_new_session=True)
+    try:
+        _, errors = process.communicate(timeout=left_s)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, 9)
+        process.wait()
+        print("\n  stopped: the budget ran out", file=sys.stderr)
+        return None
+    if process.returncode:
+        print(f"\n  failed: {errors.strip().splitlines()[-1] if errors.strip() else process.returncode}", file=sys.stderr)
+        return None
+    records = cost_model.read_records(results)
+    return records[-1]["step_ms"] if len(records) > before else None
+
+
+def _name(candidate) -> str:
+    mesh = " x ".join(f"{d}={n}" for d, n in candidate.mesh.items())
+    settings = "".join(f", {key.split('.')[-1]}={value}" for key, value in candidate.settings)
+    return f"{candidate.strategy} ({mesh}{settings})"
+
+
+def _progress(done: int, total: int, what: str) -> None:
+    width = 20
+    filled = round(width * done / max(total, 1))
+    print(f"\r[{'#' * filled}{'.' * (width - filled)}] {done}/{total} {what[:70]:<70}", end="", file=sys.stderr,
+          flush=True)
+
+
+def table(tuned: list[Tuned], winner: Tuned, corrections: Corrections) -> list[str]:
+    lines = [f"predictions: {corrections.source}",
+             f"{'candidate':<44} {'predicted ms':>12} {'measured ms':>12} {'MB per rank':>12}"]
+    for t in tuned:
+        measured = f"{t.measured_ms:.1f}" if t.measured_ms is not None else "-"
+        mark = "  <- chosen" if t is winner else ""
+        lines.append(f"{t.name:<44} {t.predicted_ms:>12.1f} {measured:>12} {t.memory_bytes / 2**20:>12.1f}{mark}")
+    return lines
+
+
+def write_config(config_path, overrides: list[str], out: Path, winner: Tuned) -> None:
+    """The user's config with the winner's keys, as TOML; refuses to write one that does not load as the same."""
+    data = tomllib.loads(Path(config_path).read_text(encoding="utf-8")) if config_path else {}
+    for text in overrides:
+        section, name, value = parse_override(text)
+        data.setdefault(section, {})[name] = value
+    head = (f"# snnfw tune's pick: {winner.name}, predicted {winner.predicted_ms:.1f} ms a step"
+            + (f", measured {winner.measured_ms:.1f}" if winner.measured_ms is not None else "") + "\n")
+    text = head + "".join(f"\n[{section}]\n" + "".join(f"{key} = {_toml(value)}\n" for key, value in table.items()
+                                                        if value is not None)
+                          for section, table in data.items())
+    out.write_text(text, encoding="utf-8")
+    if load_config(out).to_dict() != load_config(config_path, overrides).to_dict():
+        raise UserError(f"{out} does not load as the tuned config; pass the winner's keys with --set instead: "
+                        f"{' '.join(overrides)}")
+
+
+def _toml(value) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    if isinstance(value, str):
+        return json.dumps(value)
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(_toml(v) for v in value) + "]"
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{json.dumps(str(k))} = {_toml(v)}" for k, v in value.items() if v is not None) + "}"
+    raise UserError(f"snnfw tune cannot write {value!r} as TOML")
