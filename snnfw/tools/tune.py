@@ -120,6 +120,9 @@ def tune(config_path, world: int, overrides: list[str], budget_s: float, results
     ranked, _, cost = costed_candidates(config, world, plugins, threads=rank_threads(world))
     tuned = []
     for index, candidate in enumerate(ranked, start=1):
+        if time.monotonic() - started > budget_s and tuned:
+            print(f"\nbudget spent: {len(ranked) - index + 1} candidate(s) not dry-run, left out", file=sys.stderr)
+            break
         _progress(index, len(ranked), f"dry run of {candidate.assignments}")
         chosen = [*overrides, *candidate.overrides()]
         try:
@@ -133,7 +136,8 @@ def tune(config_path, world: int, overrides: list[str], budget_s: float, results
     print(file=sys.stderr)
     if not tuned:
         raise UserError(f"no candidate fits {world} rank(s) here; see snnfw plan --dry-run")
-    corrections = cost_model.fit(records, cluster.device)
+    corrections = (cost_model.fit(records, cluster.device) if records
+                   else cost_model.read_corrections(folder / CORRECTIONS, cluster.device))
     tuned = _predicted(tuned, cluster, corrections)
     measured = 0
     for index, candidate in enumerate(tuned[:measure], start=1):

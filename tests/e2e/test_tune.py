@@ -1,0 +1,38 @@
+"""``snnfw tune`` end to end on 2 CPU ranks: it keeps its budget, measures through bench, writes its pick."""
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from snnfw.config import load_config
+from snnfw.plan import cost_model
+
+ROOT = Path(__file__).resolve().parents[2]
+BUDGET_S = 60
+
+
+def test_tune_stops_within_its_budget_and_writes_the_fastest_measured_as_a_config(tmp_path):
+    results, out = tmp_path / "bench.jsonl", tmp_path / "tuned.toml"
+    cmd = [sys.executable, "-m", "snnfw", "tune", "examples/quickstart.toml", "--world-size", "2", "--budget-s",
+           str(BUDGET_S), "--measure", "12", "--no-probe", "--results", str(results), "--out", str(out),
+           "--set", "data.batch_size=8", "--set", "data.train_samples=64", "--set", "data.test_samples=16"]
+    started = time.monotonic()
+    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=BUDGET_S + 240)
+    wall = time.monotonic() - started
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert wall < BUDGET_S + 45, wall  # the budget, and the interpreter's start and the table's print around it
+    assert "budget spent" in done.stderr or "stopped: the budget ran out" in done.stderr, done.stderr[-2000:]
+    rows = [line for line in done.stdout.splitlines() if "(" in line and not line.startswith("predictions")]
+    measured = {line.split(")")[0] + ")": float(line.split()[-3 if "<-" not in line else -5])
+                for line in rows if line.split()[-2 if "<-" not in line else -4] != "-"}
+    chosen = next(line for line in rows if line.endswith("<- chosen"))
+    assert measured and len(measured) < len(rows), done.stdout  # some measured before the budget ran out, not all
+    fastest = min(measured, key=measured.get)
+    assert chosen.startswith(fastest), done.stdout
+    tuned = load_config(out)
+    assert tuned.parallel.strategy == fastest.split()[0]
+    assert tuned.data.batch_size == 8  # the user's own keys kept
+    records = cost_model.read_records(results)
+    assert len(records) >= len(measured)
+    assert all(record["predicted"]["ms"] > 0 for record in records), records

@@ -1,0 +1,86 @@
+"""The cost model: predictions that follow bytes and links, corrections learned from records, records refused."""
+
+import json
+
+import pytest
+
+from snnfw.errors import UserError
+from snnfw.plan import cost_model
+from snnfw.plan.cost_model import Cluster, Corrections, StepTerms, Traffic
+
+
+def terms(strategy="dp", compute=10.0, nbytes=0.0, calls=1, bubble=0.0):
+    traffic = (Traffic("all_reduce", nbytes, calls),) if nbytes else ()
+    return StepTerms(strategy, compute, 1.0, bubble, 1, traffic, ())
+
+
+def cluster(local_ranks=2, cores=2):
+    return Cluster.assumed("cpu", "cpu", cores, local_ranks)
+
+
+def test_more_bytes_over_the_same_bandwidth_take_longer_by_their_transfer_time():
+    here = cluster()
+    few, many = cost_model.predict(terms(nbytes=1e6), here), cost_model.predict(terms(nbytes=5e6), here)
+    bandwidth = here.links["all_reduce"].bandwidth.value
+    assert many.ms > few.ms
+    assert many.ms - few.ms == pytest.approx(4e6 / bandwidth * 1e3)
+
+
+def test_a_bubble_and_oversubscribed_cores_stretch_compute():
+    alone = cost_model.predict(terms(), cluster(local_ranks=2, cores=2))
+    bubbled = cost_model.predict(terms(bubble=0.5), cluster(local_ranks=2, cores=2))
+    crowded = cost_model.predict(terms(), cluster(local_ranks=4, cores=2))
+    assert bubbled.compute_ms == pytest.approx(21.0) and alone.compute_ms == pytest.approx(11.0)
+    assert crowded.compute_ms == pytest.approx(2 * alone.compute_ms)
+
+
+def test_every_figure_says_where_it_came_from():
+    lines = cost_model.predict(terms(nbytes=1e6), cluster()).lines
+    assert any("assumed for cpu (no probe)" in line for line in lines)
+    assert any("not learned (no records)" in line for line in lines)
+
+
+def record(strategy, compute, communication, measured):
+    return {"device": "cpu", "nproc": 2, "plan": {"strategy": strategy}, "step_ms": measured,
+            "predicted": {"ms": compute + communication, "compute_ms": compute, "communication_ms": communication}}
+
+
+def test_fit_recovers_a_planted_overhead_and_factors_and_then_a_strategy_s_own():
+    planted = [(c, m, 5.0 + 2.0 * c + 3.0 * m) for c, m in ((10, 1), (20, 4), (5, 9), (40, 2))]
+    records = [record("dp", c, m, t) for c, m, t in planted]
+    fitted = cost_model.fit(records, "cpu")
+    assert (fitted.overhead_ms, fitted.compute, fitted.communication) == pytest.approx((5.0, 2.0, 3.0))
+    assert fitted.strategies == pytest.approx({"dp": 1.0})
+    slower = records + [record("tp", c, m, 1.5 * t) for c, m, t in planted[:2]]
+    assert cost_model.fit(slower, "cpu").strategies["tp"] > 1.2  # tp ran 1.5x what the shared terms say
+
+
+def test_fit_needs_three_records_and_keeps_other_devices_apart():
+    two = [record("dp", 10, 1, 30), record("dp", 20, 2, 50)]
+    assert cost_model.fit(two, "cpu") == Corrections("cpu")
+    assert cost_model.fit([dict(r, device="NVIDIA H100") for r in two * 2], "cpu") == Corrections("cpu")
+
+
+def test_a_damaged_or_foreign_records_file_is_refused_in_one_line(tmp_path):
+    damaged = tmp_path / "bench.jsonl"
+    damaged.write_text(json.dumps(record("dp", 1, 1, 2)) + "\n{not json\n")
+    with pytest.raises(UserError, match=r"line 2 is not a JSON record") as err:
+        cost_model.read_records(damaged)
+    assert "\n" not in str(err.value)
+    foreign = tmp_path / "other.jsonl"
+    foreign.write_text(json.dumps({"loss": 1.0, "step": 3}) + "\n")
+    with pytest.raises(UserError, match=r"line 1 is not an snnfw bench record") as err:
+        cost_model.read_records(foreign)
+    assert "\n" not in str(err.value)
+
+
+def test_corrections_are_stored_per_device_and_a_damaged_file_refused(tmp_path):
+    path = tmp_path / "corrections.json"
+    learned = Corrections("cpu", 4, 1.0, 2.0, 3.0, {"dp": 1.1})
+    cost_model.write_corrections(path, learned)
+    cost_model.write_corrections(path, Corrections("NVIDIA H100", 3))
+    assert cost_model.read_corrections(path, "cpu") == learned
+    assert cost_model.read_corrections(path, "other") == Corrections("other")
+    path.write_text("[1, 2")
+    with pytest.raises(UserError, match="not snnfw's corrections file"):
+        cost_model.read_corrections(path, "cpu")
