@@ -133,6 +133,11 @@ class Corrections:
     def source(self) -> str:
         return f"fitted from {self.records} bench record(s) on {self.device}" if self.records else "not learned (no records)"
 
+    def apply(self, compute_ms: float, communication_ms: float, strategy: str | None = None) -> float:
+        """The corrected step time of uncorrected parts (with ``strategy``'s own factor where it has one)."""
+        factor = self.strategies.get(strategy, 1.0) if strategy else 1.0
+        return factor * (self.overhead_ms + self.compute * compute_ms + self.communication * communication_ms)
+
     def to_dict(self) -> dict:
         return attrs.asdict(self)
 
@@ -170,7 +175,7 @@ def predict(terms: StepTerms, cluster: Cluster, corrections: Corrections | None 
     compute = terms.compute_ms / (1.0 - terms.bubble) * over + terms.optimizer_ms * over
     communication = sum(_transfer_ms(t, cluster.links[t.kind]) for t in terms.traffic)
     factor = corrections.strategies.get(terms.strategy, 1.0)
-    ms = factor * (corrections.overhead_ms + corrections.compute * compute + corrections.communication * communication)
+    ms = corrections.apply(compute, communication, terms.strategy)
     sources = dict(terms.sources)
     lines = [f"compute {terms.compute_ms:.2f} ms ({sources.get('compute', 'profile')}), bubble {terms.bubble:.0%}, "
              f"x{over:.2f} oversubscription ({cluster.local_ranks} rank(s) x {terms.threads} thread(s) on "
@@ -200,13 +205,10 @@ def fit(records: list[dict], device: str) -> Corrections:
     base = Corrections(device, len(rows), overhead, compute, communication)
     ratios: dict[str, list[float]] = {}
     for r in rows:
-        ratios.setdefault(r["plan"]["strategy"], []).append(r["step_ms"] / _corrected(r["predicted"], base))
+        parts = r["predicted"]
+        ratios.setdefault(r["plan"]["strategy"], []).append(r["step_ms"] / base.apply(parts["compute_ms"], parts["communication_ms"]))
     strategies = {name: statistics.median(values) for name, values in ratios.items() if len(values) >= STRATEGY_FIT_RECORDS}
     return attrs.evolve(base, strategies=strategies)
-
-
-def _corrected(parts: dict, c: Corrections) -> float:
-    return c.overhead_ms + c.compute * parts["compute_ms"] + c.communication * parts["communication_ms"]
 
 
 def _least_squares(rows: list[dict]) -> tuple[float, float, float]:
