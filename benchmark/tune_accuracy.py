@@ -8,7 +8,7 @@ the model's uncorrected prediction); the measured step is the median of those ru
   and predict the one left out (never its own records);
 - tune's pick in each (family, world): the fastest by the left-out predictions, against the fastest measured.
 
-    python benchmark/tune_accuracy.py benchmark/results/tune           # measures (about 15 minutes here)
+    python benchmark/tune_accuracy.py benchmark/results/tune           # measures (about 20 minutes here)
     python benchmark/tune_accuracy.py benchmark/results/tune --report  # the figures from the records there
     python benchmark/tune_accuracy.py benchmark/results/tune --at 64 512  # predictions for large worlds
 """
@@ -38,7 +38,7 @@ CANDIDATES = {  # world -> (name, overrides)
     4: [("dp", ["parallel.strategy=dp"]), ("fsdp2", ["parallel.strategy=fsdp2"]),
         ("fsdp2_tp", ["parallel.strategy=fsdp2_tp"]),
         ("pp x dp", ["parallel.strategy=pp", "parallel.mesh={pp = 2, dp = 2}", "pipeline.schedule=1f1b"]),
-        ("mesh tp x time", ["parallel.mesh={tp = 2, time = 2}"])],
+        ("mesh tp x time", ["parallel.strategy=mesh", "parallel.mesh={tp = 2, time = 2}"])],
 }
 RUNS = 3
 
@@ -79,8 +79,7 @@ def report(folder: Path) -> None:
     for when, column in (("before learning", 2), ("after learning (leave one out)", 3)):
         errors = [_err(row[column], row[1]) for row in rows]
         print(f"{when}: median error {statistics.median(errors):.1%}, worst {max(errors):.1%} over {len(rows)} candidates")
-    for group in sorted({label.rsplit(" ", 2)[0].split(" ", 1)[1] + " " + label.rsplit(" ", 1)[1] for label, *_ in rows}):
-        family, world = group.split(" ")
+    for family, world in sorted({(label.split(" ")[1], label.rsplit(" ", 1)[1]) for label, *_ in rows}):
         mine = [row for row in rows if row[0].split(" ")[1] == family and row[0].endswith(world)]
         picked, fastest = min(mine, key=lambda row: row[3]), min(mine, key=lambda row: row[1])
         print(f"{family} {world}: tune picks {picked[0].split(' ', 2)[2]} ({picked[1]:.1f} ms measured), the fastest "
