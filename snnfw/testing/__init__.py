@@ -7,12 +7,16 @@ of stalling it.
 from __future__ import annotations
 
 import contextlib
+import faulthandler
 import io
 import multiprocessing.connection
 import os
 import queue
+import shutil
+import signal
 import socket
 import sys
+import tempfile
 import time
 import traceback
 from pathlib import Path
@@ -136,7 +140,9 @@ def _context():
     return ctx
 
 
-def _worker(rank, world, port, config_dict, run_dir, env, inspect, resume, before, results, caller):
+def _worker(rank, world, port, config_dict, run_dir, env, inspect, resume, before, results, caller, stacks):
+    stacks_file = open(Path(stacks) / f"rank{rank}.txt", "w")  # noqa: SIM115 (open while the rank lives)
+    faulthandler.register(signal.SIGUSR1, file=stacks_file, all_threads=True)
     os.environ.clear()
     os.environ.update(caller["environ"])
     sys.path[:] = caller["path"]
@@ -163,6 +169,15 @@ def _died(procs, reported) -> dict[int, str]:
         r: f"process died with exit code {p.exitcode} before reporting a result"
         for r, p in enumerate(procs) if p.exitcode not in (None, 0) and r not in reported
     }
+
+
+def _stacks_of_the_stuck(procs, stacks: Path) -> str:
+    """Where each rank still running stands: every thread's Python stack, written by the rank on SIGUSR1."""
+    stuck = [(r, p) for r, p in enumerate(procs) if p.is_alive()]
+    for _, p in stuck:
+        os.kill(p.pid, signal.SIGUSR1)
+    time.sleep(1.0)
+    return "".join(f"\n--- rank {r}, still running ---\n{(stacks / f'rank{r}.txt').read_text()}" for r, _ in stuck)
 
 
 class RankFailure(RuntimeError):
@@ -193,24 +208,28 @@ def run_on_ranks(
     ``resume`` continues from the newest checkpoint in ``run_dir``; ``before(rank)`` runs first in every rank
     (a test's way to change what one rank sees, such as a measurement).
     Raises :class:`RankFailure` if any rank raised or died (at once, not when the
-    others time out), TimeoutError past ``timeout_s``.
+    others time out), TimeoutError past ``timeout_s`` with the Python stacks of the ranks still running.
     """
     if config.parallel.device == "auto":
         config = attrs.evolve(config, parallel=attrs.evolve(config.parallel, device="cpu"))
     ctx = _context()
     results = ctx.Queue()
     caller = {"environ": dict(os.environ), "path": list(sys.path), "threads": torch.get_num_threads()}
-    args = (nproc, _free_port(), config.to_dict(), run_dir, env or {}, inspect, resume, before, results, caller)
+    stacks = Path(tempfile.mkdtemp(prefix="snnfw-ranks-"))
+    args = (nproc, _free_port(), config.to_dict(), run_dir, env or {}, inspect, resume, before, results, caller,
+            str(stacks))
     procs = [ctx.Process(target=_worker, args=(rank, *args), daemon=True) for rank in range(nproc)]
     for p in procs:
         p.start()
-    summaries, errors, suspects = {}, {}, {}
+    summaries, errors, suspects, stuck = {}, {}, {}, False
     try:
         deadline = time.monotonic() + timeout_s
         while len(summaries) + len(errors) < nproc:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
-                raise TimeoutError(f"ranks did not finish within {timeout_s} s; finished: {sorted(summaries)}")
+                stuck = True
+                raise TimeoutError(f"ranks did not finish within {timeout_s} s; finished: {sorted(summaries)}"
+                                   f"{_stacks_of_the_stuck(procs, stacks)}")
             try:
                 rank, status, payload = results.get(timeout=min(remaining, 1.0))
             except queue.Empty:
@@ -231,9 +250,10 @@ def run_on_ranks(
                 break
     finally:
         for p in procs:
-            p.join(timeout=0 if errors else 30)
+            p.join(timeout=0 if errors or stuck else 30)
             if p.is_alive():
                 p.kill()
+        shutil.rmtree(stacks, ignore_errors=True)
     if errors:
         raise RankFailure(errors)
     return [summaries[r] for r in range(nproc)]

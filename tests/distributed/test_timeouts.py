@@ -23,3 +23,19 @@ def test_every_process_group_takes_the_configured_timeouts(steps, parallel, expe
                          parallel={"mesh": {"dp": 2, "tp": 2}, **parallel})
     for summary in run_on_ranks(config, 4, inspect=timeouts):
         assert summary["inspect"] == expected  # the world and each mesh dimension's group
+
+
+def _rank_1_waits_forever(rank):
+    import time
+
+    while rank == 1:
+        time.sleep(0.1)
+
+
+def test_ranks_past_the_helpers_timeout_fail_the_test_with_where_each_stuck_rank_stands():
+    with pytest.raises(TimeoutError) as raised:
+        run_on_ranks(tiny_config("dp", parallel={"timeout_s": 60}), 2, before=_rank_1_waits_forever, timeout_s=20)
+    said = str(raised.value)
+    assert said.startswith("ranks did not finish within 20 s; finished: []")
+    assert "--- rank 1, still running ---" in said and "in _rank_1_waits_forever" in said
+    assert "--- rank 0, still running ---" in said  # waiting for rank 1 at the process group's start
