@@ -33,15 +33,15 @@ def step_tracker():
 
 
 class MemorySnapshot:
-    """Records step ``step`` (counted from 1; 0: none) of ``model`` and ``optimizer`` on this rank."""
+    """Records step ``step`` (counted from 1; 0: none) on this rank."""
 
-    def __init__(self, step: int, rank: int, run_dir: Path | None, cuda: bool, model, optimizer):
-        self.step, self.rank, self.cuda, self.model, self.optimizer = step, rank, cuda, model, optimizer
+    def __init__(self, step: int, rank: int, run_dir: Path | None, cuda: bool):
+        self.step, self.rank, self.cuda = step, rank, cuda
         self.folder = Path(run_dir) / rundir.MEMORY if step else None
 
     @contextlib.contextmanager
-    def around(self, step: int):
-        """Wraps the run's step ``step``: records it if it is the chosen one."""
+    def around(self, step: int, model, optimizer):
+        """Wraps the run's step ``step`` of ``model`` and ``optimizer``: records it if it is the chosen one."""
         if step != self.step:
             yield
             return
@@ -50,7 +50,7 @@ class MemorySnapshot:
             with self._cuda_history():
                 yield
         else:
-            with self._tensors():
+            with self._tensors(model, optimizer):
                 yield
 
     @contextlib.contextmanager
@@ -69,9 +69,9 @@ class MemorySnapshot:
             self._say(f"peak {peak:.1f} MB allocated (since the run began); {path}")
 
     @contextlib.contextmanager
-    def _tensors(self):
+    def _tensors(self, model, optimizer):
         tracker = step_tracker()
-        tracker.track_external(self.model, self.optimizer)
+        tracker.track_external(model, optimizer)
         with tracker:
             yield
         peaks = next(iter(tracker.get_tracker_snapshot("peak").values()), {})

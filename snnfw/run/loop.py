@@ -47,15 +47,14 @@ def run_training(
         config, plan, is_main = run.config, run.plan, run.env.rank == 0
         cuda = plan.device_type == "cuda"
         profiler = StepProfiler(config.log.profile, run.env.rank, run_dir, cuda)
-        memory = MemorySnapshot(config.log.memory_snapshot, run.env.rank, run_dir, cuda, run.trainer.model,
-                                run.trainer.optimizer)
+        memory = MemorySnapshot(config.log.memory_snapshot, run.env.rank, run_dir, cuda)
         for note in precision_notes(config, plan.device_type) if is_main else ():
             print(f"[snnfw] note: {note}", file=sys.stderr, flush=True)
         best = max((e["eval_acc"] for e in run.evaluations), default=None)
         for step in range(run.start_step, config.train.steps):
             run.trainer.plugins.step_start(step + 1, run.env.rank)
             profiler.step_start(step + 1)
-            with memory.around(step + 1):
+            with memory.around(step + 1, run.trainer.model, run.trainer.optimizer):
                 record = run.step(step)
             profiler.step_end(step + 1)
             if step + 1 == config.train.steps or (config.eval.every and (step + 1) % config.eval.every == 0):

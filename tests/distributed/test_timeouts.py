@@ -1,5 +1,6 @@
 """parallel.timeout_s times every process group's collectives at start-up, the mesh's too; from the second step
-on, parallel.step_timeout_s (if set) replaces it."""
+on, parallel.step_timeout_s (if set) replaces it. Ranks that hang fail a test with where they stand, and a rank
+lets go of its model before its process group ends (else it can hang there)."""
 
 import pytest
 import torch
@@ -39,3 +40,33 @@ def test_ranks_past_the_helpers_timeout_fail_the_test_with_where_each_stuck_rank
     assert said.startswith("ranks did not finish within 20 s; finished: []")
     assert "--- rank 1, still running ---" in said and "in _rank_1_waits_forever" in said
     assert "--- rank 0, still running ---" in said  # waiting for rank 1 at the process group's start
+
+
+def _model_must_be_gone_when_the_process_group_ends(rank):
+    """Fails the rank if a model it trained is alive when its process group is destroyed: DDP's reducer would then
+    end the group with the GIL held, which deadlocks while gloo's thread waits for the GIL to free a finished
+    collective's tensors (a rank that hangs at random after its last step)."""
+    import weakref
+
+    import torch.distributed as dist
+
+    from snnfw.run.trainer import Trainer
+
+    models, build, destroy = [], Trainer.__init__, dist.destroy_process_group
+
+    def tracked(self, *args, **kwargs):
+        build(self, *args, **kwargs)
+        models.append(weakref.ref(self.model))
+
+    def checked(*args, **kwargs):
+        alive = [type(m()).__name__ for m in models if m() is not None]
+        assert models and not alive, f"models alive when the process group ends: {alive}"
+        destroy(*args, **kwargs)
+
+    Trainer.__init__, dist.destroy_process_group = tracked, checked
+
+
+@pytest.mark.parametrize("strategy", ["dp", "fsdp2"])
+def test_a_rank_lets_go_of_its_model_before_its_process_group_ends(strategy):
+    summaries = run_on_ranks(tiny_config(strategy, train={"steps": 2}), 2, before=_model_must_be_gone_when_the_process_group_ends)
+    assert [s["steps"] for s in summaries] == [2, 2]
