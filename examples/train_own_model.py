@@ -61,11 +61,10 @@ def build(channels: int = 16) -> nn.Module:
 
 def datasets():
     """(train, test): any map-style Datasets of (frames [T, C, H, W], label); here snnfw's moving DVS blobs."""
-    from snnfw.api import InputSpec
-    from snnfw_plugins.datasets.synthetic_dvs import SyntheticDVS
+    from snnfw.api import InputSpec, registered_datasets
 
     spec = InputSpec(TIME_STEPS, FRAME, CLASSES)
-    return SyntheticDVS(1024, spec, seed=1), SyntheticDVS(256, spec, seed=2)
+    return registered_datasets("synthetic_dvs", spec, seed=1, train_samples=1024, test_samples=256)
 
 
 def main() -> None:

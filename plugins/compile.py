@@ -22,9 +22,7 @@ from __future__ import annotations
 import attrs
 
 from snnfw import hookimpl
-from snnfw.errors import keys_phrase
-from snnfw.model.analysis import submodule
-from snnfw.plan.layout import Proposal
+from snnfw.api import Proposal, keys_phrase, submodule
 
 MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 

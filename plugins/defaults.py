@@ -9,12 +9,8 @@ import math
 from typing import TYPE_CHECKING
 
 from snnfw import hookimpl
-from snnfw.components.losses import LossSpec, cross_entropy, mse_rate, tet, training_loss
-from snnfw.components.optim import LrScheduleSpec, OptimizerSpec, build_optimizer
-from snnfw.components.precision import autocast
-from snnfw.components.step import StepOutput, hits, scored
-from snnfw.distributed.state import held_state, load_held_state
-from snnfw.errors import ConfigError
+from snnfw.api import (ConfigError, LossSpec, LrScheduleSpec, OptimizerSpec, StepOutput, autocast, build_optimizer,
+                       cross_entropy, held_state, hits, load_held_state, mse_rate, scored, tet, training_loss)
 
 if TYPE_CHECKING:
     import torch

@@ -12,9 +12,7 @@ from __future__ import annotations
 import attrs
 
 from snnfw import hookimpl
-from snnfw.config import MAX_TIMEOUT_S
-from snnfw.errors import keys_phrase
-from snnfw.plan.layout import Proposal
+from snnfw.api import MAX_TIMEOUT_S, Proposal, keys_phrase
 
 
 @attrs.frozen
@@ -65,6 +63,6 @@ def snnfw_transform_model(model, plan, example, hooks):
 def snnfw_step_start(step, rank):
     _steps_started[0] += 1
     if _steps_started[0] == 2 and _timeout_after_first_step:
-        from snnfw.distributed.collectives import set_timeouts
+        from snnfw.api import set_timeouts
 
         set_timeouts(_timeout_after_first_step[0])

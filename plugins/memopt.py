@@ -25,9 +25,7 @@ from typing import TYPE_CHECKING
 import attrs
 
 from snnfw import hookimpl
-from snnfw.errors import keys_phrase
-from snnfw.model.analysis import submodule
-from snnfw.plan.layout import Proposal
+from snnfw.api import Proposal, keys_phrase, submodule
 from snnfw_plugins.memopt_cache import cache_dir, cache_key, load, reapply, save, wrappers
 
 if TYPE_CHECKING:
@@ -96,7 +94,7 @@ def optimize(module: nn.Module, blocks: list[nn.Module], example: torch.Tensor, 
     import torch.distributed as dist
     from spikingjelly.activation_based.memopt import optimize_memory
 
-    from snnfw.distributed.collectives import all_reduce
+    from snnfw.api import all_reduce
 
     memopt = plan.config.memopt
     names = [name for name, m in module.named_modules() if any(m is block for block in blocks)]

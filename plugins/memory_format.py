@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING
 import attrs
 
 from snnfw import hookimpl
-from snnfw.plan.layout import Proposal
+from snnfw.api import Proposal
 
 if TYPE_CHECKING:
     import torch
@@ -97,9 +97,9 @@ def measure(model: nn.Module, example: torch.Tensor, plan, hooks) -> dict[str, f
     :data:`TRIALS` alternating trials, summed over ranks. Leaves the model as it found it."""
     import torch
 
-    from snnfw.components.phases import finish_queued_work
-    from snnfw.components.precision import autocast
-    from snnfw.distributed.collectives import all_reduce
+    from snnfw.api import finish_queued_work
+    from snnfw.api import autocast
+    from snnfw.api import all_reduce
 
     device = example.device
     times: dict[str, list[float]] = {layout: [] for layout in LAYOUTS}
@@ -134,7 +134,7 @@ def snnfw_transform_runs_model(config):
 def snnfw_transform_model(model, plan, example, hooks):
     from torch._subclasses.fake_tensor import is_fake
 
-    from snnfw.distributed.collectives import is_main
+    from snnfw.api import is_main
 
     _last_run.clear()
     layout = plan.config.model.memory_format

@@ -27,7 +27,7 @@ from importlib.util import find_spec
 import attrs
 
 from snnfw import hookimpl
-from snnfw.plan.layout import Proposal
+from snnfw.api import Proposal
 from snnfw_plugins.compile import inductor_refusal
 
 BACKENDS = ("torch", "cuda", "triton", "inductor")

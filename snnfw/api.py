@@ -25,6 +25,7 @@ _WHERE = {  # name: the module that defines it
     "TimeMajor": "snnfw.model.modules",
     # data sets, schedules, optimizers, learning-rate schedules and losses: what the registration hooks register
     "InputSpec": "snnfw.data.batches", "DatasetSpec": "snnfw.data.batches",
+    "registered_datasets": "snnfw.plan.prepare",
     "ScheduleSpec": "snnfw.distributed.pipeline",
     "OptimizerSpec": "snnfw.components.optim", "LrScheduleSpec": "snnfw.components.optim",
     "LossSpec": "snnfw.components.losses",
@@ -48,6 +49,33 @@ _WHERE = {  # name: the module that defines it
     "tiny_config": "snnfw.testing", "run_on_ranks": "snnfw.testing", "RankFailure": "snnfw.testing",
     "full_parameters": "snnfw.testing", "run_training": "snnfw.run.loop",
     "check_family": "snnfw.testing.family_check", "FamilyReport": "snnfw.testing.family_check",
+    # a strategy's toolkit (what snnfw's own strategies use): composing its mesh dimension with the others
+    "COMPOSED": "snnfw.plan.layout", "GLOO_CUDA_POINT_TO_POINT": "snnfw.plan.layout",
+    "propose_mesh": "snnfw.plan.compose", "candidate_meshes": "snnfw.plan.compose", "apply_mesh": "snnfw.plan.compose",
+    "fsdp_mesh": "snnfw.plan.compose", "owners": "snnfw.plan.compose", "replicas": "snnfw.plan.compose",
+    "stage_averaged_dims": "snnfw.plan.compose", "ROOT_HOOKS": "snnfw.plugin.strategy",
+    "hook_root": "snnfw.plugin.strategy",
+    # ... its cost terms
+    "ring_bytes": "snnfw.plan.estimate", "ddp_buckets": "snnfw.plan.estimate",
+    # ... its collectives and process groups (each with the run's timeout)
+    "all_reduce": "snnfw.distributed.collectives", "is_main": "snnfw.distributed.collectives",
+    "set_timeouts": "snnfw.distributed.collectives", "MAX_TIMEOUT_S": "snnfw.config",
+    "replicate": "snnfw.distributed.groups", "rows_group": "snnfw.distributed.groups",
+    "Chunked": "snnfw.distributed.chunks", "pieces": "snnfw.distributed.chunks",
+    # ... its pipeline stages
+    "balanced_layout": "snnfw.distributed.pipeline", "parse_layout": "snnfw.distributed.pipeline",
+    # ... its step: precision, the loss and accuracy of a step's logits, waiting for the device's queued work
+    "autocast": "snnfw.components.precision", "scored": "snnfw.components.step", "hits": "snnfw.components.step",
+    "finish_queued_work": "snnfw.components.phases", "build_optimizer": "snnfw.components.optim",
+    "trainable": "snnfw.components.optim",
+    # ... and what it reads of the model
+    "is_neuron": "snnfw.model.analysis", "submodule": "snnfw.model.analysis", "infer_tp_plan": "snnfw.model.source",
+    # the built-in losses (a loss plugin may wrap them), frames of a data set, and a data set's encoding
+    "training_loss": "snnfw.components.losses", "cross_entropy": "snnfw.components.losses",
+    "mse_rate": "snnfw.components.losses", "tet": "snnfw.components.losses",
+    "Frames": "snnfw.config", "DirectEncoded": "snnfw.data.images",
+    # writing files whole (a reader skips names starting with TEMP_PREFIX) and one-line error messages
+    "TEMP_PREFIX": "snnfw.rundir", "keys_phrase": "snnfw.errors", "said": "snnfw.errors",
 }
 
 __all__ = sorted(["__version__", "hookimpl", *_WHERE])

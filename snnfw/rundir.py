@@ -196,8 +196,8 @@ def clear_markers(run_dir: Path) -> None:
 
 
 # One rule for every file a run writes: a temporary name in the same folder (readers skip names that start with
-# TEMP), flushed to disk, then renamed over the final name, so a file is whole or absent, never cut.
-TEMP = ".tmp-"
+# TEMP_PREFIX), flushed to disk, then renamed over the final name, so a file is whole or absent, never cut.
+TEMP_PREFIX = ".tmp-"
 LOCK = ".lock"  # held by the run that owns the directory: the launcher of node 0, or rank 0 under plain torchrun
 
 
@@ -207,7 +207,7 @@ def written_whole(path: Path) -> Iterator[Path]:
     (on an exception, removed)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    temp = path.with_name(f"{TEMP}{path.name}.{os.getpid()}")
+    temp = path.with_name(f"{TEMP_PREFIX}{path.name}.{os.getpid()}")
     try:
         yield temp
         with open(temp, "rb+") as written:
@@ -229,7 +229,7 @@ def check_writable(path: Path, flag: str) -> None:
     path = Path(path)
     if path.is_dir():
         raise ConfigError(f"{flag} {path} is a folder; name the file to write in it")
-    probe = path.with_name(f"{TEMP}probe-{path.name}.{os.getpid()}")
+    probe = path.with_name(f"{TEMP_PREFIX}probe-{path.name}.{os.getpid()}")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         probe.touch()
@@ -245,7 +245,7 @@ def remove_whole(path: Path) -> None:
     path = Path(path)
     if not path.exists():
         return
-    doomed = path.with_name(f"{TEMP}removed-{path.name}.{os.getpid()}")
+    doomed = path.with_name(f"{TEMP_PREFIX}removed-{path.name}.{os.getpid()}")
     os.replace(path, doomed)
     if doomed.is_dir():
         shutil.rmtree(doomed)

@@ -35,7 +35,7 @@ from typing import Callable
 import attrs
 import numpy as np
 
-from snnfw.errors import DataError, said
+from snnfw.api import DataError, said
 
 URLS = {
     "n_mnist": "https://www.garrickorchard.com/datasets/n-mnist (train.zip and test.zip, unzipped into data.root)",

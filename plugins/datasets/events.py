@@ -23,8 +23,7 @@ from pathlib import Path
 import attrs
 import numpy as np
 
-from snnfw import rundir
-from snnfw.errors import DataError
+from snnfw.api import TEMP_PREFIX, DataError
 from snnfw_plugins.datasets.event_formats import SETS, URLS, BadRecording, holds_events, read
 
 RAW_ONLY = ("frames", "cache", "bad_recordings")  # the [data] keys only raw recordings read
@@ -102,7 +101,7 @@ def _integrate(config, name: str, split: str, time_steps: int, folder: Path) -> 
     width, height, polarities = raw.sensor
     print(f"[snnfw] {name} {split}: integrating {len(recordings)} recordings into frames in {folder} (once)",
           file=sys.stderr, flush=True)
-    temp = folder.with_name(f"{rundir.TEMP}{folder.name}")
+    temp = folder.with_name(f"{TEMP_PREFIX}{folder.name}")
     temp.mkdir(parents=True, exist_ok=True)
     try:
         labels, skipped = _write_frames(config, name, recordings, temp, (time_steps, polarities, height, width))

@@ -23,9 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from snnfw import hookimpl
-from snnfw.data.batches import DatasetSpec
-from snnfw.data.images import DirectEncoded
-from snnfw.errors import DataError
+from snnfw.api import DataError, DatasetSpec, DirectEncoded
 from snnfw_plugins.datasets.events import RAW_ONLY
 from snnfw_plugins.datasets.neuromorphic import ON_DISK_UNREAD
 

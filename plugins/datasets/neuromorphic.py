@@ -24,9 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from snnfw import hookimpl
-from snnfw.config import Frames
-from snnfw.data.batches import DatasetSpec
-from snnfw.errors import DataError
+from snnfw.api import DataError, DatasetSpec, Frames
 from snnfw_plugins.datasets import events
 from snnfw_plugins.datasets.event_formats import URLS, holds_events, tebn_split
 from snnfw_plugins.datasets.events import resize

@@ -10,7 +10,7 @@ Everything is a deterministic function of the seed, split and sample index.
 import math
 
 from snnfw import hookimpl
-from snnfw.data.batches import DatasetSpec
+from snnfw.api import DatasetSpec
 from snnfw_plugins.datasets.events import RAW_ONLY
 
 NAME = "synthetic_dvs"

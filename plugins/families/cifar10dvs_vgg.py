@@ -10,8 +10,7 @@ that BatchNorm makes redundant, for tests and the quickstart.
 from functools import partial
 
 from snnfw import hookimpl
-from snnfw.model.analysis import AnalysisPart
-from snnfw.model.families import Flavor, ModelFamily
+from snnfw.api import AnalysisPart, Flavor, ModelFamily
 
 NAME = "cifar10dvs_vgg"
 
@@ -61,7 +60,7 @@ def snnfw_split_stages(model, plan):
         return None
     from torch import nn
 
-    from snnfw.model.modules import TimeMajor
+    from snnfw.api import TimeMajor
 
     *blocks, pool = model.features
     return [

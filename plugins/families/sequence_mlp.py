@@ -8,8 +8,7 @@ LIF, then a Linear head. ``shd`` is sized for SHD's frames ``[T, 1, 1, 700]`` (d
 from functools import partial
 
 from snnfw import hookimpl
-from snnfw.model.analysis import AnalysisPart
-from snnfw.model.families import Flavor, ModelFamily
+from snnfw.api import AnalysisPart, Flavor, ModelFamily
 
 NAME = "sequence_mlp"
 

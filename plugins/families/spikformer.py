@@ -13,8 +13,7 @@ neuron group, attention included, fires at about 8% to 40% on sparse DVS events.
 from functools import partial
 
 from snnfw import hookimpl
-from snnfw.model.analysis import AnalysisPart
-from snnfw.model.families import Flavor, ModelFamily
+from snnfw.api import AnalysisPart, Flavor, ModelFamily
 
 NAME = "spikformer"
 
@@ -76,7 +75,7 @@ def snnfw_split_stages(model, plan):
         return None
     from torch import nn
 
-    from snnfw.model.modules import TimeMajor
+    from snnfw.api import TimeMajor
     from snnfw_plugins.families.spikformer_model import MeanOverTokens
 
     net = model.net

@@ -5,7 +5,7 @@ and backward of different microbatches are overlapped.
 """
 
 from snnfw import hookimpl
-from snnfw.distributed.pipeline import ScheduleSpec
+from snnfw.api import ScheduleSpec
 
 NAME = "dualpipev"
 

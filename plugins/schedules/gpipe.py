@@ -4,7 +4,7 @@ One stage per rank; the bubble is (P - 1) / (M + P - 1) of the step.
 """
 
 from snnfw import hookimpl
-from snnfw.distributed.pipeline import ScheduleSpec
+from snnfw.api import ScheduleSpec
 
 NAME = "gpipe"
 

@@ -5,7 +5,7 @@ shrinks about V times.
 """
 
 from snnfw import hookimpl
-from snnfw.distributed.pipeline import ScheduleSpec
+from snnfw.api import ScheduleSpec
 from snnfw_plugins.schedules import rounds_refusal
 
 NAME = "interleaved"

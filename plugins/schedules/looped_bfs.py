@@ -5,7 +5,7 @@ All microbatches pass one local stage before the next; pipeline.virtual_stages
 """
 
 from snnfw import hookimpl
-from snnfw.distributed.pipeline import ScheduleSpec
+from snnfw.api import ScheduleSpec
 
 NAME = "looped_bfs"
 

@@ -4,7 +4,7 @@ One stage per rank; the bubble of GPipe with at most P microbatches in flight.
 """
 
 from snnfw import hookimpl
-from snnfw.distributed.pipeline import ScheduleSpec
+from snnfw.api import ScheduleSpec
 
 NAME = "1f1b"
 

@@ -5,7 +5,7 @@ backward is split into input and weight gradients.
 """
 
 from snnfw import hookimpl
-from snnfw.distributed.pipeline import ScheduleSpec
+from snnfw.api import ScheduleSpec
 
 NAME = "zbv"
 

@@ -5,7 +5,7 @@ the bubble. Any pipeline.virtual_stages (r, r + P, ...).
 """
 
 from snnfw import hookimpl
-from snnfw.distributed.pipeline import ScheduleSpec
+from snnfw.api import ScheduleSpec
 from snnfw_plugins.schedules import rounds_refusal
 
 NAME = "zero_bubble"

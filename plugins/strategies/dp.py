@@ -1,10 +1,7 @@
 """``dp``: data parallel through DistributedDataParallel, one replica per rank."""
 
 from snnfw import hookimpl
-from snnfw.plan.estimate import estimate, ring_bytes
-from snnfw.plan.estimate import ddp_buckets
-from snnfw.plan.layout import Proposal
-from snnfw.plugin.strategy import DATA, Strategy
+from snnfw.api import DATA, Proposal, Strategy, ddp_buckets, estimate, ring_bytes
 
 NAME = "dp"
 
@@ -71,7 +68,7 @@ def propose_replicas(strategy: str, request, rationale: str, shard_optimizer: bo
 def wrap_ddp(model, plan, mesh, hooks, group=None):
     """The model's blocks compiled (``hooks.compile``), then DistributedDataParallel over the mesh's ``dp`` dimension
     (or over ``group``)."""
-    from snnfw.distributed.groups import replicate
+    from snnfw.api import replicate
 
     hooks.compile(model, plan)
     return replicate(model, plan.device_type, group or mesh.get_group("dp"))

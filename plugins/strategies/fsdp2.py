@@ -18,10 +18,7 @@ CUDA streams on a GPU.
 import attrs
 
 from snnfw import hookimpl
-from snnfw.model.analysis import submodule
-from snnfw.plan.estimate import estimate, ring_bytes
-from snnfw.plan.layout import Proposal, refuse_others
-from snnfw.plugin.strategy import DATA, SHARDED, Strategy
+from snnfw.api import DATA, SHARDED, Proposal, Strategy, estimate, refuse_others, ring_bytes, submodule
 
 NAME = "fsdp2"
 
@@ -56,7 +53,7 @@ class FullyShard(Strategy):
                                          *_one_block(request)))
 
     def apply_dimension(self, model, plan, mesh, hooks, wrap=None):
-        from snnfw.plan.compose import fsdp_mesh
+        from snnfw.api import fsdp_mesh
 
         return apply_fully_shard(model, plan, fsdp_mesh(plan, mesh, hooks, self.dimension))
 

@@ -8,8 +8,7 @@ and ``parallel.reshard_after_forward`` as under ``fsdp2``.
 """
 
 from snnfw import hookimpl
-from snnfw.plan.layout import Proposal
-from snnfw.plugin.strategy import Strategy
+from snnfw.api import Proposal, Strategy
 from snnfw_plugins.strategies.fsdp2 import apply_fully_shard, fully_shard_options
 from snnfw_plugins.strategies.tp import apply_tensor_parallel, check_tp_plan, tp_estimate
 

@@ -9,9 +9,7 @@ sum over time, averaged over the dp replicas.
 """
 
 from snnfw import hookimpl
-from snnfw.plan.estimate import estimate, ring_bytes
-from snnfw.plan.layout import Proposal
-from snnfw.plugin.strategy import Strategy
+from snnfw.api import Proposal, Strategy, estimate, ring_bytes
 from snnfw_plugins.strategies.fsdp2 import apply_fully_shard, fully_shard_options
 from snnfw_plugins.strategies.tsp import split_in_time, time_split_refusal
 

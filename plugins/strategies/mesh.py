@@ -4,9 +4,7 @@
 import attrs
 
 from snnfw import hookimpl
-from snnfw.plan.compose import apply_mesh, candidate_meshes, owners, propose_mesh
-from snnfw.plan.layout import COMPOSED
-from snnfw.plugin.strategy import DATA, REPLICATED, SHARDED, Strategy
+from snnfw.api import COMPOSED, DATA, REPLICATED, SHARDED, Strategy, apply_mesh, candidate_meshes, owners, propose_mesh
 
 
 class Composed(Strategy):

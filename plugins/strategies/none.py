@@ -1,9 +1,7 @@
 """``none``: one rank, no parallelism; the reference every strategy is compared with."""
 
 from snnfw import hookimpl
-from snnfw.plan.estimate import estimate
-from snnfw.plan.layout import Proposal
-from snnfw.plugin.strategy import Strategy
+from snnfw.api import Proposal, Strategy, estimate
 
 NAME = "none"
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import attrs
 
 from snnfw import hookimpl
-from snnfw.plan.layout import Proposal
+from snnfw.api import Proposal
 
 SENDS_ACTIVATIONS = ("tp", "fsdp2_tp", "pp", "auto")
 

@@ -23,11 +23,8 @@ import re
 import attrs
 
 from snnfw import hookimpl
-from snnfw.distributed.pipeline import parse_layout
-from snnfw.errors import keys_phrase
-from snnfw.plan.estimate import estimate, ring_bytes
-from snnfw.plan.layout import GLOO_CUDA_POINT_TO_POINT, Proposal, refuse_others
-from snnfw.plugin.strategy import SPLIT, STAGES, Strategy
+from snnfw.api import (GLOO_CUDA_POINT_TO_POINT, SPLIT, STAGES, Proposal, Strategy, estimate, keys_phrase,
+                       parse_layout, refuse_others, ring_bytes)
 
 NAME = "pp"
 
@@ -76,14 +73,14 @@ class Pipeline(Strategy):
         return pipeline.get("schedule", "1f1b") + (f" v{virtual}" if virtual > 1 else "")
 
     def propose_dimension(self, request, layout):
-        from snnfw.plan.compose import replicas
+        from snnfw.api import replicas
 
         pipeline = request.config.pipeline
         return _stages(request, pipeline.schedule, pipeline.virtual_stages, dict(layout.mesh)["pp"], replicas(layout))
 
     def apply_dimension(self, model, plan, mesh, hooks, wrap=None):
-        from snnfw.distributed.groups import rows_group
-        from snnfw.plan.compose import stage_averaged_dims
+        from snnfw.api import rows_group
+        from snnfw.api import stage_averaged_dims
         from snnfw_plugins.strategies.pp_build import build_pipeline
 
         averaged = stage_averaged_dims(plan, hooks)
@@ -319,8 +316,8 @@ def snnfw_split_stages(model, plan):
     Any other ``nn.Sequential`` model: one unit per child."""
     from torch import nn
 
-    from snnfw.model.analysis import submodule
-    from snnfw.model.modules import TimeMajor
+    from snnfw.api import submodule
+    from snnfw.api import TimeMajor
 
     analysis = plan.analysis
     if not analysis.own:

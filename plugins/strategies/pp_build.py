@@ -9,11 +9,7 @@ import torch
 from torch import nn
 from torch._subclasses.fake_tensor import is_fake
 
-from snnfw.components.losses import training_loss
-from snnfw.components.precision import autocast
-from snnfw.errors import PluginError
-from snnfw.model.analysis import submodule
-from snnfw.plugin.strategy import IN_PLACE
+from snnfw.api import IN_PLACE, PluginError, autocast, submodule, training_loss
 from snnfw_plugins.strategies.pp_model import PipelineModel, ScoredLoss
 from snnfw_plugins.strategies.pp_stages import Stage, Stopwatch, decide_split, pipeline_stage, pipeline_units
 from snnfw_plugins.strategies.pp_state import model_names, tensor_names

@@ -8,7 +8,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from snnfw.components.step import StepOutput, hits, scored
+from snnfw.api import StepOutput, hits, scored
 from snnfw_plugins.strategies.spike_bits import check_binary, pack, packed_numel, unpack
 
 HEADER_LENGTH = 8  # ndim and up to 7 sizes, sent before an activation in evaluation

@@ -16,12 +16,8 @@ from torch._subclasses.fake_tensor import is_fake
 from torch.distributed.pipelining import PipelineStage
 from torch.utils.flop_counter import FlopCounterMode
 
-from snnfw.components.phases import finish_queued_work
-from snnfw.components.precision import autocast
-from snnfw.distributed.pipeline import balanced_layout, parse_layout
-from snnfw.errors import ConfigError, PluginError
-from snnfw.model.analysis import is_neuron
-from snnfw.plugin.strategy import ROOT_HOOKS
+from snnfw.api import (ROOT_HOOKS, ConfigError, PluginError, autocast, balanced_layout, finish_queued_work, is_neuron,
+                       parse_layout)
 from snnfw_plugins.memory_format import is_channels_last, to_channels_last
 from snnfw_plugins.strategies.spike_bits import NeuronOutputs, check_binary, pack, packed_numel, unpack
 

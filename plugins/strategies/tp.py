@@ -10,9 +10,7 @@ re-creating full-size state.
 import difflib
 
 from snnfw import hookimpl
-from snnfw.plan.estimate import estimate, ring_bytes
-from snnfw.plan.layout import Proposal
-from snnfw.plugin.strategy import SPLIT, Strategy
+from snnfw.api import SPLIT, Proposal, Strategy, estimate, ring_bytes
 
 NAME = "tp"
 
@@ -61,7 +59,7 @@ def _inferred_inside(module, name: str) -> str:
     """The units snnfw infers inside ``module`` (named ``name``), as model.tp_plan entries; "" for none."""
     from torch import nn
 
-    from snnfw.model.source import infer_tp_plan
+    from snnfw.api import infer_tp_plan
 
     found = infer_tp_plan(module) if isinstance(module, nn.Module) else ()
     return ", ".join(f'"{name}{"." if name else ""}{inner}" = "{style}"' for inner, style in found)

@@ -12,8 +12,7 @@ defaults, so a checkpoint moves between tensor parallel and any other strategy.
 import torch
 import torch.distributed as dist
 
-from snnfw.distributed.chunks import Chunked, pieces
-from snnfw.api import held_state, load_held_state, state_name
+from snnfw.api import Chunked, held_state, load_held_state, pieces, state_name
 from snnfw_plugins.strategies.tp_styles import SLICES
 
 

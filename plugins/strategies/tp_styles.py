@@ -115,7 +115,7 @@ class Run:
 
 def unit(model: nn.Module, name: str) -> nn.Module | Run:
     """What a tp_plan entry names: a module, or the run ``"parent.start:stop"`` of an ``nn.Sequential``'s children."""
-    from snnfw.model.analysis import submodule
+    from snnfw.api import submodule
 
     parent, _, last = name.rpartition(".")
     if ":" not in last:

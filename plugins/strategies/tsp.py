@@ -14,11 +14,8 @@ group's messages inside backward.
 import attrs
 
 from snnfw import hookimpl
-from snnfw.model.analysis import submodule
-from snnfw.plan.estimate import estimate, ring_bytes
-from snnfw.plan.estimate import ddp_buckets
-from snnfw.plan.layout import GLOO_CUDA_POINT_TO_POINT, Proposal, refuse_others
-from snnfw.plugin.strategy import Strategy
+from snnfw.api import (GLOO_CUDA_POINT_TO_POINT, Proposal, Strategy, ddp_buckets, estimate, refuse_others, ring_bytes,
+                       submodule)
 
 NAME = "tsp"
 OWNERS = (NAME, "fsdp2_tsp")  # the strategies that apply [tsp]
@@ -43,7 +40,7 @@ TIME_MIXING = ("RNNBase", "Conv3d", "MultiheadAttention")  # layers that mix tim
 def time_mixing_layer(model) -> str | None:
     """Why ``model`` cannot run its time steps in chunks (a layer that mixes them, a neuron that keeps more than
     its membrane potential or runs step by step), or None."""
-    from snnfw.model.analysis import is_neuron
+    from snnfw.api import is_neuron
 
     for name, module in model.named_modules():
         kinds = {kind.__name__ for kind in type(module).__mro__}
@@ -84,7 +81,7 @@ def time_split_refusal(request, size: int, replicas: int | None = None) -> str |
 def split_in_time(model, plan, mesh) -> None:
     """Splits ``model``'s time steps over the mesh's ``time`` dimension (``tsp_ops``), exchanging on process groups
     of their own, apart from any collective of the strategy's gradient reduction."""
-    from snnfw.distributed.groups import rows_group
+    from snnfw.api import rows_group
     from snnfw_plugins.strategies.tsp_ops import EXCHANGES, TimeGroup, split_time
 
     EXCHANGES.enabled = plan.config.log.phase_times
@@ -108,7 +105,7 @@ class TimeSplit(Strategy):
         return _propose(request)
 
     def propose_dimension(self, request, layout):
-        from snnfw.plan.compose import replicas
+        from snnfw.api import replicas
 
         size, steps = dict(layout.mesh)[self.dimension], request.config.model.time_steps
         if reason := time_split_refusal(request, size, replicas(layout)):

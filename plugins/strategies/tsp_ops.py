@@ -32,7 +32,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from snnfw.plugin.strategy import hook_root
+from snnfw.api import hook_root
 
 
 class Exchanges:

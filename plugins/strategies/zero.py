@@ -11,9 +11,8 @@ under any strategy.
 import attrs
 
 from snnfw import hookimpl
-from snnfw.components.optim import optimizer_options, parameter_groups, trainable
-from snnfw.plan.layout import Proposal, refuse_others
-from snnfw.api import held_state, load_held_state, merge_optimizer_states
+from snnfw.api import (Proposal, held_state, load_held_state, merge_optimizer_states, optimizer_options,
+                       parameter_groups, refuse_others, trainable)
 from snnfw_plugins.strategies.dp import Replicas, propose_replicas
 
 NAME = "zero"

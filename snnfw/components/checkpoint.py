@@ -56,7 +56,7 @@ from snnfw.rundir import (
     CHECKPOINTS,
     STEP,
     STEP_META,
-    TEMP,
+    TEMP_PREFIX,
     complete_checkpoints,
     earlier_checkpoints,
     remove_whole,
@@ -286,9 +286,9 @@ class Checkpoints:
         ``before_rename`` runs once the files are written (or handed to the background writer), before the
         checkpoint can be found: what must be on disk before a resume can start from it (the step's metrics)."""
         self.finish()
-        final, temp = self.root / f"{STEP}{step}", self.root / f"{TEMP}{STEP}{step}"
+        final, temp = self.root / f"{STEP}{step}", self.root / f"{TEMP_PREFIX}{STEP}{step}"
         if self.rank == 0:
-            for stale in self.root.glob(f"{TEMP}*"):
+            for stale in self.root.glob(f"{TEMP_PREFIX}*"):
                 shutil.rmtree(stale)
             temp.mkdir(parents=True)
         barrier()

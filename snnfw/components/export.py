@@ -21,7 +21,7 @@ import torch
 from snnfw.components import checkpoint as ckpt
 from snnfw.components import integrity
 from snnfw.errors import CheckpointError
-from snnfw.rundir import (BEST_MODEL, CHECKPOINTS, FINAL_MODEL, STEP, STEP_META, TEMP, check_writable, write_text,
+from snnfw.rundir import (BEST_MODEL, CHECKPOINTS, FINAL_MODEL, STEP, STEP_META, TEMP_PREFIX, check_writable, write_text,
                           written_whole)
 
 SAFETENSORS = ".safetensors"
@@ -56,7 +56,7 @@ def find(source: str | Path) -> tuple[Path, dict]:
     source = Path(source)
     if not source.exists():
         raise CheckpointError(f"{source} does not exist; name a run directory or one of its checkpoints/step-K folders")
-    if source.name.startswith(TEMP):
+    if source.name.startswith(TEMP_PREFIX):
         raise CheckpointError(f"{source} is not a complete checkpoint (it has no {STEP_META}); export a complete one")
     if source.name.startswith(STEP) or any((source / name).exists() for name in (STEP_META, ".metadata")):
         found = source, integrity.verify(source)

@@ -27,7 +27,7 @@ from torch.distributed.checkpoint import FileSystemWriter
 
 from snnfw.errors import CheckpointError
 from snnfw.components.dcp_reader import metadata_of
-from snnfw.rundir import LAUNCHED, STEP_META, TEMP, checkpoint_step, is_checkpoint_name
+from snnfw.rundir import LAUNCHED, STEP_META, TEMP_PREFIX, checkpoint_step, is_checkpoint_name
 
 DIGESTS = "digests"  # in meta.json: {file name: "crc32:HEX"}
 ALGORITHMS = ("crc32", "sha256")
@@ -174,7 +174,7 @@ def newest_whole(root: Path, say=None) -> tuple[Path, dict] | None:
     checkpoint is damaged, naming the newest's fault."""
     root, found = Path(root), []
     for path in root.iterdir() if root.is_dir() else ():
-        name = path.name.removeprefix(TEMP)
+        name = path.name.removeprefix(TEMP_PREFIX)
         if is_checkpoint_name(name):
             found.append((checkpoint_step(Path(name)), path.name == name, path))
     passed, damaged = [], None

@@ -274,6 +274,18 @@ def build_datasets(config: Config, spec: datalib.InputSpec, plugins: Plugins) ->
     return splits
 
 
+def registered_datasets(name: str, spec: datalib.InputSpec, seed: int = 0, plugins: Plugins | None = None,
+                        **data) -> tuple:
+    """The train and test splits of the data set registered as ``name``, as ``snnfw train`` builds them from
+    ``[data] name = name`` with the other ``[data]`` keys ``data`` (``train_samples=1024``) and ``train.seed``
+    ``seed``: data for a training loop of your own."""
+    from snnfw.config import DataConfig
+
+    config = DataConfig(name=name, **data)
+    dataset = (plugins or Plugins()).datasets.get(name)
+    return tuple(dataset.build(config, spec, split, seed) for split in ("train", "test"))
+
+
 def check_one_batch(train_samples: int, batch: int) -> None:
     """Refuses a training set smaller than one global batch, whose steps would repeat samples."""
     if train_samples < batch:

@@ -17,9 +17,7 @@ from snnfw.run.loop import run_training
 PLUGIN = """
     import attrs
 
-    from snnfw import hookimpl
-    from snnfw.plan.layout import Proposal
-    from snnfw.plugin.strategy import DATA, Strategy
+    from snnfw.api import DATA, Proposal, Strategy, hookimpl
 
 
     @attrs.frozen

@@ -204,8 +204,7 @@ def test_loading_every_plugin_imports_neither_torch_nor_spikingjelly():
 
 
 SCOPED = """
-    from snnfw import hookimpl
-    from snnfw.plugin.strategy import Strategy
+    from snnfw.api import Strategy, hookimpl
 
     CALLS = []
 

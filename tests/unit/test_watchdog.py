@@ -54,5 +54,5 @@ def test_a_removal_killed_midway_leaves_no_half_checkpoint(tmp_path, monkeypatch
     monkeypatch.setattr(shutil, "rmtree", killed)
     with pytest.raises(KeyboardInterrupt):
         rundir.remove_whole(tmp_path / f"{rundir.STEP}2")
-    assert [p.name for p in tmp_path.iterdir() if not p.name.startswith(rundir.TEMP)] == [f"{rundir.STEP}4"]
+    assert [p.name for p in tmp_path.iterdir() if not p.name.startswith(rundir.TEMP_PREFIX)] == [f"{rundir.STEP}4"]
     assert rundir.complete_checkpoints(tmp_path) == [tmp_path / f"{rundir.STEP}4"]
