@@ -14,6 +14,8 @@ import attrs
 from snnfw import hookimpl
 from snnfw.api import MAX_TIMEOUT_S, Proposal, keys_phrase
 
+NAME = "loop_settings"  # what it keeps for a run: hooks.run.kept[NAME]
+
 
 @attrs.frozen
 class CudaConfig:
@@ -44,10 +46,6 @@ def snnfw_plan(request):
     return [Proposal.refuse(request.strategy, reason) for reason in refusals]
 
 
-_timeout_after_first_step: list[float] = []
-_steps_started = [0]
-
-
 @hookimpl
 def snnfw_transform_model(model, plan, example, hooks):
     parallel = plan.config.parallel
@@ -55,14 +53,17 @@ def snnfw_transform_model(model, plan, example, hooks):
         import torch
 
         torch.backends.cudnn.benchmark = plan.config.cuda.cudnn_benchmark
-    _timeout_after_first_step[:] = [parallel.step_timeout_s or parallel.timeout_s] if plan.world_size > 1 else []
-    _steps_started[0] = 0
+    if plan.world_size > 1 and hooks.run is not None:
+        hooks.run.kept[NAME] = {"timeout_after_first_step": parallel.step_timeout_s or parallel.timeout_s, "started": 0}
 
 
 @hookimpl
-def snnfw_step_start(step, rank):
-    _steps_started[0] += 1
-    if _steps_started[0] == 2 and _timeout_after_first_step:
+def snnfw_step_start(step, rank, hooks):
+    kept = hooks.run.kept.get(NAME) if hooks.run is not None else None
+    if kept is None:
+        return
+    kept["started"] += 1
+    if kept["started"] == 2:
         from snnfw.api import set_timeouts
 
-        set_timeouts(_timeout_after_first_step[0])
+        set_timeouts(kept["timeout_after_first_step"])

@@ -35,6 +35,10 @@ _WHERE = {  # name: the module that defines it
     # running: a strategy's optimizer, the mark of a sharded neuron, a step's result, the state checkpoints hold
     "parameter_groups": "snnfw.components.optim", "optimizer_options": "snnfw.components.optim",
     "NEURON_SHARD": "snnfw.components.metrics", "StepOutput": "snnfw.components.step",
+    # what a hook receives as ``hooks``, and the protocols of what a plugin marks on a module or offers on a data set
+    "HookContext": "snnfw.plugin.context", "ShardedNeuron": "snnfw.plugin.context",
+    "SlicedParameters": "snnfw.plugin.context", "TimeSliced": "snnfw.plugin.context",
+    "EventAugmented": "snnfw.plugin.context", "RunState": "snnfw.components.step",
     "state_name": "snnfw.distributed.state", "held_state": "snnfw.distributed.state",
     "load_held_state": "snnfw.distributed.state", "merge_optimizer_states": "snnfw.distributed.state",
     # the config

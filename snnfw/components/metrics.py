@@ -13,6 +13,7 @@ import torch
 from torch import nn
 
 from snnfw import rundir
+from snnfw.plugin.context import ShardedNeuron
 
 NEURON_SHARD = "snnfw_shard"  # set by tensor-parallel strategies on a neuron module whose state they shard
 
@@ -40,7 +41,7 @@ class SpikeCounter:
         ones with ``snnfw_shard``; tensor parallelism's row blocks) ``1 / copies`` in the totals, so the firing
         rate over all modules weighs each as ``none`` does."""
         for name in self.names:
-            self._weights[name] = 1.0 if hasattr(self._modules[name], NEURON_SHARD) else 1.0 / copies
+            self._weights[name] = 1.0 if isinstance(self._modules[name], ShardedNeuron) else 1.0 / copies
 
     def _count(self, name: str, module, inputs, output) -> None:
         with torch.no_grad():

@@ -15,11 +15,12 @@ if TYPE_CHECKING:
 
 @attrs.frozen
 class RunState:
-    """What one trainer's steps carry from one to the next: the clock of its phases and fp16's loss scale.
-    Hooks see it as ``hooks.run``."""
+    """What one trainer's steps carry from one to the next: the clock of its phases, fp16's loss scale, and what
+    plugins keep for the run (``kept``, by plugin name). Hooks see it as ``hooks.run``."""
 
     phases: PhaseTimes
     loss_scale: LossScale
+    kept: dict = attrs.field(factory=dict)
 
 
 @attrs.frozen

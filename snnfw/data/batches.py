@@ -15,6 +15,7 @@ import attrs
 
 from snnfw.config import IMAGE_AUGMENTS, Config, DataConfig
 from snnfw.errors import ConfigError, keys_phrase, users_code
+from snnfw.plugin.context import TimeSliced
 
 if TYPE_CHECKING:
     import torch
@@ -201,7 +202,7 @@ class TimeView:
         return len(self.dataset)
 
     def __getitem__(self, index: int):
-        if hasattr(self.dataset, "time_slice"):
+        if isinstance(self.dataset, TimeSliced):
             return self.dataset.time_slice(index, self.start, self.stop)
         frames, label = self.dataset[index]
         return frames[self.start:self.stop], label

@@ -9,7 +9,19 @@ overrides a built-in by answering the same hook.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any, Callable
+
 import pluggy
+
+if TYPE_CHECKING:
+    import torch
+    from torch.distributed.device_mesh import DeviceMesh
+
+    from snnfw.components.step import StepOutput
+    from snnfw.config import Config
+    from snnfw.model.analysis import AnalysisPart
+    from snnfw.plan.layout import Plan, PlanRequest, Proposal
+    from snnfw.plugin.context import HookContext
 
 hookspec = pluggy.HookspecMarker("snnfw")
 
@@ -19,7 +31,7 @@ hookspec = pluggy.HookspecMarker("snnfw")
 
 
 @hookspec
-def snnfw_register_strategies(register):
+def snnfw_register_strategies(register: Callable[..., None]) -> None:
     """Register parallelism strategies by name with their :class:`snnfw.plugin.strategy.Strategy` object
     (``register("dp", Strategy(), "DDP ...")``; None stands for the defaults).
 
@@ -31,17 +43,17 @@ def snnfw_register_strategies(register):
 
 
 @hookspec
-def snnfw_register_model_families(register):
+def snnfw_register_model_families(register: Callable[..., None]) -> None:
     """Register model families: ``register(name, snnfw.model.families.ModelFamily(...))``."""
 
 
 @hookspec
-def snnfw_register_datasets(register):
+def snnfw_register_datasets(register: Callable[..., None]) -> None:
     """Register data sets: ``register(name, snnfw.data.batches.DatasetSpec(...))``."""
 
 
 @hookspec
-def snnfw_register_schedules(register):
+def snnfw_register_schedules(register: Callable[..., None]) -> None:
     """Register pipeline schedules: ``register(name, snnfw.distributed.pipeline.ScheduleSpec(...))``.
 
     A spec that names a ``torch_schedule`` class is built by the ``pp``
@@ -50,12 +62,12 @@ def snnfw_register_schedules(register):
 
 
 @hookspec
-def snnfw_register_optimizers(register):
+def snnfw_register_optimizers(register: Callable[..., None]) -> None:
     """Register optimizers for ``train.optimizer``: ``register(name, snnfw.components.optim.OptimizerSpec(...))``."""
 
 
 @hookspec
-def snnfw_register_lr_schedules(register):
+def snnfw_register_lr_schedules(register: Callable[..., None]) -> None:
     """Register learning-rate schedules for ``train.lr_schedule``: ``register(name, snnfw.components.optim.LrScheduleSpec(...))``.
 
     Every schedule follows ``train.warmup_steps`` of linear warm-up and is
@@ -64,7 +76,7 @@ def snnfw_register_lr_schedules(register):
 
 
 @hookspec
-def snnfw_register_losses(register):
+def snnfw_register_losses(register: Callable[..., None]) -> None:
     """Register training losses for ``train.loss``: ``register(name, snnfw.components.losses.LossSpec(...))``."""
 
 
@@ -72,7 +84,7 @@ def snnfw_register_losses(register):
 
 
 @hookspec
-def snnfw_analyze(model, family):
+def snnfw_analyze(model: torch.nn.Module, family: str) -> AnalysisPart | None:
     """Contribute to the analysis of ``model``, built by the family named ``family``.
 
     Return an :class:`snnfw.model.analysis.AnalysisPart` (the blocks to shard, the
@@ -82,7 +94,7 @@ def snnfw_analyze(model, family):
 
 
 @hookspec
-def snnfw_preference_defaults(config):
+def snnfw_preference_defaults(config: Config) -> dict[str, Any] | None:
     """Settings that ``config.parallel.prefer`` implies for the chosen strategy.
 
     Return a dict like ``{"parallel.zero": True}`` or None. Called once the
@@ -92,7 +104,7 @@ def snnfw_preference_defaults(config):
 
 
 @hookspec
-def snnfw_plan(request):
+def snnfw_plan(request: PlanRequest) -> Proposal | list[Proposal] | None:
     """Propose how to run ``request`` (:class:`snnfw.plan.layout.PlanRequest`), beside what each asked strategy's
     object proposes itself (:meth:`snnfw.plugin.strategy.Strategy.propose`): refusals of other strategies that
     would ignore a key only this plugin's apply, or a strategy's proposal made by hook.
@@ -106,7 +118,7 @@ def snnfw_plan(request):
 
 
 @hookspec
-def snnfw_transform_model(model, plan, example, hooks):
+def snnfw_transform_model(model: torch.nn.Module, plan: Plan, example: torch.Tensor, hooks: HookContext) -> None:
     """Change the unparallelized ``model`` in place before :func:`snnfw_parallelize`.
 
     ``example`` is one training microbatch of frames, the same on every rank.
@@ -118,7 +130,7 @@ def snnfw_transform_model(model, plan, example, hooks):
 
 
 @hookspec
-def snnfw_transform_runs_model(config):
+def snnfw_transform_runs_model(config: Config) -> bool | None:
     """Return True where this plugin's :func:`snnfw_transform_model` will run the model under ``config`` (a forward
     pass, a timing), which needs its values; None otherwise.
 
@@ -128,10 +140,12 @@ def snnfw_transform_runs_model(config):
 
 
 @hookspec(firstresult=True)
-def snnfw_parallelize(model, plan, mesh, hooks):
+def snnfw_parallelize(
+    model: torch.nn.Module, plan: Plan, mesh: DeviceMesh | None, hooks: HookContext,
+) -> torch.nn.Module | None:
     """Apply ``plan`` to ``model`` on ``mesh`` (a DeviceMesh, or None on one rank).
 
-    ``hooks`` is the :class:`snnfw.plugin.manager.Plugins` facade, for calling other
+    ``hooks`` is the run's :class:`snnfw.plugin.context.HookContext`, for calling other
     hooks (``hooks.shard_neuron(...)``). Return the model to train (wrapped or
     changed in place), or None to decline a plan whose strategy is not this
     plugin's. Stops at the first non-None result.
@@ -143,7 +157,7 @@ def snnfw_parallelize(model, plan, mesh, hooks):
 
 
 @hookspec
-def snnfw_compile(model, plan):
+def snnfw_compile(model: torch.nn.Module, plan: Plan) -> None:
     """Apply ``torch.compile`` where ``plan`` asks for it, in place; the return value is ignored.
 
     Called by strategy plugins from :func:`snnfw_parallelize` (after tensor
@@ -152,7 +166,9 @@ def snnfw_compile(model, plan):
 
 
 @hookspec(firstresult=True)
-def snnfw_build_optimizer(model, plan, mesh, hooks):
+def snnfw_build_optimizer(
+    model: torch.nn.Module, plan: Plan, mesh: DeviceMesh | None, hooks: HookContext,
+) -> torch.optim.Optimizer | None:
     """Return the optimizer for the parallelized ``model`` on ``mesh``, or None to decline.
 
     Stops at the first non-None result; the fallback is ``train.optimizer``
@@ -162,7 +178,9 @@ def snnfw_build_optimizer(model, plan, mesh, hooks):
 
 
 @hookspec(firstresult=True)
-def snnfw_forward_backward(model, batches, plan, hooks):
+def snnfw_forward_backward(
+    model: torch.nn.Module, batches: list[tuple[torch.Tensor, torch.Tensor]], plan: Plan, hooks: HookContext,
+) -> StepOutput | None:
     """Run forward and backward over this rank's microbatches of one optimizer step.
 
     ``batches`` is a list of ``(frames, labels)`` microbatches. Accumulate
@@ -174,7 +192,9 @@ def snnfw_forward_backward(model, batches, plan, hooks):
 
 
 @hookspec(firstresult=True)
-def snnfw_evaluate(model, frames, labels, plan, hooks):
+def snnfw_evaluate(
+    model: torch.nn.Module, frames: torch.Tensor, labels: torch.Tensor, plan: Plan, hooks: HookContext,
+) -> StepOutput | None:
     """Score one evaluation batch without gradients; return a :class:`snnfw.components.step.StepOutput`.
 
     Stops at the first non-None result; return None to decline.
@@ -182,7 +202,7 @@ def snnfw_evaluate(model, frames, labels, plan, hooks):
 
 
 @hookspec(firstresult=True)
-def snnfw_time_view(plan, mesh):
+def snnfw_time_view(plan: Plan, mesh: DeviceMesh | None) -> tuple[int, int] | None:
     """Return ``(start, stop)``: the time steps of each sample that this rank's applied model reads, or None
     for all of them.
 
@@ -193,7 +213,7 @@ def snnfw_time_view(plan, mesh):
 
 
 @hookspec
-def snnfw_step_metrics(plan):
+def snnfw_step_metrics(plan: Plan) -> dict[str, float] | None:
     """Return a dict of extra per-step metrics (numbers) since the last call, or None.
 
     Called on every rank after each optimizer step; the values are summed
@@ -202,22 +222,23 @@ def snnfw_step_metrics(plan):
 
 
 @hookspec
-def snnfw_step_start(step, rank):
-    """Called on every rank before training step ``step`` (counted from 1); ``rank`` is this rank's number."""
+def snnfw_step_start(step: int, rank: int, hooks: HookContext) -> None:
+    """Called on every rank before training step ``step`` (counted from 1); ``rank`` is this rank's number.
+    What a plugin keeps from step to step lives in ``hooks.run.kept`` (0.2.0 added ``hooks``)."""
 
 
 @hookspec
-def snnfw_results_due(rank):
+def snnfw_results_due(rank: int) -> None:
     """Called on every rank after training and its last evaluation, before rank 0 writes the run's results."""
 
 
 @hookspec
-def snnfw_rank_done(rank):
+def snnfw_rank_done(rank: int) -> None:
     """Called in each rank of ``python -m snnfw.train`` once its work is complete and marked done, as it exits."""
 
 
 @hookspec
-def snnfw_summary(plan):
+def snnfw_summary(plan: Plan) -> dict[str, float] | None:
     """Return a dict of extra numbers for ``summary.json`` (seconds spent optimising, ...) or None.
 
     Called on every rank after training, which must return the same keys on
@@ -226,7 +247,9 @@ def snnfw_summary(plan):
 
 
 @hookspec(firstresult=True)
-def snnfw_state_dict(model, optimizer, plan):
+def snnfw_state_dict(
+    model: torch.nn.Module, optimizer: torch.optim.Optimizer | None, plan: Plan,
+) -> dict[str, Any] | None:
     """Return the training state ``{"model": ..., "optimizer": ...}`` as this rank holds it, for a checkpoint.
 
     ``"model"`` maps the unparallelized model's parameter and buffer names to
@@ -244,7 +267,9 @@ def snnfw_state_dict(model, optimizer, plan):
 
 
 @hookspec(firstresult=True)
-def snnfw_load_state_dict(model, optimizer, plan, state):
+def snnfw_load_state_dict(
+    model: torch.nn.Module, optimizer: torch.optim.Optimizer | None, plan: Plan, state: dict[str, Any],
+) -> bool | None:
     """Load ``state`` (what :func:`snnfw_state_dict` returned, read from a checkpoint that another strategy or
     world size may have written) into ``model`` and ``optimizer``.
 
@@ -253,7 +278,7 @@ def snnfw_load_state_dict(model, optimizer, plan, state):
 
 
 @hookspec(firstresult=True)
-def snnfw_reset_state(model):
+def snnfw_reset_state(model: torch.nn.Module) -> bool | None:
     """Reset all neuron state of ``model`` before an independent microbatch.
 
     Return True when done, or None to decline. Stops at the first non-None result.
@@ -261,7 +286,7 @@ def snnfw_reset_state(model):
 
 
 @hookspec(firstresult=True)
-def snnfw_shard_neuron(module, placement, mesh):
+def snnfw_shard_neuron(module: torch.nn.Module, placement: Any, mesh: DeviceMesh | None) -> torch.nn.Module | None:
     """Make neuron ``module`` keep only the shard of its state that ``placement`` gives.
 
     Return the module to use, or None to decline (for a neuron type the plugin
@@ -270,7 +295,7 @@ def snnfw_shard_neuron(module, placement, mesh):
 
 
 @hookspec(firstresult=True)
-def snnfw_split_stages(model, plan, example):
+def snnfw_split_stages(model: torch.nn.Module, plan: Plan, example: torch.Tensor) -> list[torch.nn.Module] | None:
     """Split ``model`` into its pipeline units; ``example`` is one microbatch of input.
 
     Return the modules, in forward order, whose composition computes
@@ -283,7 +308,9 @@ def snnfw_split_stages(model, plan, example):
 
 
 @hookspec
-def snnfw_transform_stages(model, stages, local, plan, hooks):
+def snnfw_transform_stages(
+    model: torch.nn.Module, stages: list, local: tuple[int, ...], plan: Plan, hooks: HookContext,
+) -> None:
     """Change this rank's pipeline stages in place once the split is decided, before they run.
 
     ``stages`` lists every stage of the pipeline in order as ``(module, example)``:
@@ -297,7 +324,9 @@ def snnfw_transform_stages(model, stages, local, plan, hooks):
 
 
 @hookspec(firstresult=True)
-def snnfw_schedule(stages, plan, loss_fn, hooks):
+def snnfw_schedule(
+    stages: list, plan: Plan, loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor], hooks: HookContext,
+) -> Any:
     """Build the pipeline schedule named by ``plan.config.pipeline.schedule``.
 
     ``stages`` are this rank's ``torch.distributed.pipelining.PipelineStage``

@@ -31,6 +31,7 @@ from snnfw import entry_points
 from snnfw.entry_points import GROUP
 from snnfw.errors import PluginError
 from snnfw.plugin import hookspecs
+from snnfw.plugin.context import Context
 from snnfw.plugin.registry import Registry
 from snnfw.plugin.strategy import Strategy
 
@@ -184,6 +185,11 @@ class Plugins:
         self._strategy_objects = self._register_strategy_objects()
         self._scoped: dict[tuple[str, str], Any] = {}
 
+    @property
+    def context(self) -> Context:
+        """What a hook receives as ``hooks``: the run's state, the registries and the hooks a strategy chains."""
+        return Context(self)
+
     def for_run(self, run) -> "Plugins":
         """This facade for one run: the hooks it calls see ``run`` as ``hooks.run``."""
         view = copy.copy(self)
@@ -334,7 +340,7 @@ class Plugins:
         return [p for answer in answers if answer is not None for p in (answer if isinstance(answer, list) else [answer])]
 
     def transform_model(self, model, plan, example) -> None:
-        self.hook.snnfw_transform_model(model=model, plan=plan, example=example, hooks=self)
+        self.hook.snnfw_transform_model(model=model, plan=plan, example=example, hooks=self.context)
 
     def transform_runs_model(self, config) -> bool:
         return any(self.hook.snnfw_transform_runs_model(config=config))
@@ -343,19 +349,19 @@ class Plugins:
         self.hook.snnfw_compile(model=model, plan=plan)
 
     def parallelize(self, model, plan, mesh):
-        result = self.hook.snnfw_parallelize(model=model, plan=plan, mesh=mesh, hooks=self)
+        result = self.hook.snnfw_parallelize(model=model, plan=plan, mesh=mesh, hooks=self.context)
         if result is None:
             raise PluginError(f"no plugin applies strategy {plan.strategy!r}; its plugin must implement snnfw_parallelize")
         return result
 
     def build_optimizer(self, model, plan, mesh):
-        return self.hook.snnfw_build_optimizer(model=model, plan=plan, mesh=mesh, hooks=self)
+        return self.hook.snnfw_build_optimizer(model=model, plan=plan, mesh=mesh, hooks=self.context)
 
     def forward_backward(self, model, batches, plan):
-        return self.hook.snnfw_forward_backward(model=model, batches=batches, plan=plan, hooks=self)
+        return self.hook.snnfw_forward_backward(model=model, batches=batches, plan=plan, hooks=self.context)
 
     def evaluate(self, model, frames, labels, plan):
-        return self.hook.snnfw_evaluate(model=model, frames=frames, labels=labels, plan=plan, hooks=self)
+        return self.hook.snnfw_evaluate(model=model, frames=frames, labels=labels, plan=plan, hooks=self.context)
 
     def time_view(self, plan, mesh) -> tuple[int, int] | None:
         return self.hook.snnfw_time_view(plan=plan, mesh=mesh)
@@ -367,7 +373,7 @@ class Plugins:
         return merged
 
     def step_start(self, step: int, rank: int) -> None:
-        self.hook.snnfw_step_start(step=step, rank=rank)
+        self.hook.snnfw_step_start(step=step, rank=rank, hooks=self.context)
 
     def results_due(self, rank: int) -> None:
         self.hook.snnfw_results_due(rank=rank)
@@ -398,10 +404,10 @@ class Plugins:
         return self.hook.snnfw_split_stages(model=model, plan=plan, example=example)
 
     def transform_stages(self, model, stages, local, plan) -> None:
-        self.hook.snnfw_transform_stages(model=model, stages=stages, local=local, plan=plan, hooks=self)
+        self.hook.snnfw_transform_stages(model=model, stages=stages, local=local, plan=plan, hooks=self.context)
 
     def schedule(self, stages, plan, loss_fn):
-        return self.hook.snnfw_schedule(stages=stages, plan=plan, loss_fn=loss_fn, hooks=self)
+        return self.hook.snnfw_schedule(stages=stages, plan=plan, loss_fn=loss_fn, hooks=self.context)
 
 
 def check_same_plugins_on_all_ranks(plugins: Plugins, group=None) -> None:
