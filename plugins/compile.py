@@ -145,16 +145,21 @@ class CompileStats:
         return {key: now[key] - self.start[key] for key in now}
 
 
-_stats: list[CompileStats] = []
+NAME = "compile"  # what it keeps for a run: hooks.run.kept[NAME], the run's CompileStats
+
+
+def _stats(hooks) -> CompileStats | None:
+    return hooks.run.kept.get(NAME) if hooks.run is not None else None
 
 
 @hookimpl
 def snnfw_transform_model(model, plan, example, hooks):
-    _stats[:] = [CompileStats()] if compiling(plan) else []
+    if compiling(plan) and hooks.run is not None:
+        hooks.run.kept[NAME] = CompileStats()
 
 
 @hookimpl
-def snnfw_compile(model, plan):
+def snnfw_compile(model, plan, hooks):
     options = plan.config.compile
     if not options.enable:
         return
@@ -177,10 +182,12 @@ def snnfw_compile(model, plan):
 
 
 @hookimpl
-def snnfw_step_metrics(plan):
-    return _stats[0].take() if _stats else None
+def snnfw_step_metrics(plan, hooks):
+    stats = _stats(hooks)
+    return stats.take() if stats else None
 
 
 @hookimpl
-def snnfw_summary(plan):
-    return _stats[0].total() if _stats else None
+def snnfw_summary(plan, hooks):
+    stats = _stats(hooks)
+    return stats.total() if stats else None

@@ -45,7 +45,12 @@ class MemoptConfig:
 
 
 SEARCHING_LEVELS = (2, 3, 4)
-_last_run: dict[str, float] = {}
+NAME = "memopt"  # what it keeps for a run: hooks.run.kept[NAME], the figures of its search
+
+
+def _figures(hooks) -> dict[str, float]:
+    """The run's figures for the summary (a dry run's are dropped)."""
+    return hooks.run.kept.setdefault(NAME, {}) if hooks.run is not None else {}
 
 
 OPTIONS = ("memopt.budget", "memopt.compress", "memopt.stage_ratio")
@@ -142,14 +147,13 @@ def snnfw_transform_runs_model(config):
 
 @hookimpl
 def snnfw_transform_model(model, plan, example, hooks):
-    _last_run.clear()
     if plan.config.memopt.level == 0 or _pipelined(plan):
         return
     start = time.perf_counter()
     blocks = [submodule(model, name) for name in plan.analysis.blocks]
     searched = not optimize(model, blocks, example, plan, hooks, collective=True)
-    _last_run.update(memopt_s=time.perf_counter() - start, memopt_searched=float(searched),
-                     memopt_wrappers=float(len(wrappers(model))))
+    _figures(hooks).update(memopt_s=time.perf_counter() - start, memopt_searched=float(searched),
+                           memopt_wrappers=float(len(wrappers(model))))
 
 
 def input_bytes(module: nn.Module, blocks: list[nn.Module], example: torch.Tensor, hooks) -> int:
@@ -185,10 +189,10 @@ def snnfw_transform_stages(model, stages, local, plan, hooks):
     ranked = sorted(range(len(stages)), key=lambda index: (-costs[index], index))
     chosen = sorted(set(ranked[: math.ceil(memopt.stage_ratio * len(stages))]) & set(local))
     hits = [optimize(stages[i][0], blocks[i], stages[i][1], plan, hooks, collective=False) for i in chosen]
-    _last_run.update(memopt_s=time.perf_counter() - start, memopt_searched=float(not all(hits)),
-                     memopt_wrappers=float(sum(len(wrappers(stages[i][0])) for i in local)))
+    _figures(hooks).update(memopt_s=time.perf_counter() - start, memopt_searched=float(not all(hits)),
+                           memopt_wrappers=float(sum(len(wrappers(stages[i][0])) for i in local)))
 
 
 @hookimpl
-def snnfw_summary(plan):
-    return dict(_last_run) or None
+def snnfw_summary(plan, hooks):
+    return dict(_figures(hooks)) or None

@@ -43,7 +43,7 @@ class LayoutKeys:
     """``model.memory_format`` (entry point ``snnfw.config``: ``model.memory_format``)."""
 
     memory_format: str = attrs.field(default="contiguous", validator=attrs.validators.in_((*LAYOUTS, "auto")))
-_last_run: dict[str, float] = {}
+NAME = "memory_format"  # what it keeps for a run: hooks.run.kept[NAME], the figures of its choice
 
 
 def _convolutions(model: nn.Module) -> list[nn.Module]:
@@ -136,15 +136,15 @@ def snnfw_transform_model(model, plan, example, hooks):
 
     from snnfw.api import is_main
 
-    _last_run.clear()
     layout = plan.config.model.memory_format
     if layout == "auto":
         if is_fake(example):  # a dry run: layouts hold the same bytes
             return
         times = measure(model, example, plan, hooks)
         layout = "channels_last" if times["channels_last"] < times["contiguous"] else "contiguous"
-        _last_run.update(memory_format_channels_last=float(layout == "channels_last"),
-                         **{f"memory_format_{name}_ms": ms for name, ms in times.items()})
+        figures = hooks.run.kept.setdefault(NAME, {}) if hooks.run is not None else {}
+        figures.update(memory_format_channels_last=float(layout == "channels_last"),
+                       **{f"memory_format_{name}_ms": ms for name, ms in times.items()})
         if is_main():
             print(f"[snnfw] note: model.memory_format auto chose {layout}: forward and backward of a microbatch "
                   f"took {times['contiguous']:.1f} ms contiguous, {times['channels_last']:.1f} ms channels-last "
@@ -154,5 +154,6 @@ def snnfw_transform_model(model, plan, example, hooks):
 
 
 @hookimpl
-def snnfw_summary(plan):
-    return dict(_last_run) or None
+def snnfw_summary(plan, hooks):
+    figures = hooks.run.kept.get(NAME) if hooks.run is not None else None
+    return dict(figures) if figures else None

@@ -24,7 +24,7 @@ class TimeSplitFullyShard(Strategy):
 
     @hookimpl
     def snnfw_parallelize(self, model, plan, mesh, hooks):
-        split_in_time(model, plan, mesh)
+        split_in_time(model, plan, mesh, hooks)
         return apply_fully_shard(model, plan, mesh)
 
 

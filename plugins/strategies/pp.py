@@ -115,23 +115,23 @@ class Pipeline(Strategy):
         return True
 
     @hookimpl
-    def snnfw_step_metrics(self, plan):
+    def snnfw_step_metrics(self, plan, hooks):
         """Bytes sent between stages (``pp_sent_mb``) and, with log.phase_times (timing a stage waits for its
         device), the schedule's busy time and bubble."""
-        from snnfw_plugins.strategies.pp_model import STEP_TIMES
-
-        figures = STEP_TIMES.take()
+        kept = hooks.run.kept.get(NAME) if hooks.run is not None else None
+        if kept is None:
+            return None
+        figures = kept["step_times"].take()
         return figures if plan.config.log.phase_times else {"pp_sent_mb": figures["pp_sent_mb"]}
 
     @hookimpl
-    def snnfw_summary(self, plan):
+    def snnfw_summary(self, plan, hooks):
         """Units per stage of the run's split and, where it was measured, each stage's forward+backward ms on one
         microbatch (the sum of its units')."""
-        from snnfw_plugins.strategies.pp_build import LAST_SPLIT
-
-        if not LAST_SPLIT:
+        kept = hooks.run.kept.get(NAME) if hooks.run is not None else None
+        if kept is None:
             return None
-        split, out = LAST_SPLIT[0], {}
+        split, out = kept["split"], {}
         for stage, units in enumerate(split.layout):
             out[f"pp_stage{stage}_units"] = float(units)
             if split.unit_ms:

@@ -42,9 +42,6 @@ def stage_inputs(stages: list[Stage], example: torch.Tensor, hooks) -> list[torc
     return inputs
 
 
-LAST_SPLIT: list = []  # the split of the pipeline built last, for the run's summary
-
-
 def build_pipeline(model: nn.Module, plan, mesh, hooks, wrap=None, dp_group=None) -> PipelineModel:
     """This rank's stages of ``model``, each passed through ``wrap`` (a composed mesh's data dimensions), their
     torch PipelineStages and the schedule; stage gradients averaged over ``dp_group`` where given."""
@@ -62,7 +59,6 @@ def build_pipeline(model: nn.Module, plan, mesh, hooks, wrap=None, dp_group=None
             f"{len(declared)} stage_units it declares; its plugin must implement snnfw_split_stages"
         )
     split = decide_split(model, plan, hooks, example, pp * pipeline.virtual_stages, units, _in_place_peers(plan, mesh, hooks))
-    LAST_SPLIT[:] = [split]
     indices = spec.stage_indices(pp_rank, pp, pipeline.virtual_stages)
     precision = functools.partial(autocast, plan.config.train, plan.device_type)
     every = [Stage(*(units[u] for u in split.unit_range(index)), precision=precision) for index in range(len(split.layout))]
@@ -88,6 +84,8 @@ def build_pipeline(model: nn.Module, plan, mesh, hooks, wrap=None, dp_group=None
     pipeline = PipelineModel(stages, schedule, loss, split, owners, device, group, dp_group, stopwatch, torch_stages,
                              plan.config)
     pipeline.model_names = model_names(pipeline, names)
+    if hooks.run is not None:  # for the run's step metrics and summary
+        hooks.run.kept["pp"] = {"split": split, "step_times": pipeline.step_times}
     return pipeline
 
 

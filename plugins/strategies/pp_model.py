@@ -49,16 +49,14 @@ class StepTimes:
         return out
 
 
-STEP_TIMES = StepTimes()
-
-
 class PipelineModel(nn.Module):
     """This rank's pipeline stages (made of the model's own submodules) and their schedule.
 
     ``parameters()`` are the local stages' parameters. ``owners[s]`` is the pp
     rank holding stage ``s``. With a ``dp_group``, gradients are averaged over
     the replicas of each stage after the schedule step. ``model_names`` maps
-    each of its state-dict keys to the model's own name for that tensor.
+    each of its state-dict keys to the model's own name for that tensor; ``step_times`` its figures since the
+    step metrics last took them.
     """
 
     def __init__(self, stages: dict[int, nn.Module], schedule, loss: ScoredLoss, split, owners: tuple[int, ...],
@@ -71,6 +69,7 @@ class PipelineModel(nn.Module):
         self.pp_group, self.dp_group, self.stopwatch = pp_group, dp_group, stopwatch
         self.holds_last = len(owners) - 1 in self.stage_indices
         self.model_names: dict[str, str] = {}
+        self.step_times = StepTimes()
 
     def train_step(self, batches: list[tuple[torch.Tensor, torch.Tensor]]) -> StepOutput:
         """One schedule step over the replica's batch (its microbatches joined); loss and samples on the
@@ -80,7 +79,7 @@ class PipelineModel(nn.Module):
         self.loss.correct = 0
         busy, start = self.stopwatch.total, time.perf_counter()
         self.schedule.step(frames, target=labels, losses=losses)
-        STEP_TIMES.add(self.stopwatch.total - busy, time.perf_counter() - start, sum(s.sent_bytes for s in self.torch_stages))
+        self.step_times.add(self.stopwatch.total - busy, time.perf_counter() - start, sum(s.sent_bytes for s in self.torch_stages))
         for stage in self.torch_stages:
             stage.sent_bytes = 0
         self._average_gradients_over_replicas()

@@ -81,8 +81,10 @@ def tp_estimate(request, tp: int, replicas: int = 1):
 
 def apply_tensor_parallel(model, plan, tp_mesh, hooks) -> None:
     """Shards every module of the family's tp_plan over ``tp_mesh`` (1-D), in place."""
+    from snnfw_plugins.strategies.tp_comm import COUNTER
     from snnfw_plugins.strategies.tp_styles import STYLES, Shard, unit
 
+    COUNTER.take()  # the process's counter (the autograd functions know only their group): from this run's start
     names = {id(m): name for name, m in model.named_modules()}
     shard = Shard(tp_mesh, tp_mesh.get_group(), tp_mesh.get_local_rank(), tp_mesh.size(), hooks, names,
                   plan.config.parallel.pack_spikes)

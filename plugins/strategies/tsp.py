@@ -78,14 +78,17 @@ def time_split_refusal(request, size: int, replicas: int | None = None) -> str |
     return time_mixing_layer(request.model) if request.model is not None else None
 
 
-def split_in_time(model, plan, mesh) -> None:
+def split_in_time(model, plan, mesh, hooks) -> None:
     """Splits ``model``'s time steps over the mesh's ``time`` dimension (``tsp_ops``), exchanging on process groups
-    of their own, apart from any collective of the strategy's gradient reduction."""
+    of their own, apart from any collective of the strategy's gradient reduction; the time of its exchanges is kept
+    for the run's step metrics."""
     from snnfw.api import rows_group
-    from snnfw_plugins.strategies.tsp_ops import EXCHANGES, TimeGroup, split_time
+    from snnfw_plugins.strategies.tsp_ops import TimeGroup, split_time
 
-    EXCHANGES.enabled = plan.config.log.phase_times
-    split_time(model, [submodule(model, name) for name in plan.analysis.neurons], TimeGroup(rows_group(mesh, ("time",))),
+    time_group = TimeGroup(rows_group(mesh, ("time",)), timed=plan.config.log.phase_times)
+    if hooks.run is not None:
+        hooks.run.kept[NAME] = time_group.exchanges
+    split_time(model, [submodule(model, name) for name in plan.analysis.neurons], time_group,
                plan.config.model.time_steps, slices(plan.config, plan.mesh))
 
 
@@ -115,7 +118,7 @@ class TimeSplit(Strategy):
                                          "batch slices",))
 
     def apply_dimension(self, model, plan, mesh, hooks, wrap=None):
-        split_in_time(model, plan, mesh)
+        split_in_time(model, plan, mesh, hooks)
         return model
 
     @hookimpl
@@ -124,7 +127,7 @@ class TimeSplit(Strategy):
 
         from snnfw_plugins.strategies.dp import wrap_ddp
 
-        split_in_time(model, plan, mesh)
+        split_in_time(model, plan, mesh, hooks)
         return wrap_ddp(model, plan, mesh, hooks, group=dist.new_group())  # every rank, on a group of its own
 
 
@@ -183,10 +186,8 @@ def snnfw_time_view(plan, mesh):
 
 
 @hookimpl
-def snnfw_step_metrics(plan):
+def snnfw_step_metrics(plan, hooks):
     """With log.phase_times, ``tsp_exchange_ms``: the time spent in the time group's exchanges."""
-    if "time" not in dict(plan.mesh) or not plan.config.log.phase_times:
+    if "time" not in dict(plan.mesh) or not plan.config.log.phase_times or hooks.run is None:
         return None
-    from snnfw_plugins.strategies.tsp_ops import EXCHANGES
-
-    return EXCHANGES.take()
+    return hooks.run.kept[NAME].take()

@@ -59,14 +59,12 @@ class Exchanges:
         return out
 
 
-EXCHANGES = Exchanges()
-
-
 class TimeGroup:
     """This rank's place among the ``size`` ranks that split the time steps of the same samples."""
 
-    def __init__(self, group):
-        self.group = group
+    def __init__(self, group, timed: bool = False):
+        self.group, self.exchanges = group, Exchanges()  # its exchanges' time, with log.phase_times
+        self.exchanges.enabled = timed
         self.rank, self.size = dist.get_rank(group), dist.get_world_size(group)
         ranks = dist.get_process_group_ranks(group)
         self.previous = ranks[self.rank - 1] if self.rank > 0 else None
@@ -90,7 +88,7 @@ class GatherTime(torch.autograd.Function):
     def forward(ctx, local: torch.Tensor, time: TimeGroup) -> torch.Tensor:
         ctx.time, ctx.length = time, local.shape[0]
         parts = [torch.empty_like(local) for _ in range(time.size)]
-        with EXCHANGES.timed():
+        with time.exchanges.timed():
             dist.all_gather(parts, local.contiguous(), group=time.group)
         return torch.cat(parts)
 
@@ -108,13 +106,13 @@ class ReceiveState(torch.autograd.Function):
     def forward(ctx, like: torch.Tensor, time: TimeGroup, tag: int) -> torch.Tensor:
         ctx.time, ctx.tag = time, tag
         state = torch.empty_like(like)
-        with EXCHANGES.timed():
+        with time.exchanges.timed():
             dist.recv(state, src=time.previous, group=time.group, tag=tag)
         return state
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
-        with EXCHANGES.timed():
+        with ctx.time.exchanges.timed():
             dist.send(grad.contiguous(), dst=ctx.time.previous, group=ctx.time.group, tag=ctx.tag)
         return None, None, None
 
@@ -126,7 +124,7 @@ class SendState(torch.autograd.Function):
     @staticmethod
     def forward(ctx, out: torch.Tensor, state: torch.Tensor, time: TimeGroup, tag: int) -> torch.Tensor:
         ctx.time, ctx.tag, ctx.like = time, tag, (state.shape, state.dtype, state.device)
-        with EXCHANGES.timed():
+        with time.exchanges.timed():
             dist.send(state.detach().contiguous(), dst=time.next, group=time.group, tag=tag)
         return out.view_as(out)
 
@@ -134,7 +132,7 @@ class SendState(torch.autograd.Function):
     def backward(ctx, grad_out: torch.Tensor):
         shape, dtype, device = ctx.like
         grad_state = torch.empty(shape, dtype=dtype, device=device)
-        with EXCHANGES.timed():
+        with ctx.time.exchanges.timed():
             dist.recv(grad_state, src=ctx.time.next, group=ctx.time.group, tag=ctx.tag)
         return grad_out, grad_state, None, None
 
@@ -175,11 +173,11 @@ class TimeBatchNorm(torch.autograd.Function):
         dims, shape = _reduced(x)
         count = x.numel() // x.shape[1] * time.size
         total = x.sum(dims)
-        with EXCHANGES.timed():
+        with time.exchanges.timed():
             dist.all_reduce(total, group=time.group)
         mean = total / count
         squares = ((x - mean.view(shape)) ** 2).sum(dims)
-        with EXCHANGES.timed():
+        with time.exchanges.timed():
             dist.all_reduce(squares, group=time.group)
         var = squares / count
         invstd = torch.rsqrt(var + eps)
@@ -198,7 +196,7 @@ class TimeBatchNorm(torch.autograd.Function):
         normalized = (x - mean.view(shape)) * invstd.view(shape)
         grad_bias, grad_weight = grad.sum(dims), (grad * normalized).sum(dims)
         sums = torch.cat([grad_bias, grad_weight])
-        with EXCHANGES.timed():
+        with ctx.time.exchanges.timed():
             dist.all_reduce(sums, group=ctx.time.group)
         mean_grad, mean_grad_normalized = (sums / ctx.count).chunk(2)
         scale = invstd if weight is None else invstd * weight

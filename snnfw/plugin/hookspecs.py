@@ -157,11 +157,11 @@ def snnfw_parallelize(
 
 
 @hookspec
-def snnfw_compile(model: torch.nn.Module, plan: Plan) -> None:
+def snnfw_compile(model: torch.nn.Module, plan: Plan, hooks: HookContext) -> None:
     """Apply ``torch.compile`` where ``plan`` asks for it, in place; the return value is ignored.
 
     Called by strategy plugins from :func:`snnfw_parallelize` (after tensor
-    parallel, before FSDP2 or DDP), by every implementation in turn.
+    parallel, before FSDP2 or DDP), by every implementation in turn. (0.2.0 added ``hooks``.)
     """
 
 
@@ -213,11 +213,12 @@ def snnfw_time_view(plan: Plan, mesh: DeviceMesh | None) -> tuple[int, int] | No
 
 
 @hookspec
-def snnfw_step_metrics(plan: Plan) -> dict[str, float] | None:
+def snnfw_step_metrics(plan: Plan, hooks: HookContext) -> dict[str, float] | None:
     """Return a dict of extra per-step metrics (numbers) since the last call, or None.
 
     Called on every rank after each optimizer step; the values are summed
-    over ranks, divided by the world size, and added to ``metrics.jsonl``.
+    over ranks, divided by the world size, and added to ``metrics.jsonl``. Counters a plugin keeps for the run
+    live in ``hooks.run.kept`` (0.2.0 added ``hooks``).
     """
 
 
@@ -238,11 +239,11 @@ def snnfw_rank_done(rank: int) -> None:
 
 
 @hookspec
-def snnfw_summary(plan: Plan) -> dict[str, float] | None:
+def snnfw_summary(plan: Plan, hooks: HookContext) -> dict[str, float] | None:
     """Return a dict of extra numbers for ``summary.json`` (seconds spent optimising, ...) or None.
 
     Called on every rank after training, which must return the same keys on
-    every rank; the summary holds each value's maximum over ranks.
+    every rank; the summary holds each value's maximum over ranks. (0.2.0 added ``hooks``.)
     """
 
 

@@ -346,7 +346,7 @@ class Plugins:
         return any(self.hook.snnfw_transform_runs_model(config=config))
 
     def compile(self, model, plan) -> None:
-        self.hook.snnfw_compile(model=model, plan=plan)
+        self.hook.snnfw_compile(model=model, plan=plan, hooks=self.context)
 
     def parallelize(self, model, plan, mesh):
         result = self.hook.snnfw_parallelize(model=model, plan=plan, mesh=mesh, hooks=self.context)
@@ -368,7 +368,7 @@ class Plugins:
 
     def step_metrics(self, plan) -> dict[str, float]:
         merged: dict[str, float] = {}
-        for part in self.hook.snnfw_step_metrics(plan=plan):
+        for part in self.hook.snnfw_step_metrics(plan=plan, hooks=self.context):
             merged.update(part)
         return merged
 
@@ -383,7 +383,7 @@ class Plugins:
 
     def summary(self, plan) -> dict[str, float]:
         merged: dict[str, float] = {}
-        for part in self.hook.snnfw_summary(plan=plan):
+        for part in self.hook.snnfw_summary(plan=plan, hooks=self.context):
             merged.update(part)
         return merged
 
