@@ -79,13 +79,17 @@ def snapshot() -> dict:
             "hooks": hooks}
 
 
-def test_the_public_api_is_the_released_one():
-    recorded = json.loads(SNAPSHOT.read_text())
-    now = snapshot()
+def changes(now: dict, recorded: dict) -> list[str]:
+    """The public names and hooks whose record differs between two snapshots."""
     changed = sorted(set(now["names"]) ^ set(recorded["names"])) + sorted(
         name for name in set(now["names"]) & set(recorded["names"]) if now["names"][name] != recorded["names"][name])
-    changed += [f"hook {name}" for name in sorted(set(now["hooks"]) | set(recorded["hooks"]))
-                if now["hooks"].get(name) != recorded["hooks"].get(name)]
+    return changed + [f"hook {name}" for name in sorted(set(now["hooks"]) | set(recorded["hooks"]))
+                      if now["hooks"].get(name) != recorded["hooks"].get(name)]
+
+
+def test_the_public_api_is_the_released_one():
+    recorded = json.loads(SNAPSHOT.read_text())
+    changed = changes(snapshot(), recorded)
     assert not changed, f"the public API changed ({', '.join(changed)}): {HOW}"
     assert recorded["version"] == snnfw.__version__, \
         f"api_snapshot.json records version {recorded['version']}, and snnfw is {snnfw.__version__}: {HOW}"
@@ -106,3 +110,15 @@ def test_every_public_name_is_importable_and_documented():
 if __name__ == "__main__":  # writes the snapshot: python tests/unit/test_api_snapshot.py
     SNAPSHOT.write_text(json.dumps(snapshot(), indent=1, sort_keys=True) + "\n")
     print(f"wrote {SNAPSHOT} for snnfw {snnfw.__version__}", file=sys.stderr)
+
+
+def test_a_planted_signature_change_is_caught(monkeypatch):
+    def estimate(cost, renamed_argument):  # planted: the public estimate with another signature
+        return None
+
+    def snnfw_summary(plan):  # planted: a hook specification that lost an argument
+        """Planted."""
+
+    monkeypatch.setattr(api, "estimate", estimate)
+    monkeypatch.setattr(hookspecs, "snnfw_summary", snnfw_summary)
+    assert changes(snapshot(), json.loads(SNAPSHOT.read_text())) == ["estimate", "hook snnfw_summary"]
