@@ -91,7 +91,7 @@ class PlanRequest:
     analysis: Analysis
     model: Any = None  # the built, unparallelized model, for shape checks
     cost: Any = None  # snnfw.plan.estimate.ModelCost, measured when the strategy is "auto"
-    plugins: Any = None  # the Plugins facade, for registries (schedules, ...)
+    plugins: Any = None  # a snnfw.plugin.context.HookContext: the registries (strategies, schedules, ...)
 
     @property
     def strategy(self) -> str:
@@ -210,7 +210,7 @@ def make_plan(config: Config, topology: Topology, analysis: Analysis, plugins, m
     if config.parallel.prefer:
         config, changed = with_settings(config, plugins.preference_defaults(config))
         chosen += tuple(f"prefer {config.parallel.prefer}: {change}" for change in changed)
-    request = PlanRequest(config=config, topology=topology, analysis=analysis, model=model, plugins=plugins)
+    request = PlanRequest(config=config, topology=topology, analysis=analysis, model=model, plugins=plugins.context)
     answers = [p for p in plugins.propose(request) if p.strategy == request.strategy]
     refusals = [p.refusal for p in answers if p.refusal]
     if refusals:

@@ -210,7 +210,8 @@ def prepare(config: Config, world_size: int, plugins: Plugins, local_ranks: int 
     if config.parallel.strategy == AUTO:
         def decide() -> Decision:
             cost = measure(built, source.spec, plugins, config.train)
-            request = PlanRequest(config=config, topology=topology, analysis=analysis, model=built, plugins=plugins, cost=cost)
+            request = PlanRequest(config=config, topology=topology, analysis=analysis, model=built,
+                                  plugins=plugins.context, cost=cost)
             return choose(request, plugins)
 
         decision = agree(decide, topology.device_type)
@@ -256,7 +257,7 @@ def costed_candidates(config: Config, world_size: int, plugins: Plugins, device_
                             device_memory=device_memory)
     cost = measure(model, source.spec, plugins, config.train, threads)
     request = PlanRequest(config=config, topology=topology, analysis=_analyze(model, config, source, plugins),
-                          model=model, plugins=plugins, cost=cost)
+                          model=model, plugins=plugins.context, cost=cost)
     return (*ranked_candidates(request, plugins), cost)
 
 

@@ -26,6 +26,9 @@ class HookContext(Protocol):
         """The trainer's state (phases, loss scale, what plugins keep for the run); None outside a trainer."""
 
     @property
+    def strategies(self) -> Registry: ...
+
+    @property
     def families(self) -> Registry: ...
 
     @property

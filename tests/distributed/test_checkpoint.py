@@ -15,6 +15,7 @@ from snnfw.config import CheckpointConfig
 from snnfw.errors import CheckpointError
 from snnfw.run.loop import run_training
 from snnfw.testing import run_on_ranks, tiny_config
+from snnfw.testing.checks import assert_close
 
 TOL = 1e-5
 
@@ -143,9 +144,10 @@ def test_loading_runs_no_code_from_the_checkpoint(tmp_path):
     assert not marker.exists()
 
 
-def test_dp_two_ranks_resumed_equals_uninterrupted(tmp_path, reference):
+def test_dp_two_ranks_resumed_equals_uninterrupted(tmp_path, reference64):
     """Saved with ZeRO's sharded optimizer (gathered into one whole state), resumed with a plain one."""
-    assert_resumed_across(tmp_path, (config("dp", steps=3, parallel={"zero": True}), 2), (config("dp"), 2), reference)
+    assert_resumed_across(tmp_path, (config("dp", steps=3, parallel={"zero": True}, train=FLOAT64), 2),
+                          (config("dp", train=FLOAT64), 2), reference64)
 
 
 def test_fsdp2_checkpoint_resumes_under_tp_and_under_none(tmp_path):
@@ -289,39 +291,51 @@ def test_fsdp2_saves_and_exports_hold_a_shard_not_the_whole_state(tmp_path):
             assert peaks["export"] <= 1.1 * peaks["largest_piece"], (rank, peaks)
 
 
+FLOAT64 = {"dtype": "float64"}  # where rounding cannot hide a wrong resume: every step within 1e-9 relative
+
+
 def mesh(sizes: dict, **kwargs):
-    return config("mesh", parallel={"mesh": sizes}, **kwargs)
+    return config("mesh", parallel={"mesh": sizes}, train=FLOAT64, **kwargs)
+
+
+@pytest.fixture(scope="module")
+def reference64():
+    """:func:`reference` in float64."""
+    return run_training(config(microbatches=2, every=0, train=FLOAT64))["losses"]
 
 
 def assert_resumed_across(tmp_path, saved: tuple, resumed: tuple, want: list[float]) -> None:
     """``saved`` = (config, ranks) trains 3 steps and checkpoints; ``resumed`` = (config, ranks) goes on from there:
-    the uninterrupted run's losses ``want``."""
+    the uninterrupted run's float64 losses ``want``, each within 1e-9 relative."""
     first = run_on_ranks(*saved, tmp_path, timeout_s=600)
     then = run_on_ranks(*resumed, tmp_path, resume=True)
-    for summary in first:
-        assert_losses(want[:3], summary["losses"])
-    for summary in then:
-        assert summary["resumed_from"] == 3
-        assert_losses(want, summary["losses"])
+    for rank, summary in enumerate(first):
+        assert len(summary["losses"]) == 3
+        for step, (have, expected) in enumerate(zip(summary["losses"], want[:3]), start=1):
+            assert_close(f"rank {rank} step {step} loss before the checkpoint", have, expected)
+    for rank, summary in enumerate(then):
+        assert summary["resumed_from"] == 3 and len(summary["losses"]) == len(want)
+        for step, (have, expected) in enumerate(zip(summary["losses"], want), start=1):
+            assert_close(f"rank {rank} step {step} loss on the other mesh", have, expected)
 
 
-def test_a_composed_checkpoint_resumes_on_another_composed_mesh(tmp_path, reference):
+def test_a_composed_checkpoint_resumes_on_another_composed_mesh(tmp_path, reference64):
     """dp_shard x tp (FSDP2 shards of tp slices) saved, resumed on dp_replicate x time (whole replicas, time split):
     the uninterrupted run's losses."""
     assert_resumed_across(tmp_path, (mesh({"dp_shard": 2, "tp": 2}, steps=3), 4),
-                          (mesh({"dp_replicate": 2, "time": 2}), 4), reference)
+                          (mesh({"dp_replicate": 2, "time": 2}), 4), reference64)
 
 
 def test_a_pipelined_mesh_checkpoint_resumes_on_a_sharded_one(tmp_path):
     """pp x dp_replicate (stage state under the model's names) saved, resumed on dp_shard x tp with as many
     microbatches: none's losses with 4."""
-    want = run_training(config(microbatches=4, every=0))["losses"]
+    want = run_training(config(microbatches=4, every=0, train=FLOAT64))["losses"]
     assert_resumed_across(tmp_path, (mesh({"pp": 2, "dp_replicate": 2}, steps=3, microbatches=2), 4),
                           (mesh({"dp_shard": 2, "tp": 2}, microbatches=2), 4), want)
 
 
 @pytest.mark.full_matrix
-def test_a_three_dimensional_checkpoint_resumes_on_two_dimensions(tmp_path, reference):
+def test_a_three_dimensional_checkpoint_resumes_on_two_dimensions(tmp_path, reference64):
     """dp_shard x time x tp on 8 ranks saved, resumed on dp_shard x tp."""
     assert_resumed_across(tmp_path, (mesh({"dp_shard": 2, "time": 2, "tp": 2}, steps=3), 8),
-                          (mesh({"dp_shard": 2, "tp": 2}), 4), reference)
+                          (mesh({"dp_shard": 2, "tp": 2}), 4), reference64)

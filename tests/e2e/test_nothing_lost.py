@@ -270,7 +270,7 @@ def assert_whole_or_absent(run: Path) -> None:
     from torch.distributed.checkpoint import FileSystemReader
 
     for path in sorted(run.rglob("*")):
-        if rundir.TEMP in str(path.relative_to(run)) or path.is_dir() or rundir.RANKS in path.parts:
+        if rundir.TEMP_PREFIX in str(path.relative_to(run)) or path.is_dir() or rundir.RANKS in path.parts:
             continue
         if path.name == rundir.METRICS:
             lines = path.read_text().splitlines()
@@ -314,7 +314,7 @@ def test_the_ranks_of_a_killed_launcher_end_with_it(tmp_path):
 
 def rundir_checkpoints(run: Path) -> list[Path]:
     folder = run / rundir.CHECKPOINTS
-    return [p for p in folder.iterdir() if not p.name.startswith(rundir.TEMP)] if folder.is_dir() else []
+    return [p for p in folder.iterdir() if not p.name.startswith(rundir.TEMP_PREFIX)] if folder.is_dir() else []
 
 
 def test_a_run_killed_at_random_moments_resumes_to_the_uninterrupted_final_model(tmp_path):

@@ -38,7 +38,7 @@ def test_a_hook_sees_only_what_its_context_offers():
     assert {"run", "strategy", "compile", "reset_state", "shard_neuron", "schedules"} <= set(offered)
     assert context.strategy("dp") is plugins.strategy("dp") and context.optimizers is plugins.optimizers
     for internal in ("pm", "hook", "registries", "parallelize", "for_run"):
-        with pytest.raises(AttributeError, match=rf"a hook's context has no '{internal}'; it offers run, families"):
+        with pytest.raises(AttributeError, match=rf"a hook's context has no '{internal}'; it offers run, strategies, families"):
             getattr(context, internal)
     with pytest.raises(AttributeError, match="read-only; keep what a plugin needs for the run in hooks.run.kept"):
         context.run = None
