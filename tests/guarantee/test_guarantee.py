@@ -12,7 +12,8 @@ model.
 The default run covers fsdp2, tp and pp 1f1b on the VGG, tp on the two other families and on a
 model of the user's own given by import path (its plan inferred);
 ``pytest -m full_matrix`` runs the rest (dp, zero, HSDP, fsdp2_tp, pp x dp,
-every schedule, every family, and on the VGG the composed meshes pp x dp_shard, pp x tp and pp x time).
+every schedule, every family, and on every family the composed meshes: every pairing of the five mesh dimensions at
+size 2 on 4 ranks, and three three-dimensional layouts on 8 ranks).
 """
 
 import pytest
