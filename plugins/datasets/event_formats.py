@@ -277,6 +277,25 @@ def _gesture_files(root: Path, split: str) -> list[Path]:
 
 
 # SHD and SSC: one HDF5 file per split, spike times in seconds and channel numbers per sample.
+def _check_vlen_length(opened, name: str, index: int, path: Path) -> None:
+    """Refuses sample ``index`` of variable-length dataset ``name`` if its stored length claims more values than the
+    file holds: HDF5 would allocate them all first (a flipped high byte claims gigabytes, and takes half a minute to
+    refuse). Read from the sample's descriptor (length, heap address, heap index) where the data is contiguous."""
+    import h5py
+
+    dataset = opened[name]
+    offset, base = dataset.id.get_offset(), h5py.check_vlen_dtype(dataset.dtype)
+    if offset is None or base is None or not 0 <= index < len(dataset):
+        return
+    address_bytes = opened.id.get_create_plist().get_sizes()[0]
+    with open(path, "rb") as raw:
+        raw.seek(offset + index * (4 + address_bytes + 4))
+        length = int.from_bytes(raw.read(4), "little")
+    if length * base.itemsize > path.stat().st_size:
+        raise ValueError(f"its sample {index} of {name} claims {length} values, more than the file's "
+                         f"{path.stat().st_size} bytes hold")
+
+
 def _heidelberg(prefix: str) -> RawSet:
     def file(root: Path, split: str) -> Path:
         return root / f"{prefix}_{split}.h5"
@@ -301,6 +320,8 @@ def _heidelberg(prefix: str) -> RawSet:
 
         split, index = key
         with h5py.File(file(root, split), "r") as opened:
+            for name in ("spikes/times", "spikes/units"):
+                _check_vlen_length(opened, name, index, file(root, split))
             times, units = opened["spikes/times"][index], opened["spikes/units"][index]
         if len(times) != len(units) or not np.isfinite(times).all() or (times < 0).any():
             raise ValueError(f"its sample {index} has {len(times)} spike times and {len(units)} channels, which are "

@@ -125,3 +125,19 @@ def test_damaged_raw_files_are_refused_in_one_line_or_read_as_their_bytes_say(tm
         print(f"\n{name}: {TRIES} tries, {dict(sorted(counts.items()))}, the slowest {slowest:.2f} s")
     assert not silent, silent
     assert counts["refused"] >= TRIES // 4
+
+
+def test_a_sample_whose_stored_length_claims_more_than_the_file_is_refused_before_hdf5_allocates_it(tmp_path):
+    """A flipped high byte of a spike train's length claims billions of values; HDF5 would allocate them first."""
+    import h5py
+
+    write_shd(tmp_path, per_class=2, classes=2, events=20)
+    path = tmp_path / "shd_train.h5"
+    with h5py.File(path, "r") as opened:
+        descriptor = opened["spikes/times"].id.get_offset() + 16  # sample 1's (length, heap address, heap index)
+    data = bytearray(path.read_bytes())
+    data[descriptor + 3] = 0x88
+    path.write_bytes(bytes(data))
+    with pytest.raises(DataError, match=r"its sample 1 of spikes/times claims 2281701396 values, more than the "
+                                        r"file's \d+ bytes hold"):
+        read_split("shd", tmp_path)
