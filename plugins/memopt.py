@@ -49,7 +49,7 @@ NAME = "memopt"  # what it keeps for a run: hooks.run.kept[NAME], the figures of
 
 
 def _figures(hooks) -> dict[str, float]:
-    """The run's figures for the summary (a dry run's are dropped)."""
+    """The run's figures for the summary (dropped outside a trainer, where there is no run)."""
     return hooks.run.kept.setdefault(NAME, {}) if hooks.run is not None else {}
 
 

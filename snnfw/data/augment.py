@@ -44,7 +44,6 @@ import torch
 from snnfw.config import EVENT_AUGMENTS, IMAGE_AUGMENTS, MIX_AUGMENTS
 from snnfw.data.images import DirectEncoded, centred, resized_crop
 from snnfw.data.randaugment import rand_augment
-from snnfw.plugin.context import EventAugmented
 
 OPTIONS = {"roll_pixels": ("roll",), "crop_padding": ("crop",), "drop_event_p": ("drop_event",),
            "time_jitter_us": ("time_jitter",), "spatial_jitter_px": ("spatial_jitter",),
@@ -134,7 +133,7 @@ class Augmented:
         self.events = tuple(name for name in names if name in EVENT_AUGMENTS)
         self.frames = tuple(name for name in names if name not in (*EVENT_AUGMENTS, *MIX_AUGMENTS, "resized_crop"))
         self.crop, self.mix = "resized_crop" in names, tuple(name for name in names if name in MIX_AUGMENTS)
-        if self.events and not isinstance(dataset, EventAugmented):
+        if self.events and not hasattr(dataset, "with_events"):  # EventAugmented; a wrapper may forward it
             raise DataError(f"data.augment's {', '.join(map(repr, self.events))} transform raw events before they "
                             "become frames, and this data set gives frames; remove them, or train on raw recordings")
         if (image_only := [name for name in names if name in IMAGE_AUGMENTS]) and not isinstance(dataset, DirectEncoded):

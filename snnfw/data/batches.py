@@ -15,7 +15,6 @@ import attrs
 
 from snnfw.config import IMAGE_AUGMENTS, Config, DataConfig
 from snnfw.errors import ConfigError, keys_phrase, users_code
-from snnfw.plugin.context import TimeSliced
 
 if TYPE_CHECKING:
     import torch
@@ -202,7 +201,7 @@ class TimeView:
         return len(self.dataset)
 
     def __getitem__(self, index: int):
-        if isinstance(self.dataset, TimeSliced):
+        if hasattr(self.dataset, "time_slice"):  # TimeSliced; a wrapper may forward it
             return self.dataset.time_slice(index, self.start, self.stop)
         frames, label = self.dataset[index]
         return frames[self.start:self.stop], label

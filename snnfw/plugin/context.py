@@ -32,6 +32,9 @@ class HookContext(Protocol):
     def families(self) -> Registry: ...
 
     @property
+    def datasets(self) -> Registry: ...
+
+    @property
     def schedules(self) -> Registry: ...
 
     @property
@@ -93,20 +96,23 @@ class ShardedNeuron(Protocol):
 @runtime_checkable
 class SlicedParameters(Protocol):
     """A module whose parameters a tensor-parallel style sliced: ``snnfw_slices`` maps a parameter's name to its
-    slice (the gradient norm and the synaptic operations count each piece once)."""
+    slice (the gradient norm and the synaptic operations count each piece once; they read it from the module's
+    ``__dict__``, which is faster than an ``isinstance`` check on every module of every step)."""
 
     snnfw_slices: dict
 
 
 @runtime_checkable
 class TimeSliced(Protocol):
-    """A data set that reads only time steps ``[start, stop)`` of a sample (time parallelism's ranks)."""
+    """A data set that reads only time steps ``[start, stop)`` of a sample (time parallelism's ranks). The core
+    checks for the method with ``hasattr``, so a wrapper that forwards it through ``__getattr__`` qualifies."""
 
     def time_slice(self, index: int, start: int, stop: int) -> tuple[torch.Tensor, int]: ...
 
 
 @runtime_checkable
 class EventAugmented(Protocol):
-    """A data set of raw recordings that applies event transforms (``data.augment``) before integrating frames."""
+    """A data set of raw recordings that applies event transforms (``data.augment``) before integrating frames;
+    checked with ``hasattr``, as :class:`TimeSliced`."""
 
     def with_events(self, index: int, names: tuple[str, ...], options: dict, seed: int) -> tuple[torch.Tensor, int]: ...

@@ -174,10 +174,19 @@ def _died(procs, reported) -> dict[int, str]:
 def _stacks_of_the_stuck(procs, stacks: Path) -> str:
     """Where each rank still running stands: every thread's Python stack, written by the rank on SIGUSR1."""
     stuck = [(r, p) for r, p in enumerate(procs) if p.is_alive()]
-    for _, p in stuck:
-        os.kill(p.pid, signal.SIGUSR1)
+    started = [(r, p) for r, p in stuck if (stacks / f"rank{r}.txt").exists()]  # else SIGUSR1 would end it
+    for _, p in started:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(p.pid, signal.SIGUSR1)
     time.sleep(1.0)
-    return "".join(f"\n--- rank {r}, still running ---\n{(stacks / f'rank{r}.txt').read_text()}" for r, _ in stuck)
+
+    def where(rank: int) -> str:
+        try:
+            return (stacks / f"rank{rank}.txt").read_text() or "(no stack written)\n"
+        except OSError:
+            return "(not started: it never reached the training code)\n"
+
+    return "".join(f"\n--- rank {r}, still running ---\n{where(r)}" for r, _ in stuck)
 
 
 class RankFailure(RuntimeError):
