@@ -97,9 +97,7 @@ def measure(model: nn.Module, example: torch.Tensor, plan, hooks) -> dict[str, f
     :data:`TRIALS` alternating trials, summed over ranks. Leaves the model as it found it."""
     import torch
 
-    from snnfw.api import finish_queued_work
-    from snnfw.api import autocast
-    from snnfw.api import all_reduce
+    from snnfw.api import all_reduce, autocast, finish_queued_work
 
     device = example.device
     times: dict[str, list[float]] = {layout: [] for layout in LAYOUTS}

@@ -79,8 +79,7 @@ class Pipeline(Strategy):
         return _stages(request, pipeline.schedule, pipeline.virtual_stages, dict(layout.mesh)["pp"], replicas(layout))
 
     def apply_dimension(self, model, plan, mesh, hooks, wrap=None):
-        from snnfw.api import rows_group
-        from snnfw.api import stage_averaged_dims
+        from snnfw.api import rows_group, stage_averaged_dims
         from snnfw_plugins.strategies.pp_build import build_pipeline
 
         averaged = stage_averaged_dims(plan, hooks)
@@ -316,8 +315,7 @@ def snnfw_split_stages(model, plan):
     Any other ``nn.Sequential`` model: one unit per child."""
     from torch import nn
 
-    from snnfw.api import submodule
-    from snnfw.api import TimeMajor
+    from snnfw.api import TimeMajor, submodule
 
     analysis = plan.analysis
     if not analysis.own:

@@ -269,8 +269,7 @@ def build_datasets(config: Config, spec: datalib.InputSpec, plugins: Plugins) ->
             datalib.check_samples(dataset, spec, split)
             datalib.check_labels(dataset, spec.num_classes, split)
     else:
-        dataset = plugins.datasets.get(config.data.name)
-        splits = tuple(dataset.build(config.data, spec, split, config.train.seed) for split in ("train", "test"))
+        splits = _registered_splits(config.data, spec, config.train.seed, plugins)
     check_one_batch(len(splits[0]), config.data.batch_size)
     return splits
 
@@ -282,9 +281,13 @@ def registered_datasets(name: str, spec: datalib.InputSpec, seed: int = 0, plugi
     ``seed``: data for a training loop of your own."""
     from snnfw.config import DataConfig
 
-    config = DataConfig(name=name, **data)
-    dataset = (plugins or Plugins()).datasets.get(name)
-    return tuple(dataset.build(config, spec, split, seed) for split in ("train", "test"))
+    return _registered_splits(DataConfig(name=name, **data), spec, seed, plugins or Plugins())
+
+
+def _registered_splits(data, spec: datalib.InputSpec, seed: int, plugins: Plugins) -> tuple:
+    """The train and test splits of the registered data set ``data.name`` under the ``[data]`` section ``data``."""
+    dataset = plugins.datasets.get(data.name)
+    return tuple(dataset.build(data, spec, split, seed) for split in ("train", "test"))
 
 
 def check_one_batch(train_samples: int, batch: int) -> None:
