@@ -1,29 +1,27 @@
 """Only the shard is built: under a strategy that shards parameters, a rank materializes only what it holds.
 
-Rank 0 builds the model on the CPU as every rank did before (the run's seed, the same random stream: the
-initial weights of strategy ``none``, bit for bit); the other ranks build it on the meta device, which holds
-no memory (:func:`builds_shards`, asked in ``prepare``). In the trainer every rank then:
+Every rank builds the model on the meta device, which holds no memory, and records the build
+(:mod:`snnfw.model.recipe`; :func:`builds_shards`, asked in ``prepare``). In the trainer every rank then:
 
-1. sets its model aside (:func:`set_aside`): rank 0 keeps its tensors by name, and the module itself moves to
-   the meta device on every rank, so that the transforms and the strategy apply to a model without storage;
+1. sets its model aside (:func:`set_aside`): the module's tensors by name, the module itself on the meta device,
+   so that the transforms and the strategy apply to a model without storage;
 2. parallelizes it (FSDP2's ``fully_shard`` and the tp styles take meta modules);
-3. materializes it (:func:`materialize`): empty storage on its device for what it holds (``to_empty``), then
-   one tensor at a time rank 0 broadcasts the whole tensor and each rank copies out its pieces, those the
-   strategy's state dict names (the pieces its checkpoints write); rank 0 lets go of each whole tensor once
-   it is sent. Every tensor crosses in one buffer the size of the largest, so no whole tensor outlives its
-   turn (a backend's worker thread may keep a reference to a sent tensor a while after the collective ends).
+3. materializes it (:func:`materialize`): empty storage on its device for what it holds (``to_empty``), then one
+   tensor at a time the whole tensor's initial value and a copy of this rank's pieces of it, those the
+   strategy's state dict names (the pieces its checkpoints write). A value comes from the recorded build,
+   replayed by each rank alone (:class:`Replayed`: the initial weights of strategy ``none``, bit for bit, and the
+   random state the CPU build leaves), or from weights every rank was given.
 
-A rank other than 0 thus holds its shard plus one whole tensor before the first step; rank 0 also holds the
-whole model in CPU memory until it is sent. Broadcasting rather than building the shards locally keeps the
-weights exactly those of one build whatever the initialisation (a family's sampling until values fit, a
-user's builder), which no rank could reproduce for its slice alone.
+A rank thus holds its shard plus one whole tensor before the first step. Where a replay could differ from the
+build (an initialiser that samples from its own generator, or a build that reads values: ``record`` refuses
+it), rank 0 builds the model on the CPU and broadcasts each tensor in turn (:class:`FromRank0`); rank 0 then
+holds the whole model until it is sent.
 
 Every rank builds the whole model, as before, where this does not apply: strategies that keep whole models
 (``none``, ``dp``, ``zero``, ``pp``, whose ranks then free other stages' units, ``tsp``, ``fsdp2_tsp``),
 ``auto`` (chosen only after the model is built), a module instance handed to the Python API (ranks take
-rank 0's state by broadcast), a transform that runs the model before it is parallelized
-(``snnfw_transform_runs_model``: memopt, a timed memory format), and a model whose build or analysis needs
-values (a meta tensor has none), which that rank builds for real instead, its values then overwritten.
+rank 0's state by broadcast), and a transform that runs the model before it is parallelized
+(``snnfw_transform_runs_model``: memopt, a timed memory format).
 """
 
 from __future__ import annotations
@@ -34,6 +32,7 @@ import torch
 import torch.distributed as dist
 
 from snnfw.distributed.chunks import is_held_tensor, pieces, value_dtype, whole_shape
+from snnfw.model.recipe import Recipe
 
 
 def builds_shards(config, plugins, world_size: int, given_instance: bool) -> bool:
@@ -44,44 +43,79 @@ def builds_shards(config, plugins, world_size: int, given_instance: bool) -> boo
 
 
 def set_aside(model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """Every parameter and buffer of ``model`` by name, whole on rank 0 (on the meta device elsewhere); ``model``
-    itself moved to the meta device in place, to be parallelized without storage."""
+    """Every parameter and buffer of ``model`` by name, whole on rank 0 (on the meta device elsewhere, where a
+    rank built it on the meta device anyway or its values will be overwritten); ``model`` itself moved to the
+    meta device in place, to be parallelized without storage."""
     named = {**dict(model.named_parameters(remove_duplicate=False)), **dict(model.named_buffers(remove_duplicate=False))}
     whole = {name: tensor.detach() for name, tensor in named.items()}
     model.to_empty(device="meta")
     return whole if dist.get_rank() == 0 else {name: tensor.to("meta") for name, tensor in whole.items()}
 
 
-@torch.no_grad()
-def materialize(model: torch.nn.Module, device: torch.device, whole: dict[str, torch.Tensor],
-                held_state: Callable[[], dict]) -> None:
-    """Gives the parallelized meta ``model`` storage on ``device`` and rank 0's values (a collective).
+class Replayed:
+    """Each tensor's initial value computed by this rank alone: ``weights`` where given (every rank holds them),
+    else the recorded build's replay (in the dtype it was built in: the pieces' copies cast it)."""
 
-    ``whole`` is what :func:`set_aside` returned; ``held_state()`` maps the model's own names to what this rank
+    def __init__(self, recipe: Recipe, weights: dict[str, torch.Tensor] | None):
+        self.recipe, self.weights = recipe, weights
+
+    def start(self, sizes: dict, device: torch.device) -> None:
+        pass  # the recording left the generator where the CPU build leaves it
+
+    def value(self, name: str, shape: torch.Size, dtype: torch.dtype) -> torch.Tensor:
+        given = self.weights is not None and name in self.weights  # not a buffer the state dict leaves out
+        return (self.weights[name] if given else self.recipe.value(name)).reshape(shape)
+
+
+class FromRank0:
+    """Each tensor's initial value as rank 0 built it (a collective): ``whole`` is what :func:`set_aside` returned
+    (meta tensors on other ranks), emptied as its tensors are sent. Every tensor crosses in one buffer the size
+    of the largest, so no whole tensor outlives its turn (a backend's worker thread may keep a reference to a
+    sent tensor a while after the collective ends)."""
+
+    def __init__(self, whole: dict[str, torch.Tensor]):
+        self.whole = whole
+
+    def start(self, sizes: dict, device: torch.device) -> None:
+        rng = torch.get_rng_state()  # rank 0's, which its build advanced: every rank's stream as if it had built too
+        dist.broadcast(rng, src=0)
+        torch.set_rng_state(rng)
+        self.buffer = torch.empty(max((_nbytes(*size) for size in sizes.values()), default=0), dtype=torch.uint8,
+                                  device=device)
+
+    def value(self, name: str, shape: torch.Size, dtype: torch.dtype) -> torch.Tensor:
+        tensor = self.buffer[:_nbytes(shape, dtype)].view(dtype).view(shape)
+        source = self.whole.pop(name)
+        if dist.get_rank() == 0:
+            tensor.copy_(source.reshape(shape))  # a 0-dim parameter FSDP2 made a vector
+        del source
+        dist.broadcast(tensor, src=0)
+        return tensor
+
+
+@torch.no_grad()
+def materialize(model: torch.nn.Module, device: torch.device, names: dict[str, torch.Tensor],
+                held_state: Callable[[], dict], values: Replayed | FromRank0) -> None:
+    """Gives the parallelized meta ``model`` storage on ``device`` and its initial ``values`` (rank 0's: a
+    collective).
+
+    ``names`` is what :func:`set_aside` returned; ``held_state()`` maps the model's own names to what this rank
     holds of each tensor (whole tensors, DTensors, :class:`~snnfw.distributed.chunks.Chunked` pieces): the
     strategy's state dict, whose pieces are views of the model's storage. Buffers outside it (non-persistent
-    ones) are held whole. ``whole`` is emptied as its tensors are sent.
+    ones) are held whole.
     """
     model.to_empty(device=device)
     held = dict(held_state())
     held.update({name: buffer for name, buffer in model.named_buffers() if name not in held})
     held = {name: value for name, value in held.items() if is_held_tensor(value)}
-    _check_names(held, whole)
-    rng = torch.get_rng_state()  # rank 0's, which its build advanced: every rank's stream as if it had built too
-    dist.broadcast(rng, src=0)
-    torch.set_rng_state(rng)
+    _check_names(held, names)
     sizes = {name: (whole_shape(value), value_dtype(value)) for name, value in held.items()}
-    buffer = torch.empty(max((_nbytes(*size) for size in sizes.values()), default=0), dtype=torch.uint8, device=device)
+    values.start(sizes, device)
     for name in sorted(held):
-        (shape, dtype), source = sizes[name], whole.pop(name)
-        tensor = buffer[:_nbytes(shape, dtype)].view(dtype).view(shape)
-        if dist.get_rank() == 0:
-            tensor.copy_(source.reshape(shape))  # a 0-dim parameter FSDP2 made a vector
-        del source
-        dist.broadcast(tensor, src=0)
+        tensor = values.value(name, *sizes[name])
         for at, piece in pieces(held[name]):
             piece.copy_(tensor[tuple(slice(start, start + length) for start, length in zip(at, piece.shape))])
-    whole.clear()
+        del tensor
 
 
 def _nbytes(shape: torch.Size, dtype: torch.dtype) -> int:

@@ -24,6 +24,7 @@ from snnfw.data.augment import check_augment
 from snnfw.distributed import cpu_allocator
 from snnfw.distributed.materialize import builds_shards
 from snnfw.errors import ConfigError, users_code
+from snnfw.model import recipe
 from snnfw.model import source as models
 from snnfw.model.analysis import Analysis, analyze
 from snnfw.model.probe import check_model
@@ -49,9 +50,11 @@ def _built(config: Config, source: models.Source) -> torch.nn.Module:
     return model
 
 
-def _build(config: Config, source: models.Source) -> tuple[Config, torch.nn.Module, tuple[str, ...]]:
-    """The config (with the input layout a model of the user's own takes), the model, and the plan's lines on it."""
-    model, notes = _built(config, source), ()
+def _build(config: Config, source: models.Source, built: torch.nn.Module | None = None,
+           ) -> tuple[Config, torch.nn.Module, tuple[str, ...]]:
+    """The config (with the input layout a model of the user's own takes), the model (``built`` if given), and the
+    plan's lines on it."""
+    model, notes = built if built is not None else _built(config, source), ()
     if source.own:
         explicit = "model.input_layout" in config.explicit
         layout, notes = check_model(model, source.name, source.spec, config.model.input_layout, explicit)
@@ -65,10 +68,31 @@ def _analyze(model, config: Config, source, plugins: Plugins) -> Analysis:
     return analyze(model, source.name, plugins, models.own_part(model, config) if source.own else None)
 
 
-def _built_and_analyzed(config: Config, source: models.Source, plugins: Plugins):
+def _built_and_analyzed(config: Config, source: models.Source, plugins: Plugins, built: torch.nn.Module | None = None):
     """:func:`_build` and the analysis."""
-    config, model, notes = _build(config, source)
+    config, model, notes = _build(config, source, built)
     return config, model, notes, _analyze(model, config, source, plugins)
+
+
+def _recorded(config: Config, source: models.Source, rank: int) -> tuple[torch.nn.Module, recipe.Recipe | None]:
+    """The model of a rank that materializes only its shard: built on the meta device and recorded, to be replayed
+    one tensor at a time; where a replay could differ from the build (``recipe.record`` refuses it), built on the
+    CPU by rank 0 and on the meta device by the others, who are sent rank 0's values (no recipe)."""
+    if (recorded := recipe.record(lambda: _built(config, source))) is not None:
+        return recorded
+    return _on_meta_or_real(rank != 0, lambda: _built(config, source)), None
+
+
+def _recorded_and_analyzed(config: Config, source: models.Source, plugins: Plugins, rank: int):
+    """:func:`_built_and_analyzed` for a rank that materializes only its shard, and the recipe (:func:`_recorded`)."""
+    model, made = _recorded(config, source, rank)
+    if made is not None:
+        try:
+            with torch.device("meta"):
+                return *_built_and_analyzed(config, source, plugins, model), made
+        except Exception:  # the analysis needs values: rank 0 builds the model for real below
+            pass
+    return *_on_meta_or_real(rank != 0, lambda: _built_and_analyzed(config, source, plugins)), None
 
 
 def _on_meta_or_real(on_meta: bool, make: Callable):
@@ -93,6 +117,7 @@ class Prepared:
     analysis: Analysis
     given_instance: bool = False  # a module handed over whole: ranks take rank 0's initial state
     builds_shards: bool = False  # this run's ranks materialize only their shards (snnfw.distributed.materialize)
+    recipe: recipe.Recipe | None = None  # the shard-building model's recorded build (None: rank 0's values are sent)
     datasets: tuple | None = None  # (train, test) as built for counting epochs, for the trainer to reuse
 
 
@@ -184,7 +209,7 @@ def prepare(config: Config, world_size: int, plugins: Plugins, local_ranks: int 
             model=None, datasets: tuple | None = None, agree: Callable = _here, rank: int | None = None) -> Prepared:
     """analyze -> plan for a world of ``world_size`` ranks, ``local_ranks`` on this node; ``rank``: this process's
     rank in a run (None outside one: the launcher, ``snnfw plan``), which under a strategy that shards parameters
-    builds the model on the meta device unless it is rank 0 (:mod:`snnfw.distributed.materialize`).
+    builds the model on the meta device (:mod:`snnfw.distributed.materialize`).
 
     ``model`` (a module or builder) and ``datasets`` (train, test) are what the Python API was handed.
     ``auto``'s choice depends on a measurement, so it is made once: ``agree(decide, device_type)`` runs
@@ -204,8 +229,10 @@ def prepare(config: Config, world_size: int, plugins: Plugins, local_ranks: int 
     topology = Topology.detect(world_size, config.parallel.device, local_ranks, config.parallel.backend)
     shards = rank is not None and config.parallel.strategy != AUTO and builds_shards(config, plugins, world_size,
                                                                                          isinstance(model, torch.nn.Module))
-    config, built, model_notes, analysis = _on_meta_or_real(shards and rank != 0,
-                                                            lambda: _built_and_analyzed(config, source, plugins))
+    if shards:
+        config, built, model_notes, analysis, made = _recorded_and_analyzed(config, source, plugins, rank)
+    else:
+        (config, built, model_notes, analysis), made = _built_and_analyzed(config, source, plugins), None
     decision = None
     if config.parallel.strategy == AUTO:
         def decide() -> Decision:
@@ -222,20 +249,20 @@ def prepare(config: Config, world_size: int, plugins: Plugins, local_ranks: int 
         ("cpu_allocator retain: each rank's malloc keeps freed blocks for the next step",) if allocator == "retain" else ())
     plan = attrs.evolve(plan, rationale=topology.rationale + plan.rationale + model_notes + data_notes + notes)
     return Prepared(plan, built, source.spec, analysis, given_instance=isinstance(model, torch.nn.Module),
-                    builds_shards=shards, datasets=built_data)
+                    builds_shards=shards, recipe=made, datasets=built_data)
 
 
 def from_plan(plan: Plan, plugins: Plugins, rank: int) -> Prepared:
     """What rank ``rank`` applies and runs under a plan made before it started (:mod:`snnfw.plan.planfile`): the
-    model built from the plan's resolved config as planning built it (on the meta device where the rank receives
-    its shard); nothing is analysed, measured or proposed again."""
+    model built from the plan's resolved config as planning built it (on the meta device where the rank
+    materializes only its shard); nothing is analysed, measured or proposed again."""
     config = plan.config
     source = models.source(config, plugins)
     shards = builds_shards(config, plugins, plan.world_size, given_instance=False)
-    model = _on_meta_or_real(shards and rank != 0, lambda: _built(config, source))
+    model, made = _recorded(config, source, rank) if shards else (_built(config, source), None)
     if config.model.input_layout == "TN":
         models.time_major_input(model)
-    return Prepared(plan, model, source.spec, plan.analysis, builds_shards=shards)
+    return Prepared(plan, model, source.spec, plan.analysis, builds_shards=shards, recipe=made)
 
 
 def auto_candidates(config: Config, world_size: int, plugins: Plugins, device_memory: float | None = None) -> list:

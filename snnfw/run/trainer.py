@@ -22,7 +22,7 @@ from snnfw.data import batches as datalib
 from snnfw.data.augment import Augmented, augment_options
 from snnfw.distributed.collectives import all_reduce, broadcast_state, dp_coordinate, dp_group
 from snnfw.distributed.grad_norm import clip_gradients, global_grad_norm, local_grad_squares, scale_gradients
-from snnfw.distributed.materialize import materialize, set_aside
+from snnfw.distributed.materialize import FromRank0, Replayed, materialize, set_aside
 from snnfw.distributed.running_stats import RunningStats
 from snnfw.plan.prepare import Prepared, build_datasets
 from snnfw.plugin.manager import Plugins
@@ -56,14 +56,15 @@ class Trainer:
             broadcast_state(model)  # each rank built its own instance; all start from rank 0's
         if weights is not None:
             load_weights(model, weights)
-        whole = set_aside(model) if prepared.builds_shards else None  # parallelized on meta, then materialized
+        names = set_aside(model) if prepared.builds_shards else None  # parallelized on meta, then materialized
         self.layout = self.plan.layout  # what the distributed primitives take, made once
         self.replica = dp_coordinate(self.layout, mesh)
         self.running_stats = RunningStats(model)  # from here on, only training steps update BatchNorm statistics
         plugins.transform_model(model, self.plan, self.example())
         self.model = plugins.parallelize(model, self.plan, mesh)
-        if whole is not None:
-            materialize(self.model, device, whole, lambda: plugins.state_dict(self.model, None, self.plan)["model"])
+        if names is not None:
+            values = Replayed(prepared.recipe, weights) if prepared.recipe is not None else FromRank0(names)
+            materialize(self.model, device, names, lambda: plugins.state_dict(self.model, None, self.plan)["model"], values)
         if view := plugins.time_view(self.plan, mesh):  # this rank's model reads only these time steps
             self.train_set, self.test_set = (datalib.TimeView(d, *view) for d in (self.train_set, self.test_set))
         self.running_stats.bind(self.model, self.replica, self.plan.dp_size, dp_group(self.layout, mesh))
