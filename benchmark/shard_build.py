@@ -2,8 +2,8 @@
 
 ``python benchmark/shard_build.py [--flavor full] [--nproc 4]``: the VGG (T = 2, one sample a rank, one
 step, fp32) under ``fsdp2`` on CPU ranks, each rank's CPU allocations tracked by torch's MemTracker from
-before the model is built to its first step, twice: as snnfw builds it (ranks other than 0 on the meta
-device, their shards broadcast from rank 0) and with every rank building the whole model (as before).
+before the model is built to its first step, twice: as snnfw builds it (every rank on the meta device,
+replaying its own tensors) and with every rank building the whole model (as before).
 Prints one JSON line per setting: each rank's tracked peak as a ratio of the model's bytes, its peak
 resident memory (MB, the process's whole footprint: torch's libraries included), and whether the initial
 parameters of the two settings are the same.

@@ -49,7 +49,7 @@ def _unreadable(err: Exception) -> str:
 
 def load_weights(model: torch.nn.Module, weights: dict[str, torch.Tensor]) -> None:
     """Loads ``weights`` into the unparallelized ``model`` (cast to its dtype); every name must match. A model on the
-    meta device (a rank that is sent its shard of rank 0's, :mod:`snnfw.distributed.materialize`) holds no values:
+    meta device (a rank that materializes only its shard, :mod:`snnfw.distributed.materialize`) holds no values:
     the weights are only checked."""
     own = model.state_dict()
     missing, unknown = sorted(own.keys() - weights.keys()), sorted(weights.keys() - own.keys())

@@ -43,8 +43,8 @@ class Strategy:
     neurons_alike: bool = False  # a neuron it does not shard runs alike on its ranks (its spikes count once)
     order: int = IN_PLACE  # IN_PLACE changes the model, STAGES splits it, DATA reduces gradients (snnfw.plan.compose)
     shards_parameters = False
-    """True where every rank holds only its shard of the parameters (its state dict's pieces): ranks other than 0
-    then build the model on the meta device and receive their pieces of rank 0's (:mod:`snnfw.distributed.materialize`)."""
+    """True where every rank holds only its shard of the parameters (its state dict's pieces): ranks then build
+    the model on the meta device and materialize only their pieces (:mod:`snnfw.distributed.materialize`)."""
 
     def propose(self, request):
         """How this strategy would run ``request`` (:class:`snnfw.plan.layout.PlanRequest`), asked when the config

@@ -5,8 +5,10 @@ under the whole; its frames are tiny, so the model's tensors dominate what a ran
 step.
 """
 
+import pytest
 import torch
 from torch import nn
+from torch.nn.init import orthogonal_ as orthogonal_imported_before
 
 from snnfw.config import build_config
 from snnfw.plan.prepare import build_model
@@ -28,9 +30,17 @@ def wide_mlp():
                          neuron.LIFNode(step_mode="m"), *hidden, layer.Linear(WIDTH, 10, step_mode="m"))
 
 
-def config(strategy):
+def mlp_a_replay_could_get_wrong():
+    """:func:`wide_mlp` with one weight initialised by an initialiser that skips the meta device, by a name imported
+    before the build: the recording refuses it, and rank 0 sends its build."""
+    model = wide_mlp()
+    orthogonal_imported_before(model[1].weight)
+    return model
+
+
+def config(strategy, builder="wide_mlp"):
     return build_config({
-        "model": {"builder": f"{__file__}:wide_mlp", "input_shape": [2, 8, 8], "num_classes": 10, "input_layout": "TN",
+        "model": {"builder": f"{__file__}:{builder}", "input_shape": [2, 8, 8], "num_classes": 10, "input_layout": "TN",
                   "time_steps": 4},
         "data": {"name": "synthetic_dvs", "batch_size": 8, "train_samples": 16, "test_samples": 8},
         "train": {"steps": 3, "lr": 0.01, "seed": 3, "dtype": "float64"},
@@ -53,5 +63,21 @@ def test_fsdp2_ranks_hold_a_quarter_of_the_model_and_start_from_none_weights():
         assert got.keys() == initial.keys()
         for name, tensor in initial.items():
             assert torch.equal(got[name], tensor), f"rank {rank}: initial {name} differs from none's"
+        for step, (want, loss) in enumerate(zip(reference["losses"], summary["losses"]), start=1):
+            assert abs(loss - want) <= 1e-9 * abs(want), f"rank {rank}, step {step}: loss {loss}, none's {want}"
+
+
+@pytest.mark.parametrize("strategy", ["fsdp2", "tp"])
+def test_a_build_a_replay_could_get_wrong_is_sent_by_rank_0_and_starts_from_none_weights(strategy):
+    model, _ = build_model(config("none", "mlp_a_replay_could_get_wrong"), Plugins())
+    initial = {name: p.detach().to(torch.float64) for name, p in model.named_parameters()}
+    reference = run_training(config("none", "mlp_a_replay_could_get_wrong"))
+    summaries = run_on_ranks(config(strategy, "mlp_a_replay_could_get_wrong"), 2, before=track_until_first_step,
+                             inspect=seen, timeout_s=120)
+    whole = sum(p.numel() for p in initial.values()) * 8
+    assert summaries[0]["inspect"]["peak"] >= whole  # rank 0 built the whole model to send it
+    for rank, summary in enumerate(summaries):
+        for name, tensor in initial.items():
+            assert torch.equal(summary["inspect"]["initial"][name], tensor), f"rank {rank}: initial {name} differs"
         for step, (want, loss) in enumerate(zip(reference["losses"], summary["losses"]), start=1):
             assert abs(loss - want) <= 1e-9 * abs(want), f"rank {rank}, step {step}: loss {loss}, none's {want}"
