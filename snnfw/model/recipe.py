@@ -147,11 +147,12 @@ class _Initialisers:
     def __enter__(self):
         for name, original in self.originals.items():
             setattr(torch.nn.init, name, self._logging(original))
+        self.outer = sys.getprofile()  # a profiler watching the process, given back after the build
         sys.setprofile(self._profile)
         return self
 
     def __exit__(self, *exc):
-        sys.setprofile(None)
+        sys.setprofile(self.outer)
         for name, original in self.originals.items():
             setattr(torch.nn.init, name, original)
 

@@ -43,12 +43,16 @@ def trained(tmp_path_factory):
     return run_dir, summary["eval"], write_toml(run_dir / "own.toml", config)
 
 
-@pytest.mark.parametrize("strategy, nproc", [("tp", 2), ("none", 1)])
-def test_eval_of_an_fsdp2_checkpoint_scores_as_the_training_run_did(trained, tmp_path, strategy, nproc):
+@pytest.mark.parametrize("strategy, nproc, sets", [
+    ("tp", 2, ("parallel.strategy=tp",)),
+    ("none", 1, ("parallel.strategy=none",)),
+    ("mesh", 4, ("parallel.mesh={pp = 2, tp = 2}", "train.microbatches=2")),  # a composed mesh: stages, each sliced
+])
+def test_eval_of_an_fsdp2_checkpoint_scores_as_the_training_run_did(trained, tmp_path, strategy, nproc, sets):
     run_dir, want, toml = trained
     checkpoint = run_dir / "checkpoints" / "step-8"
     done = snnfw("eval", str(toml), "--weights", str(checkpoint), "--nproc", str(nproc),
-                 "--set", f"parallel.strategy={strategy}", "--run-dir", str(tmp_path))
+                 *(arg for value in sets for arg in ("--set", value)), "--run-dir", str(tmp_path))
     assert done.returncode == 0, done.stderr[-2000:]
     got = json.loads((tmp_path / "eval.json").read_text())
     assert got["eval_acc"] == want["eval_acc"] and got["eval_acc5"] == want["eval_acc5"]

@@ -1,6 +1,7 @@
 """``snnfw export``: a checkpoint of any strategy becomes a plain state dict that the family's own module loads."""
 
 import json
+import math
 import subprocess
 import sys
 
@@ -19,19 +20,20 @@ from snnfw.testing.checks import final_state
 STEPS = 3
 
 
-def config(strategy, microbatches=1, every=STEPS):
+def config(strategy, microbatches=1, every=STEPS, mesh=None):
     return build_config({
         "model": {"family": "cifar10dvs_vgg", "flavor": "tiny", "time_steps": 4},
         "data": {"name": "synthetic_dvs", "batch_size": 8, "train_samples": 64, "test_samples": 32},
         "train": {"steps": STEPS, "lr": 0.01, "seed": 3, "microbatches": microbatches},
         "checkpoint": {"every": every},
-        "parallel": {"strategy": strategy, "device": "cpu"},
+        "parallel": {"strategy": strategy, "device": "cpu", **({"mesh": mesh} if mesh else {})},
     })
 
 
-def trained(tmp_path_factory, strategy, microbatches=1):
+def trained(tmp_path_factory, strategy, microbatches=1, mesh=None):
     run_dir = tmp_path_factory.mktemp(strategy)
-    summaries = run_on_ranks(config(strategy, microbatches), 2, run_dir, timeout_s=180, inspect=final_state)
+    ranks = math.prod(mesh.values()) if mesh else 2
+    summaries = run_on_ranks(config(strategy, microbatches, mesh=mesh), ranks, run_dir, timeout_s=180, inspect=final_state)
     final = summaries[0]["inspect"]
     return run_dir, final
 
@@ -52,6 +54,12 @@ def fsdp2_run(tmp_path_factory):
 def pp_run(tmp_path_factory):
     """pp on 2 ranks: each rank holds one stage."""
     return trained(tmp_path_factory, "pp", microbatches=2)
+
+
+@pytest.fixture(scope="module")
+def mesh_run(tmp_path_factory):
+    """A composed mesh on 4 ranks: two pipeline stages, each tensor-parallel over 2 ranks."""
+    return trained(tmp_path_factory, "mesh", microbatches=2, mesh={"pp": 2, "tp": 2})
 
 
 def export_cli(source, out):
@@ -76,7 +84,7 @@ def module_logits(model):
         return model(frames).mean(0)
 
 
-@pytest.mark.parametrize("run", ["tp_run", "fsdp2_run", "pp_run"])
+@pytest.mark.parametrize("run", ["tp_run", "fsdp2_run", "pp_run", "mesh_run"])
 def test_export_loads_into_the_family_module_which_computes_what_snnfw_predicts(request, tmp_path, run):
     """The export of a sharded or staged checkpoint loads strictly, equals the state the ranks held, and the
     module with it gives the logits that snnfw's none evaluation of the same checkpoint predicts."""
@@ -92,8 +100,9 @@ def test_export_loads_into_the_family_module_which_computes_what_snnfw_predicts(
         assert torch.equal(exported[name], tensor), name
     parameters = sum(p.numel() for p in model.parameters())
     checkpoint = run_dir / "checkpoints" / f"step-{STEPS}"
+    strategy, ranks = run.removesuffix("_run"), 4 if run == "mesh_run" else 2
     assert stdout.splitlines() == [
-        f"exported step {STEPS} of {checkpoint} ({run.removesuffix('_run')} on 2 rank(s)): "
+        f"exported step {STEPS} of {checkpoint} ({strategy} on {ranks} rank(s)): "
         f"{len(exported)} tensors, {parameters:,} parameters and {sum(b.numel() for b in model.buffers()):,} "
         f"buffer values -> {out}"
     ]

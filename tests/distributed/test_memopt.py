@@ -16,7 +16,8 @@ from snnfw.run.loop import run_training
 from snnfw.testing import run_on_ranks, tiny_config, tracked_peak_bytes
 
 # strategy: (ranks, microbatches of the none run on the same chunks)
-STRATEGIES = {"dp": (2, 2), "tp": (2, 1), "fsdp2": (2, 2), "fsdp2_tp": (4, 2)}
+STRATEGIES = {"dp": (2, 2), "tp": (2, 1), "fsdp2": (2, 2), "fsdp2_tp": (4, 2), "mesh": (4, 2)}
+MESH = {"dp_replicate": 2, "tp": 2}  # strategy mesh: replicas of tensor-parallel pairs
 BLOCKS = 8  # of the tiny spiking VGG
 
 
@@ -73,7 +74,8 @@ def test_none_level_1_keeps_losses_lowers_the_peak_and_is_cached(plain, cache_di
 @pytest.mark.parametrize("strategy", list(STRATEGIES))
 def test_level_1_in_strategy_keeps_losses_and_lowers_the_peak(strategy, plain):
     ranks, micro = STRATEGIES[strategy]
-    config = tiny_config(strategy, train={"steps": 2}, memopt={"level": 1})
+    parallel = {"strategy": strategy, "device": "cpu", **({"mesh": MESH} if strategy == "mesh" else {})}
+    config = tiny_config(strategy, train={"steps": 2}, memopt={"level": 1}, parallel=parallel)
     for summary in run_on_ranks(config, ranks, inspect=peaks_with_and_without_checkpointing):
         assert_same_losses(plain[micro], summary)
         checkpointed, direct = summary["inspect"]

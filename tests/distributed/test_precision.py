@@ -33,6 +33,7 @@ from snnfw.testing.equivalence import CASES, case_config, reference_config
 FAMILY, STEPS, REL_TOL = "own_sew", 20, 5e-3
 ACTIVATION = {"bf16": "torch.bfloat16", "fp16": "torch.float16"}
 DEFAULT_RUN = {("bf16", "tp")}  # within the suite's time budget (fp16 under fsdp2: the test of skipped steps)
+PRECISION_MESHES = ("mesh-dp_shard2-x-tp2", "mesh-pp2-x-tp2", "mesh-dp_replicate2-x-time2")  # composed meshes
 
 
 def precision_seen(trainer):
@@ -55,7 +56,7 @@ def reference(microbatches, precision, train=()):
 def cases():
     for precision in ACTIVATION:
         for case in CASES:
-            if case.name in ("dp", "zero", "fsdp2", "hsdp", "tp", "fsdp2_tp", "pp-1f1b", "pp-zbv"):
+            if case.name in ("dp", "zero", "fsdp2", "hsdp", "tp", "fsdp2_tp", "pp-1f1b", "pp-zbv", *PRECISION_MESHES):
                 marks = [] if (precision, case.name) in DEFAULT_RUN else [pytest.mark.full_matrix]
                 yield pytest.param(precision, case, id=f"{precision}-{case.name}", marks=marks)
 
@@ -87,7 +88,7 @@ def compute_seen(trainer):
 
 def mixed_precision_cases():
     for case in CASES:
-        if case.name in ("fsdp2", "hsdp", "fsdp2_tp"):
+        if case.name in ("fsdp2", "hsdp", "fsdp2_tp", "mesh-dp_shard2-x-tp2", "mesh-pp2-x-dp_shard2"):
             yield pytest.param(case, id=case.name, marks=[] if case.name == "fsdp2" else [pytest.mark.full_matrix])
 
 
