@@ -100,7 +100,8 @@ class PipelineModel(nn.Module):
                 x = self._receive(self.owners[index - 1], dtype, receives_bits)
             x = stage(x)
             if index < len(self.owners) - 1 and self.owners[index + 1] != me:
-                self._send(x, self.owners[index + 1], sends_bits)
+                dtype = self.split.boundaries[self.split.unit_range(index).stop][1]  # the receiver's (FSDP2 casts)
+                self._send(x.to(dtype), self.owners[index + 1], sends_bits)
         if not self.holds_last:
             return StepOutput(loss=0.0, correct=0, samples=0)
         return scored(x, labels, self.loss.loss_of)

@@ -87,16 +87,19 @@ class TimedStage(PipelineStage):
     """A PipelineStage whose forward, backward and weight-backward compute time goes to ``stopwatch``, and
     whose spikes cross ranks as bits: ``bits = (receives, sends)`` says which side of the stage is a neuron's
     output (``Split.spikes``). A packed activation is received into a ``uint8`` buffer and unpacked into
-    torch's receive buffer before the forward; gradients go back unpacked. ``sent_bytes`` counts every send."""
+    torch's receive buffer before the forward; gradients go back unpacked. An activation leaves in ``sends``,
+    the dtype the split found at the stage's end, which the next stage's receive buffer has (FSDP2's mixed
+    precision casts a stage's output to fp32). ``sent_bytes`` counts every send."""
 
-    def __init__(self, *args, stopwatch: Stopwatch, bits: tuple[bool, bool] = (False, False), **kwargs):
+    def __init__(self, *args, stopwatch: Stopwatch, sends: torch.dtype, bits: tuple[bool, bool] = (False, False),
+                 **kwargs):
         super().__init__(*args, **kwargs)
-        self.stopwatch = stopwatch
+        self.stopwatch, self.sends = stopwatch, sends
         self.receives_bits, self.sends_bits = bits
         self.sent_bytes = 0
         self._bits_in: dict[int, torch.Tensor] = {}  # per microbatch, the packed buffer it is received into
         self._unpack_due: set[int] = set()  # microbatches received packed and not yet unpacked
-        self._bits_out: dict[int, torch.Tensor] = {}  # packed outputs held until their sends complete
+        self._sent: dict[int, torch.Tensor] = {}  # packed or cast outputs held until their sends complete
 
     def get_fwd_recv_ops(self, fwd_chunk_id: int) -> list[dist.P2POp]:
         ops = super().get_fwd_recv_ops(fwd_chunk_id)
@@ -114,7 +117,9 @@ class TimedStage(PipelineStage):
         for op in ops:
             if self.sends_bits:
                 check_binary(op.tensor, f"pipeline stage {self.stage_index}'s output")
-                op.tensor = self._bits_out[fwd_chunk_id] = pack(op.tensor)
+                op.tensor = self._sent[fwd_chunk_id] = pack(op.tensor)
+            elif op.tensor.dtype != self.sends:
+                op.tensor = self._sent[fwd_chunk_id] = op.tensor.to(self.sends)
             self.sent_bytes += op.tensor.numel() * op.tensor.element_size()
         return ops
 
@@ -125,7 +130,7 @@ class TimedStage(PipelineStage):
 
     def clear_runtime_states(self) -> None:
         super().clear_runtime_states()
-        self._bits_out.clear()
+        self._sent.clear()
 
     def forward_one_chunk(self, fwd_chunk_id: int, *args, **kwargs):
         if fwd_chunk_id in self._unpack_due:
@@ -342,5 +347,6 @@ def pipeline_stage(module: Stage, index: int, split: Split, device, group, stopw
         output_args=example(split.boundaries[units.stop], requires_grad=True),
         group=group,
         stopwatch=stopwatch,
+        sends=split.boundaries[units.stop][1],
         bits=bits,
     )
