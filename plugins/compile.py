@@ -149,7 +149,7 @@ NAME = "compile"  # what it keeps for a run: hooks.run.kept[NAME], the run's Com
 
 
 def _stats(hooks) -> CompileStats | None:
-    return hooks.run.kept.get(NAME) if hooks.run is not None else None
+    return hooks.kept(NAME)
 
 
 @hookimpl

@@ -59,7 +59,7 @@ def snnfw_transform_model(model, plan, example, hooks):
 
 @hookimpl
 def snnfw_step_start(step, rank, hooks):
-    kept = hooks.run.kept.get(NAME) if hooks.run is not None else None
+    kept = hooks.kept(NAME)
     if kept is None:
         return
     kept["started"] += 1

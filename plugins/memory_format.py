@@ -153,5 +153,5 @@ def snnfw_transform_model(model, plan, example, hooks):
 
 @hookimpl
 def snnfw_summary(plan, hooks):
-    figures = hooks.run.kept.get(NAME) if hooks.run is not None else None
+    figures = hooks.kept(NAME)
     return dict(figures) if figures else None

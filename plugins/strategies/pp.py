@@ -117,7 +117,7 @@ class Pipeline(Strategy):
     def snnfw_step_metrics(self, plan, hooks):
         """Bytes sent between stages (``pp_sent_mb``) and, with log.phase_times (timing a stage waits for its
         device), the schedule's busy time and bubble."""
-        kept = hooks.run.kept.get(NAME) if hooks.run is not None else None
+        kept = hooks.kept(NAME)
         if kept is None:
             return None
         figures = kept["step_times"].take()
@@ -127,7 +127,7 @@ class Pipeline(Strategy):
     def snnfw_summary(self, plan, hooks):
         """Units per stage of the run's split and, where it was measured, each stage's forward+backward ms on one
         microbatch (the sum of its units')."""
-        kept = hooks.run.kept.get(NAME) if hooks.run is not None else None
+        kept = hooks.kept(NAME)
         if kept is None:
             return None
         split, out = kept["split"], {}

@@ -188,7 +188,7 @@ def snnfw_time_view(plan, mesh):
 @hookimpl
 def snnfw_step_metrics(plan, hooks):
     """With log.phase_times, ``tsp_exchange_ms``: the time spent in the time group's exchanges."""
-    exchanges = hooks.run.kept.get(NAME) if hooks.run is not None else None
+    exchanges = hooks.kept(NAME)
     if "time" not in dict(plan.mesh) or not plan.config.log.phase_times or exchanges is None:
         return None
     return exchanges.take()

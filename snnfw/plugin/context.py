@@ -49,6 +49,10 @@ class HookContext(Protocol):
     def strategy(self, name: str) -> Strategy:
         """The object behind strategy ``name``."""
 
+    def kept(self, name: str) -> Any | None:
+        """What plugin ``name`` keeps for this run (``run.kept[name]``); None outside a trainer or before it keeps
+        anything."""
+
     def compile(self, model: torch.nn.Module, plan: Any) -> None: ...
 
     def reset_state(self, model: torch.nn.Module) -> None: ...

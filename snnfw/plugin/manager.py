@@ -262,6 +262,10 @@ class Plugins:
         """The object behind strategy ``name``: what it registered, or the defaults for one registered without."""
         return self.strategies.get(name) or Strategy()
 
+    def kept(self, name: str):
+        """What plugin ``name`` keeps for this run; None outside a trainer or before it keeps anything."""
+        return self.run.kept.get(name) if self.run is not None else None
+
     @property
     def families(self) -> Registry:
         return self.registries["model family"]
