@@ -11,10 +11,14 @@ A candidate's step, as the model sees it on its busiest rank (:class:`StepTerms`
   cluster (:class:`Cluster`: a probe's measurements, or stated assumptions).
 
 Uncorrected, the prediction is compute + optimizer + communication. :func:`fit` learns, from bench records that
-carry the terms the model gave them, a per-step overhead (what no profile sees: the loop, logging, data), a
-factor on compute and one on communication (least squares on relative error, none negative: 3 records or
-more), then a factor per strategy (the median of what is left, from 2 of its records or more). Every figure
-is kept with where it came from (:attr:`Prediction.lines`).
+carry the terms the model gave them, a factor per strategy: the median ratio of its measured steps to their
+uncorrected predictions, from 2 of its records or more (what a strategy adds that no term sees, the waits of
+its collectives inside forward and backward, is its own); and, for strategies with fewer records, a per-step
+overhead (the loop, logging, data), a factor on compute and one on communication, fitted over every record
+(least squares on relative error, none negative: 3 records or more). A factor per strategy fitted on what the
+shared terms left over was tried first: the shared terms, fitted mostly on the strategies that wait, then made
+the others' steps worse (``docs/benchmarks.md``). Every figure is kept with where it came from
+(:attr:`Prediction.lines`).
 """
 
 from __future__ import annotations
@@ -36,7 +40,7 @@ ASSUMED = {  # bytes/s and seconds per call of one collective, where no probe me
     "cuda": (5e10, 2e-5),
 }
 GLOBAL_FIT_RECORDS = 3  # records on a device before the overhead and the two factors are fitted
-STRATEGY_FIT_RECORDS = 2  # records of a strategy before its own factor is
+STRATEGY_FIT_RECORDS = 2  # records of a strategy before its own factor is, and replaces them for it
 
 
 @attrs.frozen
@@ -134,9 +138,11 @@ class Corrections:
         return f"fitted from {self.records} bench record(s) on {self.device}" if self.records else "not learned (no records)"
 
     def apply(self, compute_ms: float, communication_ms: float, strategy: str | None = None) -> float:
-        """The corrected step time of uncorrected parts (with ``strategy``'s own factor where it has one)."""
-        factor = self.strategies.get(strategy, 1.0) if strategy else 1.0
-        return factor * (self.overhead_ms + self.compute * compute_ms + self.communication * communication_ms)
+        """The corrected step time of uncorrected parts: ``strategy``'s own factor on them where it has one, else the
+        overhead and the two factors."""
+        if strategy in self.strategies:
+            return self.strategies[strategy] * (compute_ms + communication_ms)
+        return self.overhead_ms + self.compute * compute_ms + self.communication * communication_ms
 
     def to_dict(self) -> dict:
         return attrs.asdict(self)
@@ -174,7 +180,7 @@ def predict(terms: StepTerms, cluster: Cluster, corrections: Corrections | None 
     over = cluster.oversubscription(terms.threads)
     compute = terms.compute_ms / (1.0 - terms.bubble) * over + terms.optimizer_ms * over
     communication = sum(_transfer_ms(t, cluster.links[t.kind]) for t in terms.traffic)
-    factor = corrections.strategies.get(terms.strategy, 1.0)
+    own = corrections.strategies.get(terms.strategy)
     ms = corrections.apply(compute, communication, terms.strategy)
     sources = dict(terms.sources)
     lines = [f"compute {terms.compute_ms:.2f} ms ({sources.get('compute', 'profile')}), bubble {terms.bubble:.0%}, "
@@ -186,9 +192,11 @@ def predict(terms: StepTerms, cluster: Cluster, corrections: Corrections | None 
         lines.append(f"{t.kind}: {t.bytes:,.0f} bytes in {t.calls} call(s) ({sources.get('traffic', 'estimate')}) over "
                      f"{link.bandwidth.value:.3g} B/s ({link.bandwidth.source}), {link.latency.value * 1e6:.0f} us a "
                      f"call ({link.latency.source})")
-    lines.append(f"overhead {corrections.overhead_ms:.2f} ms, compute x{corrections.compute:.2f}, communication "
-                 f"x{corrections.communication:.2f}, {terms.strategy} x{factor:.2f} ({corrections.source})")
-    return Prediction(ms, compute, communication, corrections.overhead_ms, factor, tuple(lines))
+    lines.append(f"{terms.strategy} x{own:.2f} on compute and communication ({corrections.source})" if own is not None
+                 else f"overhead {corrections.overhead_ms:.2f} ms, compute x{corrections.compute:.2f}, communication "
+                      f"x{corrections.communication:.2f} ({corrections.source})")
+    return Prediction(ms, compute, communication, 0.0 if own is not None else corrections.overhead_ms, own or 1.0,
+                      tuple(lines))
 
 
 def _transfer_ms(traffic: Traffic, link: Link) -> float:
@@ -202,13 +210,12 @@ def fit(records: list[dict], device: str) -> Corrections:
     if len(rows) < GLOBAL_FIT_RECORDS:
         return Corrections(device)
     overhead, compute, communication = _least_squares(rows)
-    base = Corrections(device, len(rows), overhead, compute, communication)
     ratios: dict[str, list[float]] = {}
     for r in rows:
         parts = r["predicted"]
-        ratios.setdefault(r["plan"]["strategy"], []).append(r["step_ms"] / base.apply(parts["compute_ms"], parts["communication_ms"]))
+        ratios.setdefault(r["plan"]["strategy"], []).append(r["step_ms"] / (parts["compute_ms"] + parts["communication_ms"]))
     strategies = {name: statistics.median(values) for name, values in ratios.items() if len(values) >= STRATEGY_FIT_RECORDS}
-    return attrs.evolve(base, strategies=strategies)
+    return Corrections(device, len(rows), overhead, compute, communication, strategies)
 
 
 def _least_squares(rows: list[dict]) -> tuple[float, float, float]:

@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     import torch
 
 BYTES = 4  # fp32
+LARGER = 4  # the larger batch measure_cost times, in examples
 
 
 @attrs.frozen
@@ -32,9 +33,10 @@ class ModelCost:
     parameters: int
     activation_bytes: float  # tensors saved for backward
     neuron_state_bytes: float
-    step_ms: float  # forward + backward
+    step_ms: float  # forward + backward, each sample's
     optimizer_ms: float = 0.0  # one optimizer step over every parameter (0: not measured)
     threads: int = 0  # the threads it was timed at
+    fixed_ms: float = 0.0  # forward + backward whatever the samples (each layer's calls), once a step
 
     @property
     def parameter_bytes(self) -> float:
@@ -106,7 +108,7 @@ def estimate(
         activation_bytes=samples * cost.activation_bytes / activation_shards,
         neuron_state_bytes=samples * cost.neuron_state_bytes / activation_shards,
         comm_bytes=comm_bytes,
-        compute_ms=samples * cost.step_ms / compute_shards,
+        compute_ms=cost.fixed_ms + samples * cost.step_ms / compute_shards,
         samples=samples,
         bubble=bubble,
         calls=calls,
@@ -134,9 +136,10 @@ def device_memory_bytes(device_type: str, local_ranks: int) -> float:
 
 def measure_cost(model: torch.nn.Module, example: torch.Tensor, labels: torch.Tensor, reset,
                  optimizer: Callable | None = None, threads: int | None = None) -> ModelCost:
-    """Times one forward and backward of ``example`` on a copy of ``model`` (and a step of ``optimizer(parameters)``
-    where given), at ``threads`` threads (default: this process's), and counts saved-for-backward and neuron-state
-    bytes."""
+    """Times one forward and backward on a copy of ``model`` of ``example`` and of it repeated :data:`LARGER` times,
+    which tells the time each sample adds from the time a step takes whatever its samples (each layer's calls:
+    the larger part of a small model's step on a few samples), and a step of ``optimizer(parameters)`` where
+    given, at ``threads`` threads (default: this process's); counts saved-for-backward and neuron-state bytes."""
     import torch
 
     model = copy.deepcopy(model)
@@ -147,15 +150,18 @@ def measure_cost(model: torch.nn.Module, example: torch.Tensor, labels: torch.Te
         saved += tensor.numel() * tensor.element_size()
         return tensor
 
-    def step():
+    def step(frames, targets):
         reset(model)
-        cross_entropy({"label_smoothing": 0.0})(model(example), labels).backward()
+        cross_entropy({"label_smoothing": 0.0})(model(frames), targets).backward()
 
+    larger = example.repeat(LARGER, *(1,) * (example.dim() - 1)), labels.repeat(LARGER)
     samples, before = len(labels), torch.get_num_threads()
     torch.set_num_threads(threads or before)
     try:
         model.train()
-        elapsed_ms = _median_ms(step)
+        small, large = _median_ms(lambda: step(example, labels)), _median_ms(lambda: step(*larger))
+        each = max(large - small, 0.0) / (samples * (LARGER - 1)) or large / (samples * LARGER)
+        fixed = max(small - each * samples, 0.0)
         optimizer_ms = 0.0
         if optimizer is not None:
             optimizer_ms = _median_ms(optimizer([p for p in model.parameters() if p.requires_grad]).step)
@@ -169,9 +175,10 @@ def measure_cost(model: torch.nn.Module, example: torch.Tensor, labels: torch.Te
         parameters=sum(p.numel() for p in model.parameters()),
         activation_bytes=saved / samples,
         neuron_state_bytes=state / samples,
-        step_ms=elapsed_ms / samples,
+        step_ms=each,
         optimizer_ms=optimizer_ms,
         threads=threads or before,
+        fixed_ms=fixed,
     )
 
 

@@ -45,14 +45,15 @@ def record(strategy, compute, communication, measured):
             "predicted": {"ms": compute + communication, "compute_ms": compute, "communication_ms": communication}}
 
 
-def test_fit_recovers_a_planted_overhead_and_factors_and_then_a_strategy_s_own():
+def test_fit_recovers_a_planted_overhead_and_factors_and_a_strategy_s_own_factor():
     planted = [(c, m, 5.0 + 2.0 * c + 3.0 * m) for c, m in ((10, 1), (20, 4), (5, 9), (40, 2))]
-    records = [record("dp", c, m, t) for c, m, t in planted]
+    records = [record("dp", c, m, t) for c, m, t in planted[:1]] + [record("zero", c, m, t) for c, m, t in planted[1:]]
     fitted = cost_model.fit(records, "cpu")
     assert (fitted.overhead_ms, fitted.compute, fitted.communication) == pytest.approx((5.0, 2.0, 3.0))
-    assert fitted.strategies == pytest.approx({"dp": 1.0})
-    slower = records + [record("tp", c, m, 1.5 * t) for c, m, t in planted[:2]]
-    assert cost_model.fit(slower, "cpu").strategies["tp"] > 1.2  # tp ran 1.5x what the shared terms say
+    assert fitted.apply(30, 5, "dp") == pytest.approx(5.0 + 2.0 * 30 + 3.0 * 5)  # one record: the shared terms
+    assert fitted.strategies == pytest.approx({"zero": 57 / 24})  # the median of 57/24, 42/14, 91/42
+    slower = records + [record("tp", 10, 0, 30.0), record("tp", 20, 0, 60.0)]
+    assert cost_model.fit(slower, "cpu").apply(40, 0, "tp") == pytest.approx(120.0)  # tp ran 3x its terms
 
 
 def test_fit_needs_three_records_and_keeps_other_devices_apart():
