@@ -43,9 +43,9 @@ def builds_shards(config, plugins, world_size: int, given_instance: bool) -> boo
 
 
 def set_aside(model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """Every parameter and buffer of ``model`` by name, whole on rank 0 (on the meta device elsewhere, where a
-    rank built it on the meta device anyway or its values will be overwritten); ``model`` itself moved to the
-    meta device in place, to be parallelized without storage."""
+    """Every parameter and buffer of ``model`` by name: whole on rank 0 where it built the model on the CPU to send
+    it (:class:`FromRank0`), meta tensors otherwise; ``model`` itself moved to the meta device in place, to be
+    parallelized without storage."""
     named = {**dict(model.named_parameters(remove_duplicate=False)), **dict(model.named_buffers(remove_duplicate=False))}
     whole = {name: tensor.detach() for name, tensor in named.items()}
     model.to_empty(device="meta")

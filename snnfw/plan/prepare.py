@@ -84,12 +84,12 @@ def _recorded(config: Config, source: models.Source, rank: int) -> tuple[torch.n
 
 
 def _recorded_and_analyzed(config: Config, source: models.Source, plugins: Plugins, rank: int):
-    """:func:`_built_and_analyzed` for a rank that materializes only its shard, and the recipe (:func:`_recorded`)."""
-    model, made = _recorded(config, source, rank)
-    if made is not None:
+    """:func:`_built_and_analyzed` for a rank that materializes only its shard, and the recipe (:func:`_recorded`);
+    a build the recording refuses is built once, as :func:`_recorded` builds it."""
+    if (recorded := recipe.record(lambda: _built(config, source))) is not None:
         try:
             with torch.device("meta"):
-                return *_built_and_analyzed(config, source, plugins, model), made
+                return *_built_and_analyzed(config, source, plugins, recorded[0]), recorded[1]
         except Exception:  # the analysis needs values: rank 0 builds the model for real below
             pass
     return *_on_meta_or_real(rank != 0, lambda: _built_and_analyzed(config, source, plugins)), None
