@@ -4,21 +4,31 @@
 import attrs
 
 from snnfw import hookimpl
-from snnfw.api import COMPOSED, DATA, REPLICATED, SHARDED, Strategy, apply_mesh, candidate_meshes, owners, propose_mesh
+from snnfw.api import COMPOSED, DATA, IN_PLACE, REPLICATED, SHARDED, Strategy, apply_mesh, candidate_meshes, owners, propose_mesh
 
 
 class Composed(Strategy):
     """Each dimension applied by the strategy that owns it, in the core's order."""
 
     def builds_shards(self, config, plugins):
-        """Where a dimension shards parameters, every other one shards them too or reduces gradients, and FSDP2
-        reduces them if anything does (a pipeline's split runs the model and DistributedDataParallel reads the
-        parameters as it wraps them, which a meta build cannot)."""
-        owned = owners(plugins)
-        strategies = [plugins.strategy(owned[name]) for name, size in config.parallel.mesh or () if size > 1 and name in owned]
+        """Where a dimension shards parameters, every other one shards them too or reduces gradients, FSDP2
+        reduces them if anything does (DistributedDataParallel reads the parameters as it wraps them, which a meta
+        build cannot), and no dimension that runs the model to apply it (a pipeline's split) meets one applied in
+        place before it (tp's layers exchange with their peers as the split is measured)."""
+        strategies = self._strategies(config, plugins)
         roles = {s.parameters for s in strategies}
         return (any(s.shards_parameters for s in strategies) and all(s.shards_parameters or s.order == DATA for s in strategies)
-                and (SHARDED in roles or REPLICATED not in roles))
+                and (SHARDED in roles or REPLICATED not in roles)
+                and not (any(s.reads_values(config, plugins) for s in strategies) and any(s.order == IN_PLACE for s in strategies)))
+
+    def reads_values(self, config, plugins):
+        return any(s.reads_values(config, plugins) for s in self._strategies(config, plugins))
+
+    @staticmethod
+    def _strategies(config, plugins) -> list:
+        """The strategies of the mesh's dimensions of more than one rank."""
+        owned = owners(plugins)
+        return [plugins.strategy(owned[name]) for name, size in config.parallel.mesh or () if size > 1 and name in owned]
 
     def propose(self, request):
         """The mesh asked for; under ``auto`` without one, every mesh of two or three dimensions of the world (each

@@ -62,7 +62,12 @@ class Pipeline(Strategy):
         config = config.with_section("pipeline", attrs.evolve(config.pipeline, layout=layout))
         return attrs.evolve(config, explicit=config.explicit | {"pipeline.layout"})
 
-    dimension, parameters, splits_stages, order = "pp", SPLIT, True, STAGES
+    dimension, parameters, splits_stages, order, shards_parameters = "pp", SPLIT, True, STAGES, True
+
+    def reads_values(self, config, plugins):
+        """The split runs the model: the measuring rank times its units, every rank runs a microbatch through the
+        stages (``pp_values``)."""
+        return True
 
     def propose(self, request):
         return _proposals(request)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 
 import attrs
@@ -13,6 +14,7 @@ from snnfw.api import IN_PLACE, PluginError, autocast, submodule, training_loss
 from snnfw_plugins.strategies.pp_model import PipelineModel, ScoredLoss
 from snnfw_plugins.strategies.pp_stages import Stage, Stopwatch, decide_split, pipeline_stage, pipeline_units
 from snnfw_plugins.strategies.pp_state import model_names, tensor_names
+from snnfw_plugins.strategies.pp_values import UnitValues
 
 EXAMPLE_FIRING = 0.2  # share of active pixels in the dry run's frames
 
@@ -29,11 +31,13 @@ def example_frames(plan, hooks, device, mesh) -> torch.Tensor:
     return frames.to(device, config.train.torch_dtype)
 
 
-def stage_inputs(stages: list[Stage], example: torch.Tensor, hooks) -> list[torch.Tensor]:
-    """One microbatch of input for every stage: ``example`` through the stages before it. Every stage
-    receives its input in the layout the stage before produced it (channels-last or not)."""
+def stage_inputs(stages: list[Stage], example: torch.Tensor, hooks, values: UnitValues | None = None
+                 ) -> list[torch.Tensor]:
+    """One microbatch of input for every stage: ``example`` through the stages before it, each unit holding its
+    ``values`` as it runs where the stages are on the meta device. Every stage receives its input in the layout
+    the stage before produced it (channels-last or not)."""
     inputs, x = [], example
-    with torch.no_grad():
+    with torch.no_grad(), values.running(*stages) if values else contextlib.nullcontext():
         for before, stage in zip([None, *stages], stages):
             stage.receives_channels_last = before is not None and before.sent_channels_last
             inputs.append(x)
@@ -48,7 +52,7 @@ def build_pipeline(model: nn.Module, plan, mesh, hooks, wrap=None, dp_group=None
     pipeline, pp_mesh = plan.config.pipeline, mesh["pp"]
     spec = hooks.schedules.get(pipeline.schedule)
     pp, pp_rank, group = pp_mesh.size(), pp_mesh.get_local_rank(), pp_mesh.get_group()
-    device = next(model.parameters()).device
+    device, values = _device_and_values(model, mesh, hooks)
     names = tensor_names(model)
     example = example_frames(plan, hooks, device, mesh)
     units = pipeline_units(model, plan, hooks, example) or []
@@ -58,11 +62,12 @@ def build_pipeline(model: nn.Module, plan, mesh, hooks, wrap=None, dp_group=None
             f"splitting {plan.analysis.family!r} into pipeline units gave {len(units)} units for the "
             f"{len(declared)} stage_units it declares; its plugin must implement snnfw_split_stages"
         )
-    split = decide_split(model, plan, hooks, example, pp * pipeline.virtual_stages, units, _in_place_peers(plan, mesh, hooks))
+    split = decide_split(model, plan, hooks, example, pp * pipeline.virtual_stages, units, _in_place_peers(plan, mesh, hooks),
+                         values)
     indices = spec.stage_indices(pp_rank, pp, pipeline.virtual_stages)
     precision = functools.partial(autocast, plan.config.train, plan.device_type)
     every = [Stage(*(units[u] for u in split.unit_range(index)), precision=precision) for index in range(len(split.layout))]
-    hooks.transform_stages(model, list(zip(every, stage_inputs(every, example, hooks))), tuple(indices), plan)
+    hooks.transform_stages(model, list(zip(every, stage_inputs(every, example, hooks, values))), tuple(indices), plan)
     hooks.compile(model, plan)
     blocks = [submodule(model, name) for name in plan.analysis.blocks]
     stages = {index: (wrap or _same)(every[index], _stage_plan(plan, every[index], blocks)) for index in indices}
@@ -87,6 +92,16 @@ def build_pipeline(model: nn.Module, plan, mesh, hooks, wrap=None, dp_group=None
     if hooks.run is not None:  # for the run's step metrics and summary
         hooks.run.kept["pp"] = {"split": split, "step_times": pipeline.step_times}
     return pipeline
+
+
+def _device_and_values(model: nn.Module, mesh, hooks) -> tuple[torch.device, UnitValues | None]:
+    """The device the stages run on, and the initial values of a model built on the meta device (its ranks
+    materialize only their stages after the split: ``Pipeline.reads_values``)."""
+    parameter = next(model.parameters())
+    if not parameter.is_meta:
+        return parameter.device, None
+    device = torch.device("cuda", torch.cuda.current_device()) if mesh.device_type == "cuda" else torch.device(mesh.device_type)
+    return device, UnitValues(model, hooks.initial, device)
 
 
 def _same(stage, plan):

@@ -19,6 +19,7 @@ from torch.utils.flop_counter import FlopCounterMode
 from snnfw.api import (ROOT_HOOKS, ConfigError, PluginError, autocast, balanced_layout, finish_queued_work, is_neuron,
                        parse_layout)
 from snnfw_plugins.memory_format import is_channels_last, to_channels_last
+from snnfw_plugins.strategies.pp_values import UnitValues
 from snnfw_plugins.strategies.spike_bits import NeuronOutputs, check_binary, pack, packed_numel, unpack
 
 TIMED_PASSES = 3
@@ -194,21 +195,24 @@ def _forward_backward_seconds(unit: nn.Module, x: torch.Tensor, reset) -> float:
     return seconds
 
 
-def measure_units(units: list[nn.Module], example: torch.Tensor, reset, passes: int
+def measure_units(units: list[nn.Module], example: torch.Tensor, reset, passes: int, values: UnitValues | None = None
                   ) -> tuple[tuple[Meta, ...], tuple[float, ...], tuple[bool, ...]]:
-    """Runs ``example`` through ``units``: the boundary metas, each unit's forward+backward
-    milliseconds (median of ``passes`` after one warm-up; none when ``passes`` is 0), and which boundaries are
-    a neuron's output (the model's input and output are not sent between stages: False)."""
+    """Runs ``example`` through ``units`` (each holding its ``values`` meanwhile, where they are on the meta
+    device): the boundary metas, each unit's forward+backward milliseconds (median of ``passes`` after one
+    warm-up; none when ``passes`` is 0), and which boundaries are a neuron's output (the model's input and
+    output are not sent between stages: False)."""
     x, boundaries, unit_ms, spikes = example, [_meta(example)], [], [False]
     for index, unit in enumerate(units):
         x = x.detach().requires_grad_(x.is_floating_point())
-        if passes:
-            seconds = [_forward_backward_seconds(unit, x, reset) for _ in range(passes + 1)][1:]
-            unit_ms.append(1e3 * statistics.median(seconds))
-        reset(unit)
-        outputs = NeuronOutputs([m for m in unit.modules() if is_neuron(m)])
-        with torch.no_grad():
-            x = unit(x)
+        with values.held(unit) if values else contextlib.nullcontext():
+            if passes:
+                seconds = [_forward_backward_seconds(unit, x, reset) for _ in range(passes + 1)][1:]
+                unit_ms.append(1e3 * statistics.median(seconds))
+            reset(unit)
+            outputs = NeuronOutputs([m for m in unit.modules() if is_neuron(m)])
+            with torch.no_grad():
+                x = unit(x)
+            reset(unit)  # its state on the device goes with its values
         boundaries.append(_meta(x))
         spikes.append(outputs.produced(x) and index < len(units) - 1)
     return tuple(boundaries), tuple(unit_ms), tuple(spikes)
@@ -228,7 +232,7 @@ def pipeline_units(model: nn.Module, plan, hooks, example: torch.Tensor) -> list
 
 
 def decide_split(model: nn.Module, plan, hooks, example: torch.Tensor, stages: int, units: list[nn.Module],
-                 peers: tuple[int, ...] = ()) -> Split:
+                 peers: tuple[int, ...] = (), values: UnitValues | None = None) -> Split:
     """The last rank runs a copy of ``model`` (its buffers, gradients and hooks stay untouched),
     balances the measured unit costs over ``stages`` unless ``pipeline.layout`` is given,
     and broadcasts the split, so every rank uses the same one. Not rank 0: it holds the first stage, which
@@ -237,13 +241,14 @@ def decide_split(model: nn.Module, plan, hooks, example: torch.Tensor, stages: i
     moves nothing, each rank decides the split itself.
 
     Where dimensions applied in place (tp, time) exchange inside the layers, the last rank's ``peers`` along them
-    measure with it, on ``model``'s own ``units``: a copy would run its layers' exchanges with the model's state."""
+    measure with it, on ``model``'s own ``units``: a copy would run its layers' exchanges with the model's state.
+    A ``model`` on the meta device runs with its ``values``, one unit at a time."""
     payload: list[Split | str | None] = [None]
     alone = dist.get_backend() == "fake"
     measurer = dist.get_world_size() - 1
     if alone or dist.get_rank() in (measurer, *peers):
         with autocast(plan.config.train, plan.device_type):  # boundary dtypes as training computes them
-            payload = [_measured_split(model, plan, hooks, example, stages, units if peers else None)]
+            payload = [_measured_split(model, plan, hooks, example, stages, units if peers else None, values)]
     if not alone:
         dist.broadcast_object_list(payload, src=measurer)
     if isinstance(payload[0], str):
@@ -252,16 +257,18 @@ def decide_split(model: nn.Module, plan, hooks, example: torch.Tensor, stages: i
 
 
 def _measured_split(model: nn.Module, plan, hooks, example: torch.Tensor, stages: int,
-                    units: list[nn.Module] | None) -> Split | str:
+                    units: list[nn.Module] | None, values: UnitValues | None) -> Split | str:
     """The split, or why the units do not compute the model: ``units`` of ``model`` itself, or (None) those of a
     copy. Fake tensors (the dry run) cannot be timed: their units are balanced by FLOPs."""
     if units is None:
         model = _replica(model)
         units = pipeline_units(model, plan, hooks, example)
-    if error := composition_error(model, units, example, hooks.reset_state):
+        values = values and values.of(model)
+    if error := composition_error(model, units, example, hooks.reset_state, values):
         return error
     given, fake = plan.config.pipeline.layout, is_fake(example)
-    boundaries, unit_ms, spikes = measure_units(units, example, hooks.reset_state, 0 if given or fake else TIMED_PASSES)
+    boundaries, unit_ms, spikes = measure_units(units, example, hooks.reset_state, 0 if given or fake else TIMED_PASSES,
+                                                values)
     if given:
         return Split(parse_layout(given), boundaries, spikes=spikes)
     return Split(balanced_layout(unit_flops(units, example, hooks.reset_state) if fake else unit_ms, stages), boundaries,
@@ -295,13 +302,16 @@ def unit_flops(units: list[nn.Module], example: torch.Tensor, reset) -> tuple[in
     return tuple(flops)
 
 
-def composition_error(model: nn.Module, units: list[nn.Module], example: torch.Tensor, reset) -> str | None:
-    """Why running ``units`` one after another does not compute ``model(example)``, or None.
+def composition_error(model: nn.Module, units: list[nn.Module], example: torch.Tensor, reset,
+                      values: UnitValues | None = None) -> str | None:
+    """Why running ``units`` one after another does not compute ``model(example)``, or None; a ``model`` on the
+    meta device runs with its ``values``, one unit at a time.
 
     Both run in training mode (BatchNorm on batch statistics, so neurons fire
     even at initialisation) from the same random state (dropout masks alike).
     """
-    with torch.no_grad(), torch.random.fork_rng(devices=[]):
+    running = values.running(model, *units) if values else contextlib.nullcontext()
+    with torch.no_grad(), torch.random.fork_rng(devices=[]), running:
         torch.manual_seed(0)
         reset(model)
         expected = model(example)

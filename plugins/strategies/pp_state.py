@@ -51,16 +51,18 @@ def _slices(model: PipelineModel) -> dict:
 
 
 def named_state(model: PipelineModel, optimizer) -> dict:
-    """This rank's stage state under the model's names, param groups listing every pp rank's parameters; tp's
-    slices as pieces of the whole tensors (``tp_state``)."""
+    """This rank's stage state under the model's names, param groups listing every pp rank's parameters (the
+    model's alone without ``optimizer``); tp's slices as pieces of the whole tensors (``tp_state``)."""
     state = _named_state(model, optimizer)
     slices = _slices(model)
     return convert_sliced(state, slices, chunked) if slices else state
 
 
 def _named_state(model: PipelineModel, optimizer) -> dict:
-    _init_optim_state(optimizer)  # a fresh optimizer's state, for a checkpoint to load into
     tensors = {model.model_names[raw]: tensor.detach() for raw, tensor in model.state_dict(keep_vars=True).items()}
+    if optimizer is None:  # the model's alone (the pieces a shard-only build materializes)
+        return {"model": tensors}
+    _init_optim_state(optimizer)  # a fresh optimizer's state, for a checkpoint to load into
     own, params = optimizer.state_dict(), _parameter_names(model, optimizer)
     groups = [{**group, "params": [params[i] for i in group["params"]]} for group in own["param_groups"]]
     parts: list = [None] * dist.get_world_size(model.pp_group)

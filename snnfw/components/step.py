@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable
 
 import attrs
 
@@ -15,12 +15,14 @@ if TYPE_CHECKING:
 
 @attrs.frozen
 class RunState:
-    """What one trainer's steps carry from one to the next: the clock of its phases, fp16's loss scale, and what
-    plugins keep for the run (``kept``, by plugin name). Hooks see it as ``hooks.run``."""
+    """What one trainer's steps carry from one to the next: the clock of its phases, fp16's loss scale, what
+    plugins keep for the run (``kept``, by plugin name), and where its ranks build only their shards from a
+    recorded build, each tensor's initial value by name (``initial``). Hooks see it as ``hooks.run``."""
 
     phases: PhaseTimes
     loss_scale: LossScale
     kept: dict = attrs.field(factory=dict)
+    initial: Callable[[str], torch.Tensor] | None = None
 
 
 @attrs.frozen

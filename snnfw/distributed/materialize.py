@@ -12,13 +12,17 @@ Every rank builds the model on the meta device, which holds no memory, and recor
    replayed by each rank alone (:class:`Replayed`: the initial weights of strategy ``none``, bit for bit, and the
    random state the CPU build leaves), or from weights every rank was given.
 
+A strategy that runs the model to apply it (a pipeline's split: ``Strategy.reads_values``) is given the meta
+model and reads each tensor's initial value through ``hooks.initial`` (:meth:`Replayed.initial`) for as long as
+it runs a part of it.
+
 A rank thus holds its shard plus one whole tensor before the first step. Where a replay could differ from the
 build (an initialiser that samples from its own generator, or a build that reads values: ``record`` refuses
 it), rank 0 builds the model on the CPU and broadcasts each tensor in turn (:class:`FromRank0`); rank 0 then
-holds the whole model until it is sent.
+holds the whole model until it is sent. Where the strategy reads values, every rank builds the whole model instead.
 
 Every rank builds the whole model, as before, where this does not apply: strategies that keep whole models
-(``none``, ``dp``, ``zero``, ``pp``, whose ranks then free other stages' units, ``tsp``, ``fsdp2_tsp``),
+(``none``, ``dp``, ``zero``, ``tsp``, ``fsdp2_tsp``),
 ``auto`` (chosen only after the model is built), a module instance handed to the Python API (ranks take
 rank 0's state by broadcast), and a transform that runs the model before it is parallelized
 (``snnfw_transform_runs_model``: memopt, a timed memory format).
@@ -62,9 +66,13 @@ class Replayed:
     def start(self, sizes: dict, device: torch.device) -> None:
         pass  # the recording left the generator where the CPU build leaves it
 
-    def value(self, name: str, shape: torch.Size, dtype: torch.dtype) -> torch.Tensor:
+    def initial(self, name: str) -> torch.Tensor:
+        """The initial value of the model's tensor ``name`` (``hooks.initial``)."""
         given = self.weights is not None and name in self.weights  # not a buffer the state dict leaves out
-        return (self.weights[name] if given else self.recipe.value(name)).reshape(shape)
+        return self.weights[name] if given else self.recipe.value(name)
+
+    def value(self, name: str, shape: torch.Size, dtype: torch.dtype) -> torch.Tensor:
+        return self.initial(name).reshape(shape)
 
 
 class FromRank0:
@@ -101,13 +109,14 @@ def materialize(model: torch.nn.Module, device: torch.device, names: dict[str, t
 
     ``names`` is what :func:`set_aside` returned; ``held_state()`` maps the model's own names to what this rank
     holds of each tensor (whole tensors, DTensors, :class:`~snnfw.distributed.chunks.Chunked` pieces): the
-    strategy's state dict, whose pieces are views of the model's storage. Buffers outside it (non-persistent
-    ones) are held whole.
+    strategy's state dict, whose pieces are views of the model's storage (its names may differ from the model's:
+    a pipeline's stages). Buffers whose storage it leaves out (non-persistent ones) are held whole.
     """
     model.to_empty(device=device)
-    held = dict(held_state())
-    held.update({name: buffer for name, buffer in model.named_buffers() if name not in held})
-    held = {name: value for name, value in held.items() if is_held_tensor(value)}
+    held = {name: value for name, value in held_state().items() if is_held_tensor(value)}
+    addresses = {piece.data_ptr() for value in held.values() for _, piece in pieces(value)}
+    held.update({name: buffer for name, buffer in model.named_buffers()
+                 if buffer.numel() and buffer.data_ptr() not in addresses})
     _check_names(held, names)
     sizes = {name: (whole_shape(value), value_dtype(value)) for name, value in held.items()}
     values.start(sizes, device)

@@ -74,16 +74,18 @@ def _built_and_analyzed(config: Config, source: models.Source, plugins: Plugins,
     return config, model, notes, _analyze(model, config, source, plugins)
 
 
-def _recorded(config: Config, source: models.Source, rank: int) -> tuple[torch.nn.Module, recipe.Recipe | None]:
+def _recorded(config: Config, source: models.Source, rank: int, sendable: bool
+              ) -> tuple[torch.nn.Module, recipe.Recipe | None]:
     """The model of a rank that materializes only its shard: built on the meta device and recorded, to be replayed
     one tensor at a time; where a replay could differ from the build (``recipe.record`` refuses it), built on the
-    CPU by rank 0 and on the meta device by the others, who are sent rank 0's values (no recipe)."""
+    CPU by rank 0 and, if its values can be ``sendable`` (:func:`_shard_build`), on the meta device by the others,
+    who are sent rank 0's values (no recipe)."""
     if (recorded := recipe.record(lambda: _built(config, source))) is not None:
         return recorded
-    return _on_meta_or_real(rank != 0, lambda: _built(config, source)), None
+    return _on_meta_or_real(sendable and rank != 0, lambda: _built(config, source)), None
 
 
-def _recorded_and_analyzed(config: Config, source: models.Source, plugins: Plugins, rank: int):
+def _recorded_and_analyzed(config: Config, source: models.Source, plugins: Plugins, rank: int, sendable: bool):
     """:func:`_built_and_analyzed` for a rank that materializes only its shard, and the recipe (:func:`_recorded`);
     a build the recording refuses is built once, as :func:`_recorded` builds it."""
     if (recorded := recipe.record(lambda: _built(config, source))) is not None:
@@ -92,7 +94,15 @@ def _recorded_and_analyzed(config: Config, source: models.Source, plugins: Plugi
                 return *_built_and_analyzed(config, source, plugins, recorded[0]), recorded[1]
         except Exception:  # the analysis needs values: rank 0 builds the model for real below
             pass
-    return *_on_meta_or_real(rank != 0, lambda: _built_and_analyzed(config, source, plugins)), None
+    return *_on_meta_or_real(sendable and rank != 0, lambda: _built_and_analyzed(config, source, plugins)), None
+
+
+def _shard_build(config: Config, plugins: Plugins, world_size: int, given: bool) -> tuple[bool, bool]:
+    """(whether this run's ranks build only their shards, whether rank 0 may send a build the recording refuses):
+    not where the strategy runs the model to apply it (:meth:`~snnfw.plugin.strategy.Strategy.reads_values`),
+    whose ranks then all build it whole."""
+    shards = builds_shards(config, plugins, world_size, given)
+    return shards, shards and not plugins.strategy(config.parallel.strategy).reads_values(config, plugins)
 
 
 def _on_meta_or_real(on_meta: bool, make: Callable):
@@ -227,10 +237,11 @@ def prepare(config: Config, world_size: int, plugins: Plugins, local_ranks: int 
         datasets = built_data = build_datasets(config, source.spec, plugins)
     config = _resolved(config, plugins, source, datasets)
     topology = Topology.detect(world_size, config.parallel.device, local_ranks, config.parallel.backend)
-    shards = rank is not None and config.parallel.strategy != AUTO and builds_shards(config, plugins, world_size,
-                                                                                         isinstance(model, torch.nn.Module))
+    shards, sendable = (_shard_build(config, plugins, world_size, isinstance(model, torch.nn.Module))
+                        if rank is not None and config.parallel.strategy != AUTO else (False, False))
     if shards:
-        config, built, model_notes, analysis, made = _recorded_and_analyzed(config, source, plugins, rank)
+        config, built, model_notes, analysis, made = _recorded_and_analyzed(config, source, plugins, rank, sendable)
+        shards = made is not None or sendable
     else:
         (config, built, model_notes, analysis), made = _built_and_analyzed(config, source, plugins), None
     decision = None
@@ -258,8 +269,9 @@ def from_plan(plan: Plan, plugins: Plugins, rank: int) -> Prepared:
     materializes only its shard); nothing is analysed, measured or proposed again."""
     config = plan.config
     source = models.source(config, plugins)
-    shards = builds_shards(config, plugins, plan.world_size, given_instance=False)
-    model, made = _recorded(config, source, rank) if shards else (_built(config, source), None)
+    shards, sendable = _shard_build(config, plugins, plan.world_size, given=False)
+    model, made = _recorded(config, source, rank, sendable) if shards else (_built(config, source), None)
+    shards = shards and (made is not None or sendable)
     if config.model.input_layout == "TN":
         models.time_major_input(model)
     return Prepared(plan, model, source.spec, plan.analysis, builds_shards=shards, recipe=made)

@@ -53,6 +53,12 @@ class HookContext(Protocol):
         """What plugin ``name`` keeps for this run (``run.kept[name]``); None outside a trainer or before it keeps
         anything."""
 
+    def initial(self, name: str) -> torch.Tensor | None:
+        """The initial value of the model's tensor ``name`` (its state-dict name; on the CPU, as strategy ``none``
+        starts from it) where this run's ranks build the model on the meta device and replay its recorded build
+        (a strategy that runs the model to apply it reads its values here: :meth:`Strategy.reads_values`); None
+        otherwise."""
+
     def compile(self, model: torch.nn.Module, plan: Any) -> None: ...
 
     def reset_state(self, model: torch.nn.Module) -> None: ...

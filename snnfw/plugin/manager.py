@@ -266,6 +266,11 @@ class Plugins:
         """What plugin ``name`` keeps for this run; None outside a trainer or before it keeps anything."""
         return self.run.kept.get(name) if self.run is not None else None
 
+    def initial(self, name: str):
+        """The initial value of the model's tensor ``name`` where this run's ranks build only their shards from a
+        recorded build; None otherwise."""
+        return self.run.initial(name) if self.run is not None and self.run.initial is not None else None
+
     @property
     def families(self) -> Registry:
         return self.registries["model family"]

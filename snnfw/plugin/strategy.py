@@ -62,6 +62,13 @@ class Strategy:
         """Whether this strategy's ranks build only their shards for ``config``: :attr:`shards_parameters`."""
         return self.shards_parameters
 
+    def reads_values(self, config, plugins) -> bool:
+        """Whether applying this strategy to ``config``'s model runs it (a pipeline measures its split). Where its
+        ranks build only their shards, the model it is given is then on the meta device and it reads each tensor's
+        initial value through ``hooks.initial``, which only a recorded build gives: a build the recording refuses
+        is built whole on every rank instead of sent by rank 0 to the ranks that hold it."""
+        return False
+
     def optimizer_state(self, optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
         """The optimizer-state tensors this rank holds (the dry run counts them)."""
         return [value for state in optimizer.state.values() for value in state.values() if _is_tensor(value)]

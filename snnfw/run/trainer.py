@@ -35,8 +35,10 @@ class Trainer:
                  weights: dict | None = None):
         started = time.perf_counter()
         self.config, self.plan, self.device = config, prepared.plan, device
+        replayed = Replayed(prepared.recipe, weights) if prepared.builds_shards and prepared.recipe is not None else None
         self.run = RunState(PhaseTimes(config.log.phase_times, cuda=device.type == "cuda"),
-                            LossScale(config.train.precision == "fp16", config.train.loss_scale))
+                            LossScale(config.train.precision == "fp16", config.train.loss_scale),
+                            initial=replayed.initial if replayed else None)
         self.plugins = plugins = plugins.for_run(self.run)
         self.counter = SpikeCounter(prepared.model, prepared.analysis.neurons)
         self.ops = OpCounter(prepared.model, prepared.spec.time_steps, config.eval.energy_ac_pj, config.eval.energy_mac_pj)
@@ -63,7 +65,7 @@ class Trainer:
         plugins.transform_model(model, self.plan, self.example())
         self.model = plugins.parallelize(model, self.plan, mesh)
         if names is not None:
-            values = Replayed(prepared.recipe, weights) if prepared.recipe is not None else FromRank0(names)
+            values = replayed or FromRank0(names)
             materialize(self.model, device, names, lambda: plugins.state_dict(self.model, None, self.plan)["model"], values)
         if view := plugins.time_view(self.plan, mesh):  # this rank's model reads only these time steps
             self.train_set, self.test_set = (datalib.TimeView(d, *view) for d in (self.train_set, self.test_set))

@@ -11,7 +11,7 @@ import resource
 import torch
 
 from snnfw.run.trainer import Trainer
-from snnfw.testing import full_parameters
+from snnfw.testing import full_parameters, state_bytes
 
 _seen: dict = {}
 
@@ -20,7 +20,23 @@ def track_until_first_step(rank: int) -> None:
     """Tracks this process's CPU allocations until its trainer's first step."""
     from torch.distributed._tools.mem_tracker import MemTracker
 
-    tracker = MemTracker()
+    class WholeProcess(MemTracker):
+        """MemTracker's peak of all allocations, without its statistics per module, which refuse a module run
+        twice outside another (a pipeline's split runs the model, then its units)."""
+
+        def _pre_fw_hook(self, module, inputs):
+            pass
+
+        def _post_fw_hook(self, module, inputs, outputs):
+            pass
+
+        def _pre_bw_hook(self, module, args):
+            pass
+
+        def _post_bw_hook(self, module, args):
+            pass
+
+    tracker = WholeProcess()
     tracker.__enter__()
     step = Trainer.step
 
@@ -29,7 +45,8 @@ def track_until_first_step(rank: int) -> None:
             tracker.__exit__(None, None, None)
             _seen.update(peak=tracker.get_tracker_snapshot("peak")[torch.device("cpu")]["Total"],
                          rss_mb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
-                         initial=full_parameters(trainer))
+                         held=state_bytes(trainer)["parameters"],
+                         initial=_by_model_names(trainer, full_parameters(trainer)))
         return step(trainer, index)
 
     Trainer.step = first_step
@@ -44,5 +61,12 @@ def track_whole_build(rank: int) -> None:
 
 
 def seen(trainer: Trainer) -> dict:
-    """What :func:`track_until_first_step` kept: ``peak`` (bytes), ``rss_mb``, ``initial`` (parameters by name)."""
+    """What :func:`track_until_first_step` kept: ``peak`` (bytes), ``rss_mb``, ``held`` (bytes of the parameter
+    pieces this rank holds), ``initial`` (those parameters, whole, by the model's names)."""
     return _seen
+
+
+def _by_model_names(trainer: Trainer, parameters: dict) -> dict:
+    """``parameters`` under the model's own names (a pipeline's stages name them by stage)."""
+    names = getattr(trainer.model, "model_names", None)
+    return {names[name]: tensor for name, tensor in parameters.items()} if names else parameters

@@ -81,3 +81,26 @@ def test_a_build_a_replay_could_get_wrong_is_sent_by_rank_0_and_starts_from_none
             assert torch.equal(summary["inspect"]["initial"][name], tensor), f"rank {rank}: initial {name} differs"
         for step, (want, loss) in enumerate(zip(reference["losses"], summary["losses"]), start=1):
             assert abs(loss - want) <= 1e-9 * abs(want), f"rank {rank}, step {step}: loss {loss}, none's {want}"
+
+
+def test_pp_ranks_hold_their_stages_plus_one_unit_and_start_from_none_weights():
+    """Every rank builds on the meta device; the last times the split one unit at a time (its values and their
+    gradients), every rank runs a microbatch through the stages the same way, and materializes its own stage."""
+    model, _ = build_model(config("none"), Plugins())
+    initial = {name: p.detach().to(torch.float64) for name, p in model.named_parameters()}
+    whole = sum(p.numel() for p in initial.values()) * 8
+    largest = max(p.numel() for p in initial.values()) * 8
+    reference = run_training(config("none"))
+    summaries = run_on_ranks(config("pp"), RANKS, before=track_until_first_step, inspect=seen, timeout_s=180)
+    for rank, summary in enumerate(summaries):
+        peak = summary["inspect"]["peak"]
+        held, stage = summary["inspect"]["initial"], summary["inspect"]["held"]
+        assert held, f"rank {rank} holds no stage"
+        assert peak <= stage + 2 * largest + OTHER_BYTES, f"rank {rank} held {peak} bytes, its stage {stage}, of {whole}"
+        for name, tensor in held.items():
+            assert torch.equal(tensor, initial[name]), f"rank {rank}: initial {name} differs from none's"
+    assert set().union(*(s["inspect"]["initial"] for s in summaries)) == initial.keys()
+    last = summaries[-1]
+    for step, (want, loss) in enumerate(zip(reference["losses"], last["losses"]), start=1):
+        assert abs(loss - want) <= 1e-9 * abs(want), f"step {step}: loss {loss}, none's {want}"
+
