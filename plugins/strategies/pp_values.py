@@ -87,5 +87,5 @@ class UnitValues:
         if (value := self.initial(name)) is None:
             raise PluginError(f"the pipeline's model is on the meta device and the run gives no initial value of "
                               f"{name!r} (hooks.initial); only a run whose ranks replay a recorded build gives them")
-        value = value.to(self.device, tensor.dtype, copy=True).reshape(tensor.shape)
+        value = value.to(self.device, tensor.dtype).reshape(tensor.shape)  # a tensor of its own: updated in place
         return nn.Parameter(value, tensor.requires_grad) if isinstance(tensor, nn.Parameter) else value

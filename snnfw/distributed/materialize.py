@@ -67,12 +67,16 @@ class Replayed:
         pass  # the recording left the generator where the CPU build leaves it
 
     def initial(self, name: str) -> torch.Tensor:
-        """The initial value of the model's tensor ``name`` (``hooks.initial``)."""
-        given = self.weights is not None and name in self.weights  # not a buffer the state dict leaves out
-        return self.weights[name] if given else self.recipe.value(name)
+        """The initial value of the model's tensor ``name`` (``hooks.initial``), a tensor of its own."""
+        return self._given(name).clone() if self._given(name) is not None else self.recipe.value(name)
 
     def value(self, name: str, shape: torch.Size, dtype: torch.dtype) -> torch.Tensor:
-        return self.initial(name).reshape(shape)
+        given = self._given(name)
+        return (given if given is not None else self.recipe.value(name)).reshape(shape)
+
+    def _given(self, name: str) -> torch.Tensor | None:
+        """``name``'s weight given to the run (None for a buffer the state dict leaves out)."""
+        return self.weights.get(name) if self.weights is not None else None
 
 
 class FromRank0:

@@ -55,7 +55,7 @@ class HookContext(Protocol):
 
     def initial(self, name: str) -> torch.Tensor | None:
         """The initial value of the model's tensor ``name`` (its state-dict name; on the CPU, as strategy ``none``
-        starts from it) where this run's ranks build the model on the meta device and replay its recorded build
+        starts from it; a tensor of its own, which the caller may change) where this run's ranks build the model on the meta device and replay its recorded build
         (a strategy that runs the model to apply it reads its values here: :meth:`Strategy.reads_values`); None
         otherwise."""
 

@@ -20,23 +20,8 @@ def track_until_first_step(rank: int) -> None:
     """Tracks this process's CPU allocations until its trainer's first step."""
     from torch.distributed._tools.mem_tracker import MemTracker
 
-    class WholeProcess(MemTracker):
-        """MemTracker's peak of all allocations, without its statistics per module, which refuse a module run
-        twice outside another (a pipeline's split runs the model, then its units)."""
-
-        def _pre_fw_hook(self, module, inputs):
-            pass
-
-        def _post_fw_hook(self, module, inputs, outputs):
-            pass
-
-        def _pre_bw_hook(self, module, args):
-            pass
-
-        def _post_bw_hook(self, module, args):
-            pass
-
-    tracker = WholeProcess()
+    tracker = MemTracker()
+    tracker._mod_tracker = _NoModules()  # its statistics per module refuse a module run twice outside another
     tracker.__enter__()
     step = Trainer.step
 
@@ -50,6 +35,29 @@ def track_until_first_step(rank: int) -> None:
         return step(trainer, index)
 
     Trainer.step = first_step
+
+
+class _NoModules:
+    """What MemTracker asks of its module tracker, tracking no module: the peak of all allocations is kept, without
+    the statistics per module, which refuse a module run twice outside another (a pipeline's split runs the model,
+    then its units) and hook into autograd."""
+
+    is_bw, parents = False, frozenset({"Global"})
+
+    def register_user_hooks(self, *hooks) -> None:
+        pass
+
+    def clear_user_hooks(self) -> None:
+        pass
+
+    def get_known_fqn(self, module) -> None:
+        return None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        pass
 
 
 def track_whole_build(rank: int) -> None:
