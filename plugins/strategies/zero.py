@@ -1,22 +1,24 @@
 """``zero``: data parallel with optimizer state sharded (ZeroRedundancyOptimizer).
 
 ``strategy = "zero"`` is DDP plus the sharded optimizer; ``parallel.zero =
-true`` adds the sharded optimizer to ``dp``. Strategies that already shard
-optimizer state, or whose ranks hold different parameters, refuse it, and
-``zero`` refuses ``parallel.zero = false``. Each rank checkpoints its own
-partition of the optimizer state by parameter name, so a checkpoint resumes
-under any strategy.
+true`` adds the sharded optimizer to every layout whose ranks hold whole
+replicas in DistributedDataParallel: ``dp``, ``tsp`` and composed meshes of
+``dp_replicate`` and ``time``, sharded over the ranks DDP averages over.
+Strategies that already shard optimizer state, or whose ranks hold different
+parameters, refuse it, and ``zero`` refuses ``parallel.zero = false``. Each
+rank checkpoints its own partition of the optimizer state by parameter name,
+so a checkpoint resumes under any strategy.
 """
 
 import attrs
 
 from snnfw import hookimpl
-from snnfw.api import (Proposal, held_state, load_held_state, merge_optimizer_states, optimizer_options,
-                       parameter_groups, refuse_others, trainable)
+from snnfw.api import (COMPOSED, REPLICATED, Proposal, held_state, load_held_state, merge_optimizer_states,
+                       optimizer_options, owners, parameter_groups, refuse_others, trainable)
 from snnfw_plugins.strategies.dp import Replicas, propose_replicas
 
 NAME = "zero"
-COMPOSES_WITH = ("dp", NAME)
+COMPOSES_WITH = ("dp", NAME, "tsp")
 
 
 @attrs.frozen
@@ -53,9 +55,30 @@ def snnfw_plan(request):
         return None
     reason = (
         f"parallel.zero shards optimizer state across data-parallel replicas and composes with "
-        f"{' and '.join(COMPOSES_WITH)} only (fsdp2 shards optimizer state already); remove parallel.zero"
+        f"{', '.join(COMPOSES_WITH)} and composed meshes of replicas only (fsdp2 shards optimizer state already); "
+        "remove parallel.zero"
     )
-    return refuse_others(request, COMPOSES_WITH, reason, dimensions=())  # a composed mesh's dp_replicate keeps it whole
+    refusals = refuse_others(request, (*COMPOSES_WITH, COMPOSED), reason)
+    if request.asks_for(COMPOSED) and (why := _composed_refusal(request)):
+        refusals.append(Proposal.refuse(COMPOSED, why))
+    return refusals
+
+
+def _composed_refusal(request) -> str | None:
+    """Why a composed mesh cannot shard its optimizer state with ZeRO, or None: every dimension of more than one
+    rank must hold the parameters whole on each (``dp_replicate``, ``time``), so DDP averages them over all."""
+    mesh = request.config.parallel.mesh
+    if not mesh:
+        return ("under auto, parallel.zero composes with a mesh only where parallel.mesh names one of replicas "
+                "(dp_replicate, time); set it, or remove parallel.zero")
+    owned = owners(request.plugins)
+    held = [name for name, size in mesh if size > 1 and name in owned
+            and request.plugins.strategy(owned[name]).parameters != REPLICATED]
+    if held:
+        return (f"parallel.zero shards the optimizer state of parameters every rank holds whole, and the mesh's "
+                f"{', '.join(held)} ranks hold different parts (fsdp2's dp_shard shards optimizer state already); "
+                "remove parallel.zero, or those dimensions")
+    return None
 
 
 @hookimpl
@@ -75,7 +98,7 @@ def snnfw_build_optimizer(model, plan, mesh, hooks):
     return ZeroRedundancyOptimizer(
         parameter_groups(model, plan.config.train),
         optimizer_class=optimizer_class,
-        process_group=mesh.get_group("dp"),
+        process_group=model.process_group,  # the replicas DistributedDataParallel averages over
         **kwargs,
     )
 

@@ -326,6 +326,13 @@ def test_a_composed_checkpoint_resumes_on_another_composed_mesh(tmp_path, refere
                           (mesh({"dp_replicate": 2, "time": 2}), 4), reference64)
 
 
+def test_a_mesh_of_replicas_with_zero_resumes_on_a_sharded_mesh(tmp_path, reference64):
+    """dp_replicate x time with ZeRO's optimizer (each rank's partition under the parameters' names) saved, resumed
+    on dp_shard x tp: the uninterrupted run's losses."""
+    saved = config("mesh", parallel={"mesh": {"dp_replicate": 2, "time": 2}, "zero": True}, train=FLOAT64, steps=3)
+    assert_resumed_across(tmp_path, (saved, 4), (mesh({"dp_shard": 2, "tp": 2}), 4), reference64)
+
+
 def test_a_pipelined_mesh_checkpoint_resumes_on_a_sharded_one(tmp_path):
     """pp x dp_replicate (stage state under the model's names) saved, resumed on dp_shard x tp with as many
     microbatches: none's losses with 4."""

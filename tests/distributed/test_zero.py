@@ -35,16 +35,34 @@ def test_zero_matches_none_and_shards_optimizer_state(tmp_path, strategy, extra)
 
 def test_zero_is_refused_where_it_does_not_compose():
     plugins = Plugins()
-    with pytest.raises(PlanError, match="composes with dp and zero only"):
+    with pytest.raises(PlanError, match="composes with dp, zero, tsp and composed meshes of replicas only"):
         prepare(tiny_config("none", parallel={"zero": True}), 1, plugins)
     with pytest.raises(PlanError, match="fsdp2 shards optimizer state already"):
         prepare(tiny_config("fsdp2", parallel={"zero": True}), 2, plugins)
 
 
-def test_a_composed_mesh_refuses_parallel_zero_which_its_dp_replicate_does_not_apply():
-    config = tiny_config("mesh", parallel={"mesh": {"dp_replicate": 2, "tp": 2}, "zero": True})
-    with pytest.raises(PlanError, match="strategy 'mesh' cannot run: parallel.zero shards optimizer state"):
+@pytest.mark.parametrize("mesh, held", [({"dp_replicate": 2, "tp": 2}, "tp"), ({"pp": 2, "dp_replicate": 2}, "pp"),
+                                         ({"dp_replicate": 2, "dp_shard": 2}, "dp_shard")])
+def test_a_composed_mesh_whose_ranks_hold_parts_refuses_parallel_zero_naming_the_dimension(mesh, held):
+    config = tiny_config("mesh", microbatches=2, parallel={"mesh": mesh, "zero": True})
+    with pytest.raises(PlanError, match=f"strategy 'mesh' cannot run: parallel.zero .* the mesh's {held} ranks hold "
+                                        "different parts"):
         prepare(config, 4, Plugins())
+
+
+@pytest.mark.parametrize("strategy, mesh", [("mesh", {"dp_replicate": 2, "time": 2}), ("tsp", {"dp": 2, "time": 2})])
+def test_zero_shards_the_optimizer_state_of_replicas_split_in_time_and_matches_none(tmp_path, strategy, mesh):
+    reference = run_training(tiny_config("none", microbatches=2))
+    config = tiny_config(strategy, parallel={"mesh": mesh, "zero": True})
+    summaries = run_on_ranks(config, 4, tmp_path, inspect=parameters_and_bytes, timeout_s=240)
+    for summary in summaries:
+        assert_same_losses(reference, summary)
+    first = summaries[0]["inspect"]["params"]
+    moments = 2 * sum(t.numel() * t.element_size() for t in first.values())
+    optimizer = [s["inspect"]["bytes"]["optimizer"] for s in summaries]
+    # the four ranks' partitions (whole parameters each, so not equal) make up one copy of Adam's state
+    assert sum(optimizer) == moments + 4 * len(first), f"optimizer state per rank {optimizer}, Adam's {moments}"
+    assert max(optimizer) < moments / 2, f"optimizer state per rank {optimizer}, Adam's {moments}"
 
 
 def test_zero_refuses_parallel_zero_false():
@@ -55,7 +73,9 @@ def test_zero_refuses_parallel_zero_false():
 def test_auto_with_parallel_zero_keeps_the_candidates_it_composes_with():
     plan = prepare(tiny_config("auto", microbatches=None, parallel={"zero": True, "prefer": "memory"}), 2, Plugins()).plan
     assert plan.strategy in ("dp", "zero") and plan.config.parallel.zero is True
-    refused = {line.split()[1].rstrip(":") for line in plan.rationale if "composes with dp and zero only" in line}
-    assert refused == {"none", "fsdp2", "tp", "pp", "fsdp2_tp", "tsp", "fsdp2_tsp", "mesh"}, plan.rationale
+    refused = {line.split()[1].rstrip(":") for line in plan.rationale if "composed meshes of replicas only" in line}
+    assert refused == {"none", "fsdp2", "tp", "pp", "fsdp2_tp", "fsdp2_tsp"}, plan.rationale
+    assert any(line.startswith("candidate mesh: cannot run: under auto, parallel.zero composes with a mesh only")
+               for line in plan.rationale), plan.rationale
     plan = prepare(tiny_config("auto", microbatches=None, parallel={"zero": False}), 2, Plugins()).plan
     assert any(line.startswith("candidate zero: cannot run: parallel.zero = false") for line in plan.rationale)
