@@ -230,6 +230,7 @@ class ParallelConfig:
     mixed_precision: str = attrs.field(default="none", validator=v.in_(("none", "bf16")))
     prefer: str | None = attrs.field(default=None, validator=v.optional(v.in_(("speed", "memory", "capacity"))))
     cpu_allocator: str = attrs.field(default="auto", validator=v.in_(("auto", "retain", "system")))
+    tune_results: str | None = attrs.field(default=None, validator=v.optional(v.instance_of(str)))
 
 
 def _numbers(key: str, kind: type, length: int | None = None, example: str = ""):

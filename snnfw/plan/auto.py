@@ -3,8 +3,9 @@
 Strategy plugins answer ``snnfw_plan`` for ``auto`` as for their own name,
 attaching an :class:`snnfw.plan.estimate.Estimate`; so a third-party strategy takes
 part without any change here. ``speed`` ranks by :mod:`snnfw.plan.cost_model`'s
-predicted step time (with the strategies' own byte estimates and assumed links;
-``snnfw tune`` counts the bytes by dry run, probes the links and measures). Candidates that cannot run are kept with their
+predicted step time, from the strategies' own byte estimates, over the links ``snnfw tune`` probed and with
+the corrections it learned where ``parallel.tune_results`` names its records (else assumed links, uncorrected;
+``tune`` also counts the bytes by dry run and measures). Candidates that cannot run are kept with their
 reason, for ``snnfw plan`` to show.
 """
 
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 
 import attrs
 import torch
@@ -61,7 +63,7 @@ def candidates(request, proposals) -> tuple[list[Candidate], list[Candidate]]:
     """
     config, topology = request.config, request.topology
     memory = topology.memory_per_rank()
-    cluster = cost_model.Cluster.here(topology.device_type, topology.world_size)
+    cluster, corrections = learned(config, topology)
     vetoed = {p.strategy for p in proposals if p.refusal and not p.settings and not p.mesh}
     feasible, refused = [], []
     for p in proposals:
@@ -80,10 +82,19 @@ def candidates(request, proposals) -> tuple[list[Candidate], list[Candidate]]:
         else:
             terms = cost_model.terms_of(p.strategy, p.estimate, request.cost)
             feasible.append(Candidate(p.strategy, mesh, replicas, p.estimate, settings=p.settings,
-                                      predicted_ms=cost_model.predict(terms, cluster).ms))
+                                      predicted_ms=cost_model.predict(terms, cluster, corrections).ms))
             continue
         refused.append(Candidate(p.strategy, mesh, reason=reason, settings=p.settings))
     return feasible, _collapse(refused)
+
+
+def learned(config: Config, topology) -> tuple[cost_model.Cluster, cost_model.Corrections]:
+    """The links and corrections the cost model predicts with: what ``snnfw tune`` learned beside
+    ``parallel.tune_results`` where it is set, else the assumed links, uncorrected."""
+    if config.parallel.tune_results is not None:
+        return cost_model.learned(Path(config.parallel.tune_results), topology.device_type, topology.world_size)
+    cluster = cost_model.Cluster.here(topology.device_type, topology.world_size)
+    return cluster, cost_model.Corrections(cluster.device)
 
 
 def _collapse(refused: list[Candidate]) -> list[Candidate]:

@@ -39,6 +39,7 @@ ASSUMED = {  # bytes/s and seconds per call of one collective, where no probe me
     "cpu": (1e9, 1e-4),
     "cuda": (5e10, 2e-5),
 }
+PROBE, CORRECTIONS = "probe.json", "corrections.json"  # kept beside the bench records (snnfw tune)
 GLOBAL_FIT_RECORDS = 3  # records on a device before the overhead and the two factors are fitted
 STRATEGY_FIT_RECORDS = 2  # records of a strategy before its own factor is, and replaces them for it
 
@@ -273,6 +274,33 @@ def read_corrections(path: Path, device: str) -> Corrections:
     except (ValueError, TypeError) as err:
         raise UserError(f"{path} is not snnfw's corrections file ({err}); delete it, and snnfw tune refits it from "
                         f"the records") from None
+
+
+def probe_key(device_type: str, world_size: int) -> str:
+    """Where a probe of this host, device type and world size is kept in ``probe.json``."""
+    import platform
+
+    return f"{platform.node()}/{device_type}/{world_size}"
+
+
+def stored_cluster(folder: Path, device_type: str, world_size: int) -> Cluster | None:
+    """The probe ``folder`` keeps for this host, device type and world size; None where there is none."""
+    path = Path(folder) / PROBE
+    stored = json.loads(path.read_text(encoding="utf-8")) if path.exists() else {}
+    key = probe_key(device_type, world_size)
+    return Cluster.from_dict(stored[key]) if key in stored else None
+
+
+def learned(results: Path, device_type: str, world_size: int) -> tuple[Cluster, Corrections]:
+    """What ``snnfw tune`` learned beside the bench records ``results``: the probe of this host, device type and
+    world size (else the assumed links), and the corrections fitted from the records (else those stored, else
+    none)."""
+    results = Path(results)
+    cluster = stored_cluster(results.parent, device_type, world_size) or Cluster.here(device_type, world_size)
+    records = read_records(results) if results.exists() else []
+    corrections = (fit(records, cluster.device) if records
+                   else read_corrections(results.parent / CORRECTIONS, cluster.device))
+    return cluster, corrections
 
 
 def write_corrections(path: Path, corrections: Corrections) -> None:

@@ -9,6 +9,7 @@ plan. Each then applies and runs it (:mod:`snnfw.run.loop`).
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Callable
 
 import attrs
@@ -227,6 +228,7 @@ def prepare(config: Config, world_size: int, plugins: Plugins, local_ranks: int 
     of a job that plan for themselves pass one that takes rank 0's).
     """
     check_data(config, plugins, datasets is not None)
+    check_tune_results(config)
     if (profile := config.log.profile) and profile.ranks and profile.ranks[-1] >= world_size:
         raise ConfigError(f"log.profile.ranks names rank {profile.ranks[-1]}, and the run has ranks 0 to "
                           f"{world_size - 1}; name ranks of this run")
@@ -263,6 +265,19 @@ def prepare(config: Config, world_size: int, plugins: Plugins, local_ranks: int 
                     builds_shards=shards, recipe=made, datasets=built_data)
 
 
+def check_tune_results(config: Config) -> None:
+    """Refuses ``parallel.tune_results`` where ``auto`` does not read it, or where it names no file."""
+    results = config.parallel.tune_results
+    if results is None:
+        return
+    if config.parallel.strategy != AUTO:
+        raise ConfigError(f"parallel.tune_results is read by strategy auto only (its speed ranking), and the config "
+                          f"names strategy {config.parallel.strategy!r}; remove it, or set parallel.strategy = \"auto\"")
+    if not Path(results).is_file():
+        raise ConfigError(f"parallel.tune_results names {results}, which is not a file; run snnfw tune CONFIG "
+                          f"--world-size N --results {results} first, or remove the key")
+
+
 def from_plan(plan: Plan, plugins: Plugins, rank: int) -> Prepared:
     """What rank ``rank`` applies and runs under a plan made before it started (:mod:`snnfw.plan.planfile`): the
     model built from the plan's resolved config as planning built it (on the meta device where the rank
@@ -288,6 +303,7 @@ def costed_candidates(config: Config, world_size: int, plugins: Plugins, device_
     """(runnable candidates best first, refused ones, the model's profile at ``threads`` threads): every strategy's
     under ``auto``, the named strategy's own otherwise; starts no process."""
     check_data(config, plugins, own_data=False)
+    check_tune_results(config)
     config, _ = follow_data(config, plugins)
     source = models.source(config, plugins)
     config = _resolved(config, plugins, source, None)

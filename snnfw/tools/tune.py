@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import json
 import os
-import platform
 import subprocess
 import sys
 import time
@@ -34,7 +33,8 @@ from snnfw.plan.cost_model import Cluster, Corrections, StepTerms, Traffic
 from snnfw.plan.prepare import costed_candidates
 from snnfw.plugin.manager import Plugins
 
-RECORDS, PROBE, CORRECTIONS = "bench.jsonl", "probe.json", "corrections.json"
+RECORDS = "bench.jsonl"
+PROBE, CORRECTIONS = cost_model.PROBE, cost_model.CORRECTIONS
 WARMUP, STEPS = 2, 4  # a measured candidate's steps
 
 
@@ -58,17 +58,16 @@ def rank_threads(world: int) -> int:
 def cluster_here(folder: Path, world: int, device_type: str, probe_now: bool) -> Cluster:
     """The probe of ``folder`` for this host, device and world; probed now (and stored) where there is none and
     ``probe_now``; else the stated assumptions."""
-    path = folder / PROBE
-    stored = json.loads(path.read_text()) if path.exists() else {}
-    key = f"{platform.node()}/{device_type}/{world}"
-    if key in stored:
-        return Cluster.from_dict(stored[key])
+    if (stored_cluster := cost_model.stored_cluster(folder, device_type, world)) is not None:
+        return stored_cluster
     if not probe_now or world < 2:
         return Cluster.here(device_type, world)
     from snnfw.tools.probe import probe
 
     cluster = probe(world, device_type)
-    stored[key] = cluster.to_dict()
+    path = folder / PROBE
+    stored = json.loads(path.read_text()) if path.exists() else {}
+    stored[cost_model.probe_key(device_type, world)] = cluster.to_dict()
     folder.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(stored, indent=2) + "\n")
     return cluster
@@ -114,7 +113,6 @@ def tune(config_path, world: int, overrides: list[str], budget_s: float, results
     config = load_config(config_path, base)
     device_type = _device_type(config, world)
     folder = results.parent
-    records = cost_model.read_records(results) if results.exists() else []
     cluster = cluster_here(folder, world, device_type, probe_now)
     plugins = Plugins()
     ranked, _, cost = costed_candidates(config, world, plugins, threads=rank_threads(world))
@@ -136,8 +134,7 @@ def tune(config_path, world: int, overrides: list[str], budget_s: float, results
     print(file=sys.stderr)
     if not tuned:
         raise UserError(f"no candidate fits {world} rank(s) here; see snnfw plan --dry-run")
-    corrections = (cost_model.fit(records, cluster.device) if records
-                   else cost_model.read_corrections(folder / CORRECTIONS, cluster.device))
+    corrections = cost_model.learned(results, device_type, world)[1]
     tuned = _predicted(tuned, cluster, corrections)
     measured = 0
     for index, candidate in enumerate(tuned[:measure], start=1):

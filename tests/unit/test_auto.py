@@ -1,9 +1,11 @@
 """The auto planner: every strategy proposes with an estimate, the preference ranks, refusals say why."""
 
+import json
+
 import pytest
 
 from snnfw import hookimpl
-from snnfw.errors import PlanError
+from snnfw.errors import ConfigError, PlanError
 from snnfw.plan.estimate import estimate
 from snnfw.plan.layout import Proposal
 from snnfw.plan.prepare import prepare
@@ -16,8 +18,8 @@ def plugins():
     return Plugins()
 
 
-def auto(world, prefer=None, family="cifar10dvs_vgg", batch=8, microbatches=None, **sections):
-    parallel = {"strategy": "auto", **({"prefer": prefer} if prefer else {})}
+def auto(world, prefer=None, family="cifar10dvs_vgg", batch=8, microbatches=None, parallel=None, **sections):
+    parallel = {"strategy": "auto", **({"prefer": prefer} if prefer else {}), **(parallel or {})}
     return tiny_config(parallel=parallel, microbatches=microbatches, model={"family": family}, data={"batch_size": batch}, **sections)
 
 
@@ -175,3 +177,27 @@ def test_ranks_whose_measurements_differ_run_rank_0s_choice(plugins, monkeypatch
     assert [s["plan"]["strategy"] for s in summaries] == ["dp", "dp"]
     assert summaries[0]["plan"] == summaries[1]["plan"]
     assert summaries[0]["plan"]["rationale"][0].startswith("auto, prefer speed: chose dp")
+
+
+def test_auto_predicts_with_the_corrections_tune_learned_beside_its_records(plugins, tmp_path):
+    """Records in which dp's steps took 50 times its terms and fsdp2's their terms make auto's speed ranking take
+    fsdp2 over dp, which it picks without them."""
+    records = tmp_path / "bench.jsonl"
+
+    def record(strategy, step_ms):
+        return {"device": "cpu", "nproc": 2, "plan": {"strategy": strategy}, "step_ms": step_ms,
+                "predicted": {"ms": 100.0, "compute_ms": 90.0, "communication_ms": 10.0}}
+
+    measured = [record("dp", 5000.0), record("dp", 5000.0), record("fsdp2", 100.0), record("fsdp2", 100.0)]
+    records.write_text("".join(json.dumps(r) + "\n" for r in measured))
+    assert prepare(auto(2, "speed"), 2, plugins).plan.strategy == "dp"
+    learned = prepare(auto(2, "speed", parallel={"tune_results": str(records)}), 2, plugins).plan
+    assert learned.strategy == "fsdp2", learned.rationale
+    assert any(line.startswith("candidate dp (") for line in learned.rationale)
+
+
+def test_tune_results_is_refused_under_a_named_strategy_and_where_it_names_no_file(plugins, tmp_path):
+    with pytest.raises(ConfigError, match="parallel.tune_results is read by strategy auto only"):
+        prepare(tiny_config("dp", parallel={"tune_results": str(tmp_path / "bench.jsonl")}), 2, plugins)
+    with pytest.raises(ConfigError, match="which is not a file; run snnfw tune"):
+        prepare(auto(2, "speed", parallel={"tune_results": str(tmp_path / "none.jsonl")}), 2, plugins)
