@@ -4,22 +4,24 @@
 import attrs
 
 from snnfw import hookimpl
-from snnfw.api import COMPOSED, DATA, IN_PLACE, REPLICATED, SHARDED, Strategy, apply_mesh, candidate_meshes, owners, propose_mesh
+from snnfw.api import COMPOSED, DATA, IN_PLACE, REPLICATED, STAGES, SHARDED, Strategy, apply_mesh, candidate_meshes, owners, propose_mesh
 
 
 class Composed(Strategy):
     """Each dimension applied by the strategy that owns it, in the core's order."""
 
     def builds_shards(self, config, plugins):
-        """Where a dimension shards parameters, every other one shards them too or reduces gradients, FSDP2
-        reduces them if anything does (DistributedDataParallel reads the parameters as it wraps them, which a meta
-        build cannot), and no dimension that runs the model to apply it (a pipeline's split) meets one applied in
-        place before it (tp's layers exchange with their peers as the split is measured)."""
+        """Where a dimension shards parameters, every other one shards them too or reduces gradients, no
+        DistributedDataParallel wraps the model (it reads the parameters as it wraps them, which a meta build
+        cannot: replicas without FSDP2 or a pipeline, which averages its stages' gradients itself), and no
+        dimension that runs the model to apply it (a pipeline's split) meets one applied in place before it (tp's
+        layers exchange with their peers as the split is measured)."""
         strategies = self._strategies(config, plugins)
-        roles = {s.parameters for s in strategies}
+        roles, orders = {s.parameters for s in strategies}, {s.order for s in strategies}
+        wraps_ddp = REPLICATED in roles and SHARDED not in roles and STAGES not in orders
         return (any(s.shards_parameters for s in strategies) and all(s.shards_parameters or s.order == DATA for s in strategies)
-                and (SHARDED in roles or REPLICATED not in roles)
-                and not (any(s.reads_values(config, plugins) for s in strategies) and any(s.order == IN_PLACE for s in strategies)))
+                and not wraps_ddp
+                and not (any(s.reads_values(config, plugins) for s in strategies) and IN_PLACE in orders))
 
     def reads_values(self, config, plugins):
         return any(s.reads_values(config, plugins) for s in self._strategies(config, plugins))

@@ -38,13 +38,13 @@ def mlp_a_replay_could_get_wrong():
     return model
 
 
-def config(strategy, builder="wide_mlp"):
+def config(strategy, builder="wide_mlp", mesh=None):
     return build_config({
         "model": {"builder": f"{__file__}:{builder}", "input_shape": [2, 8, 8], "num_classes": 10, "input_layout": "TN",
                   "time_steps": 4},
         "data": {"name": "synthetic_dvs", "batch_size": 8, "train_samples": 16, "test_samples": 8},
         "train": {"steps": 3, "lr": 0.01, "seed": 3, "dtype": "float64"},
-        "parallel": {"strategy": strategy, "device": "cpu"},
+        "parallel": {"strategy": strategy, "device": "cpu", **({"mesh": mesh} if mesh else {})},
     })
 
 
@@ -83,7 +83,8 @@ def test_a_build_a_replay_could_get_wrong_is_sent_by_rank_0_and_starts_from_none
             assert abs(loss - want) <= 1e-9 * abs(want), f"rank {rank}, step {step}: loss {loss}, none's {want}"
 
 
-def test_pp_ranks_hold_their_stages_plus_one_unit_and_start_from_none_weights():
+@pytest.mark.parametrize("strategy, mesh", [("pp", None), ("mesh", {"dp_replicate": 2, "pp": 2})])
+def test_pp_ranks_hold_their_stages_plus_one_unit_and_start_from_none_weights(strategy, mesh):
     """Every rank builds on the meta device; the last times the split one unit at a time (its values and their
     gradients), every rank runs a microbatch through the stages the same way, and materializes its own stage."""
     model, _ = build_model(config("none"), Plugins())
@@ -91,7 +92,8 @@ def test_pp_ranks_hold_their_stages_plus_one_unit_and_start_from_none_weights():
     whole = sum(p.numel() for p in initial.values()) * 8
     largest = max(p.numel() for p in initial.values()) * 8
     reference = run_training(config("none"))
-    summaries = run_on_ranks(config("pp"), RANKS, before=track_until_first_step, inspect=seen, timeout_s=180)
+    summaries = run_on_ranks(config(strategy, mesh=mesh), RANKS, before=track_until_first_step, inspect=seen,
+                             timeout_s=180)
     for rank, summary in enumerate(summaries):
         peak = summary["inspect"]["peak"]
         held, stage = summary["inspect"]["initial"], summary["inspect"]["held"]
