@@ -55,8 +55,8 @@ class PipelineModel(nn.Module):
     ``parameters()`` are the local stages' parameters. ``owners[s]`` is the pp
     rank holding stage ``s``. With a ``dp_group``, gradients are averaged over
     the replicas of each stage after the schedule step. ``model_names`` maps
-    each of its state-dict keys to the model's own name for that tensor; ``step_times`` its figures since the
-    step metrics last took them.
+    each of its state-dict keys to the model's own name for that tensor (``unsaved_names`` each buffer the state
+    dict leaves out); ``step_times`` its figures since the step metrics last took them.
     """
 
     def __init__(self, stages: dict[int, nn.Module], schedule, loss: ScoredLoss, split, owners: tuple[int, ...],
@@ -69,6 +69,7 @@ class PipelineModel(nn.Module):
         self.pp_group, self.dp_group, self.stopwatch = pp_group, dp_group, stopwatch
         self.holds_last = len(owners) - 1 in self.stage_indices
         self.model_names: dict[str, str] = {}
+        self.unsaved_names: dict[str, str] = {}
         self.step_times = StepTimes()
 
     def train_step(self, batches: list[tuple[torch.Tensor, torch.Tensor]]) -> StepOutput:

@@ -28,10 +28,13 @@ def tensor_names(model: torch.nn.Module) -> dict[tuple[int, str], str]:
             for prefix, module in model.named_modules() for attribute in (*module._parameters, *module._buffers)}
 
 
-def model_names(pipeline: torch.nn.Module, names: dict[tuple[int, str], str]) -> dict[str, str]:
-    """Each state-dict key of ``pipeline`` -> the model's own name of that tensor (``names``: :func:`tensor_names`)."""
+def model_names(pipeline: torch.nn.Module, names: dict[tuple[int, str], str], unsaved: bool = False) -> dict[str, str]:
+    """Each state-dict key of ``pipeline`` (with ``unsaved``, each buffer the state dict leaves out instead) -> the
+    model's own name of that tensor (``names``: :func:`tensor_names`)."""
+    saved = pipeline.state_dict(keep_vars=True)
+    keys = [raw for raw, _ in pipeline.named_buffers() if raw not in saved] if unsaved else list(saved)
     out = {}
-    for raw in pipeline.state_dict(keep_vars=True):
+    for raw in keys:
         prefix, _, attribute = raw.rpartition(".")
         out[raw] = names[(id(pipeline.get_submodule(prefix)), attribute)]
     return out
@@ -51,8 +54,9 @@ def _slices(model: PipelineModel) -> dict:
 
 
 def named_state(model: PipelineModel, optimizer) -> dict:
-    """This rank's stage state under the model's names, param groups listing every pp rank's parameters (the
-    model's alone without ``optimizer``); tp's slices as pieces of the whole tensors (``tp_state``)."""
+    """This rank's stage state under the model's names, param groups listing every pp rank's parameters (without
+    ``optimizer``, the model's tensors alone, non-persistent buffers included); tp's slices as pieces of the whole
+    tensors (``tp_state``)."""
     state = _named_state(model, optimizer)
     slices = _slices(model)
     return convert_sliced(state, slices, chunked) if slices else state
@@ -60,8 +64,9 @@ def named_state(model: PipelineModel, optimizer) -> dict:
 
 def _named_state(model: PipelineModel, optimizer) -> dict:
     tensors = {model.model_names[raw]: tensor.detach() for raw, tensor in model.state_dict(keep_vars=True).items()}
-    if optimizer is None:  # the model's alone (the pieces a shard-only build materializes)
-        return {"model": tensors}
+    if optimizer is None:  # what a shard-only build materializes: the buffers the state dict leaves out too
+        unsaved = dict(model.named_buffers())
+        return {"model": {**tensors, **{name: unsaved[raw] for raw, name in model.unsaved_names.items()}}}
     _init_optim_state(optimizer)  # a fresh optimizer's state, for a checkpoint to load into
     own, params = optimizer.state_dict(), _parameter_names(model, optimizer)
     groups = [{**group, "params": [params[i] for i in group["params"]]} for group in own["param_groups"]]

@@ -66,9 +66,17 @@ class Replayed:
     def start(self, sizes: dict, device: torch.device) -> None:
         pass  # the recording left the generator where the CPU build leaves it
 
-    def initial(self, name: str) -> torch.Tensor:
-        """The initial value of the model's tensor ``name`` (``hooks.initial``), a tensor of its own."""
-        return self._given(name).clone() if self._given(name) is not None else self.recipe.value(name)
+    def initial(self, name: str) -> torch.Tensor | None:
+        """The initial value of the model's tensor ``name`` (``hooks.initial``), a tensor of its own; None once
+        :meth:`release` d."""
+        if self.recipe is None:
+            return None
+        given = self._given(name)
+        return given.clone() if given is not None else self.recipe.value(name)
+
+    def release(self) -> None:
+        """Lets go of the recipe and the given weights (the run keeps ``initial``): the model is materialized."""
+        self.recipe = self.weights = None
 
     def value(self, name: str, shape: torch.Size, dtype: torch.dtype) -> torch.Tensor:
         given = self._given(name)

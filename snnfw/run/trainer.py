@@ -67,6 +67,8 @@ class Trainer:
         if names is not None:
             values = replayed or FromRank0(names)
             materialize(self.model, device, names, lambda: plugins.state_dict(self.model, None, self.plan)["model"], values)
+            if replayed:
+                replayed.release()
         if view := plugins.time_view(self.plan, mesh):  # this rank's model reads only these time steps
             self.train_set, self.test_set = (datalib.TimeView(d, *view) for d in (self.train_set, self.test_set))
         self.running_stats.bind(self.model, self.replica, self.plan.dp_size, dp_group(self.layout, mesh))

@@ -111,6 +111,9 @@ def tune(config_path, world: int, overrides: list[str], budget_s: float, results
         raise UserError(f"--budget-s and --measure take 0 or more; got {budget_s} and {measure}")
     base = [*overrides, "parallel.strategy=auto"]
     config = load_config(config_path, base)
+    if config.parallel.tune_results is not None:
+        raise UserError(f"{config_path} sets parallel.tune_results, which auto reads; tune learns from --results and "
+                        "writes configs of named strategies, which refuse it: tune a copy without the key")
     device_type = _device_type(config, world)
     folder = results.parent
     cluster = cluster_here(folder, world, device_type, probe_now)

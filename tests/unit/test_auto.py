@@ -1,6 +1,7 @@
 """The auto planner: every strategy proposes with an estimate, the preference ranks, refusals say why."""
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -201,3 +202,12 @@ def test_tune_results_is_refused_under_a_named_strategy_and_where_it_names_no_fi
         prepare(tiny_config("dp", parallel={"tune_results": str(tmp_path / "bench.jsonl")}), 2, plugins)
     with pytest.raises(ConfigError, match="which is not a file; run snnfw tune"):
         prepare(auto(2, "speed", parallel={"tune_results": str(tmp_path / "none.jsonl")}), 2, plugins)
+
+
+def test_tune_refuses_a_config_that_sets_tune_results(tmp_path):
+    from snnfw.errors import UserError
+    from snnfw.tools.tune import tune
+
+    quickstart = Path(__file__).resolve().parents[2] / "examples" / "quickstart.toml"
+    with pytest.raises(UserError, match="sets parallel.tune_results, which auto reads; tune learns from --results"):
+        tune(quickstart, 2, ['parallel.tune_results="bench.jsonl"'], 10.0, tmp_path / "bench.jsonl", tmp_path / "t.toml", 0)
