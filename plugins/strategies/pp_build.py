@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import functools
 
 import attrs
@@ -14,7 +13,7 @@ from snnfw.api import IN_PLACE, PluginError, autocast, submodule, training_loss
 from snnfw_plugins.strategies.pp_model import PipelineModel, ScoredLoss
 from snnfw_plugins.strategies.pp_stages import Stage, Stopwatch, decide_split, pipeline_stage, pipeline_units
 from snnfw_plugins.strategies.pp_state import model_names, tensor_names
-from snnfw_plugins.strategies.pp_values import UnitValues
+from snnfw_plugins.strategies.pp_values import UnitValues, streamed
 
 EXAMPLE_FIRING = 0.2  # share of active pixels in the dry run's frames
 
@@ -36,14 +35,18 @@ def stage_inputs(stages: list[Stage], example: torch.Tensor, hooks, values: Unit
     """One microbatch of input for every stage: ``example`` through the stages before it, each unit holding its
     ``values`` as it runs where the stages are on the meta device. Every stage receives its input in the layout
     the stage before produced it (channels-last or not)."""
-    inputs, x = [], example
-    with torch.no_grad(), values.running(*stages) if values else contextlib.nullcontext():
-        for before, stage in zip([None, *stages], stages):
-            stage.receives_channels_last = before is not None and before.sent_channels_last
-            inputs.append(x)
-            hooks.reset_state(stage)
-            x = stage(x)
-    return inputs
+
+    def run() -> list[torch.Tensor]:
+        inputs, x = [], example
+        with torch.no_grad():
+            for before, stage in zip([None, *stages], stages):
+                stage.receives_channels_last = before is not None and before.sent_channels_last
+                inputs.append(x)
+                hooks.reset_state(stage)
+                x = stage(x)
+        return inputs
+
+    return streamed(values, tuple(stages), run)
 
 
 def build_pipeline(model: nn.Module, plan, mesh, hooks, wrap=None, dp_group=None) -> PipelineModel:

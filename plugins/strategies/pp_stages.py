@@ -19,7 +19,7 @@ from torch.utils.flop_counter import FlopCounterMode
 from snnfw.api import (ROOT_HOOKS, ConfigError, PluginError, autocast, balanced_layout, finish_queued_work, is_neuron,
                        parse_layout)
 from snnfw_plugins.memory_format import is_channels_last, to_channels_last
-from snnfw_plugins.strategies.pp_values import UnitValues
+from snnfw_plugins.strategies.pp_values import UnitValues, streamed
 from snnfw_plugins.strategies.spike_bits import NeuronOutputs, check_binary, pack, packed_numel, unpack
 
 TIMED_PASSES = 3
@@ -310,22 +310,30 @@ def composition_error(model: nn.Module, units: list[nn.Module], example: torch.T
     Both run in training mode (BatchNorm on batch statistics, so neurons fire
     even at initialisation) from the same random state (dropout masks alike).
     """
-    running = values.running(model, *units) if values else contextlib.nullcontext()
-    with torch.no_grad(), torch.random.fork_rng(devices=[]), running:
-        torch.manual_seed(0)
-        reset(model)
-        expected = model(example)
-        torch.manual_seed(0)
-        x = example
-        for index, unit in enumerate(units):
-            reset(unit)
-            try:
-                x = unit(x)
-            except Exception as err:  # whatever the unit raises on an input it was not written for
-                first_line = (str(err).splitlines() or [""])[0]
-                return (f"the pipeline units do not run one after another on the model's input: unit {index + 1} of "
-                        f"{len(units)} ({type(unit).__name__}) raised {type(err).__name__} ({first_line}); "
-                        "list model.stage_units in the order the model's forward calls them")
+    def run():
+        with torch.no_grad(), torch.random.fork_rng(devices=[]):
+            torch.manual_seed(0)
+            reset(model)
+            expected = model(example)
+            torch.manual_seed(0)
+            x = example
+            for index, unit in enumerate(units):
+                reset(unit)
+                try:
+                    x = unit(x)
+                except Exception as err:  # whatever the unit raises on an input it was not written for
+                    if any(t.is_meta for t in unit.parameters()):
+                        raise  # streamed values: run again with them held whole, where the error is the unit's own
+                    return expected, (err, index, unit)
+        return expected, x
+
+    expected, x = streamed(values, (model, *units), run)
+    if isinstance(x, tuple):
+        err, index, unit = x
+        first_line = (str(err).splitlines() or [""])[0]
+        return (f"the pipeline units do not run one after another on the model's input: unit {index + 1} of "
+                f"{len(units)} ({type(unit).__name__}) raised {type(err).__name__} ({first_line}); "
+                "list model.stage_units in the order the model's forward calls them")
     if x.shape != expected.shape or not torch.allclose(x, expected, rtol=1e-4, atol=1e-5):
         return (
             f"the pipeline units, run one after another, do not compute the model's output (shape {list(x.shape)} "

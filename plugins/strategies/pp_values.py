@@ -4,19 +4,23 @@ Where a pipeline's ranks build only their stages, the model reaches ``build_pipe
 split still runs it: the measuring rank times each unit, every rank runs one microbatch through the stages for
 their inputs. :class:`UnitValues` gives a unit its initial values (``hooks.initial``) on the run's device for as
 long as it runs, then sets the meta tensors back, so a rank holds one unit's values (and, while timing, its
-gradients) at a time; the trainer then materializes only the rank's own stages.
+gradients) at a time; the trainer then materializes only the rank's own stages. A model whose forward reads a
+tensor outside its module's own forward (a weight tied across modules, read by its parent) leaves that tensor on
+the meta device: :func:`streamed` then runs it again with all its values held at once.
 """
 
 from __future__ import annotations
 
 import contextlib
-from typing import Callable, Iterator
+from typing import Callable, Iterator, TypeVar
 
 import torch
 from torch import nn
 
 from snnfw.api import PluginError
 from snnfw_plugins.strategies.pp_state import tensor_names
+
+T = TypeVar("T")
 
 
 class UnitValues:
@@ -89,3 +93,18 @@ class UnitValues:
                               f"{name!r} (hooks.initial); only a run whose ranks replay a recorded build gives them")
         value = value.to(self.device, tensor.dtype).reshape(tensor.shape)  # a tensor of its own: updated in place
         return nn.Parameter(value, tensor.requires_grad) if isinstance(tensor, nn.Parameter) else value
+
+
+def streamed(values: UnitValues | None, modules: tuple[nn.Module, ...], run: Callable[[], T]) -> T:
+    """``run()`` with each module inside ``modules`` holding its ``values`` while its forward runs; where that
+    fails, ``run()`` again with the values of all of them held at once (a forward that reads a tensor outside its
+    own module's forward: this rank then holds those modules whole while it runs). Without ``values`` (a model
+    with its own values), ``run()``."""
+    if values is None:
+        return run()
+    try:
+        with values.running(*modules):
+            return run()
+    except Exception:
+        with values.held(*modules):
+            return run()

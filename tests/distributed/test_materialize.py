@@ -38,6 +38,25 @@ def mlp_a_replay_could_get_wrong():
     return model
 
 
+class ReadsItsChildsWeight(nn.Module):
+    """A layer whose forward reads its child's weight, the child's own forward never running."""
+
+    def __init__(self):
+        super().__init__()
+        from spikingjelly.activation_based import layer
+
+        self.linear = layer.Linear(WIDTH, WIDTH, step_mode="m")
+
+    def forward(self, x):
+        return nn.functional.linear(x, self.linear.weight, self.linear.bias)
+
+
+def mlp_reading_a_weight_outside_its_module():
+    model = wide_mlp()
+    model[3] = ReadsItsChildsWeight()
+    return model
+
+
 def config(strategy, builder="wide_mlp", mesh=None):
     return build_config({
         "model": {"builder": f"{__file__}:{builder}", "input_shape": [2, 8, 8], "num_classes": 10, "input_layout": "TN",
@@ -106,3 +125,18 @@ def test_pp_ranks_hold_their_stages_plus_one_unit_and_start_from_none_weights(st
     for step, (want, loss) in enumerate(zip(reference["losses"], last["losses"]), start=1):
         assert abs(loss - want) <= 1e-9 * abs(want), f"step {step}: loss {loss}, none's {want}"
 
+
+
+def test_pp_runs_a_model_reading_a_weight_outside_its_module_with_those_modules_held_whole():
+    """Streamed values leave the weight on the meta device while the parent runs; the split and the stage inputs
+    run again with every value held, and the run starts from none's weights and trains as none."""
+    model, _ = build_model(config("none", "mlp_reading_a_weight_outside_its_module"), Plugins())
+    initial = {name: p.detach().to(torch.float64) for name, p in model.named_parameters()}
+    reference = run_training(config("none", "mlp_reading_a_weight_outside_its_module"))
+    summaries = run_on_ranks(config("pp", "mlp_reading_a_weight_outside_its_module"), RANKS,
+                             before=track_until_first_step, inspect=seen, timeout_s=180)
+    for rank, summary in enumerate(summaries):
+        for name, tensor in summary["inspect"]["initial"].items():
+            assert torch.equal(tensor, initial[name]), f"rank {rank}: initial {name} differs from none's"
+    for step, (want, loss) in enumerate(zip(reference["losses"], summaries[-1]["losses"]), start=1):
+        assert abs(loss - want) <= 1e-9 * abs(want), f"step {step}: loss {loss}, none's {want}"
