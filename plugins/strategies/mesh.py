@@ -4,7 +4,8 @@
 import attrs
 
 from snnfw import hookimpl
-from snnfw.api import COMPOSED, DATA, IN_PLACE, REPLICATED, STAGES, SHARDED, Strategy, apply_mesh, candidate_meshes, owners, propose_mesh
+from snnfw.api import (COMPOSED, DATA, IN_PLACE, REPLICATED, SHARDED, STAGES, Strategy, apply_mesh, candidate_meshes,
+                       owners, propose_mesh)
 
 
 class Composed(Strategy):

@@ -91,7 +91,8 @@ def build_pipeline(model: nn.Module, plan, mesh, hooks, wrap=None, dp_group=None
     owners = tuple(owner[index] for index in range(len(split.layout)))
     pipeline = PipelineModel(stages, schedule, loss, split, owners, device, group, dp_group, stopwatch, torch_stages,
                              plan.config)
-    pipeline.model_names, pipeline.unsaved_names = model_names(pipeline, names), model_names(pipeline, names, unsaved=True)
+    pipeline.model_names = model_names(pipeline, names)
+    pipeline.unsaved_names = model_names(pipeline, names, unsaved=True)
     if hooks.run is not None:  # for the run's step metrics and summary
         hooks.run.kept["pp"] = {"split": split, "step_times": pipeline.step_times}
     return pipeline
