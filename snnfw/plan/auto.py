@@ -171,9 +171,10 @@ def choose(request, plugins) -> Decision:
 
 
 def measure(model, spec, plugins, train, threads: int | None = None):
-    """The per-sample cost of ``model`` that estimates scale from, with a step of ``train.optimizer``, at
-    ``threads`` threads (default: this process's)."""
+    """The per-sample cost of ``model`` that estimates scale from, with a step of ``train.optimizer``, under
+    ``train.precision``, at ``threads`` threads (default: this process's)."""
     from snnfw.components.optim import optimizer_options
+    from snnfw.components.precision import autocast
 
     frames, labels = example_batch(spec)
 
@@ -181,4 +182,5 @@ def measure(model, spec, plugins, train, threads: int | None = None):
         optimizer_class, options = optimizer_options(train, plugins, parameters)
         return optimizer_class(parameters, **options)
 
-    return measure_cost(model, frames, labels, plugins.reset_state, optimizer, threads)
+    return measure_cost(model, frames, labels, plugins.reset_state, optimizer, threads,
+                        precision=lambda: autocast(train, next(model.parameters(), frames).device.type))

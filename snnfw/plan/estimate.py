@@ -8,6 +8,7 @@ that into per-rank memory, communication and compute for its layout with
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import math
 import os
@@ -135,11 +136,13 @@ def device_memory_bytes(device_type: str, local_ranks: int) -> float:
 
 
 def measure_cost(model: torch.nn.Module, example: torch.Tensor, labels: torch.Tensor, reset,
-                 optimizer: Callable | None = None, threads: int | None = None) -> ModelCost:
+                 optimizer: Callable | None = None, threads: int | None = None,
+                 precision: Callable = contextlib.nullcontext) -> ModelCost:
     """Times one forward and backward on a copy of ``model`` of ``example`` and of it repeated :data:`LARGER` times,
     which tells the time each sample adds from the time a step takes whatever its samples (each layer's calls:
     the larger part of a small model's step on a few samples), and a step of ``optimizer(parameters)`` where
-    given, at ``threads`` threads (default: this process's); counts saved-for-backward and neuron-state bytes."""
+    given, at ``threads`` threads (default: this process's); counts saved-for-backward and neuron-state bytes.
+    Forward and backward run under ``precision()`` (``train.precision``'s autocast)."""
     import torch
 
     model = copy.deepcopy(model)
@@ -152,7 +155,9 @@ def measure_cost(model: torch.nn.Module, example: torch.Tensor, labels: torch.Te
 
     def step(frames, targets):
         reset(model)
-        cross_entropy({"label_smoothing": 0.0})(model(frames), targets).backward()
+        with precision():
+            loss = cross_entropy({"label_smoothing": 0.0})(model(frames).float(), targets)
+        loss.backward()
 
     larger = example.repeat(LARGER, *(1,) * (example.dim() - 1)), labels.repeat(LARGER)
     samples, before = len(labels), torch.get_num_threads()
@@ -168,8 +173,8 @@ def measure_cost(model: torch.nn.Module, example: torch.Tensor, labels: torch.Te
     finally:
         torch.set_num_threads(before)
     reset(model)
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        cross_entropy({"label_smoothing": 0.0})(model(example), labels)
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), precision():
+        cross_entropy({"label_smoothing": 0.0})(model(example).float(), labels)
     state = sum(v.numel() * v.element_size() for m in model.modules() if isinstance(v := getattr(m, "v", None), torch.Tensor))
     return ModelCost(
         parameters=sum(p.numel() for p in model.parameters()),

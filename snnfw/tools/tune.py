@@ -5,7 +5,9 @@ measurement, learned from every ``snnfw bench`` record.
    records and reused for the same host, device and world size.
 2. The candidates: every strategy, composed mesh and setting the plugins propose under ``auto``, with the
    model's profile at a rank's threads; the dry run of each counts what it holds (those that do not fit are
-   dropped) and the bytes and calls of its collectives by kind.
+   dropped) and the bytes and calls of its collectives by kind. Each again under every ``train.precision`` a
+   float32 run may autocast to here (unless the config sets it), profiled under that autocast, while half the
+   budget lasts.
 3. Predictions, with the corrections fitted from the records (``corrections.json``).
 4. The most promising are measured (``snnfw bench``, a record each) while ``--budget-s`` lasts; the
    corrections are refitted from all the records and everything predicted again.
@@ -83,10 +85,14 @@ def step_terms(config, world: int, plugins: Plugins, candidate, cost) -> tuple[S
         _, footprints = dry_run(config, world, plugins)
     busiest = max(footprints, key=lambda item: item[1].communication)[1]
     fullest = max(footprints, key=lambda item: item[1].total)[1]
-    terms = cost_model.terms_of(candidate.strategy, candidate.estimate, cost)
     traffic = tuple(Traffic(kind, nbytes, calls) for kind, nbytes, calls in busiest.traffic)
-    sources = (*terms.sources[:2], ("traffic", "dry run"))
-    return attrs.evolve(terms, traffic=traffic, sources=sources), fullest.total
+    return _terms(candidate, cost, traffic), fullest.total
+
+
+def _terms(candidate, cost, traffic: tuple[Traffic, ...]) -> StepTerms:
+    """``candidate``'s compute and optimizer from the profile ``cost``, its collectives the dry run's ``traffic``."""
+    terms = cost_model.terms_of(candidate.strategy, candidate.estimate, cost)
+    return attrs.evolve(terms, traffic=traffic, sources=(*terms.sources[:2], ("traffic", "dry run")))
 
 
 def predicted_parts(config_path, overrides: list[str], world: int, results: Path) -> dict | None:
@@ -137,6 +143,13 @@ def tune(config_path, world: int, overrides: list[str], budget_s: float, results
     print(file=sys.stderr)
     if not tuned:
         raise UserError(f"no candidate fits {world} rank(s) here; see snnfw plan --dry-run")
+    for precision in precisions(config, device_type):
+        if time.monotonic() - started > budget_s / 2:
+            print(f"budget spent: train.precision = {precision!r} not profiled", file=sys.stderr)
+            break
+        _progress(1, 1, f"profile under train.precision = {precision!r}")
+        tuned += _in_precision(config_path, [*base, f"train.precision={precision}"], world, plugins, tuned, precision)
+        print(file=sys.stderr)
     corrections = cost_model.learned(results, device_type, world)[1]
     tuned = _predicted(tuned, cluster, corrections)
     measured = 0
@@ -161,6 +174,31 @@ def tune(config_path, world: int, overrides: list[str], budget_s: float, results
     print("\n".join(table(tuned, winner, corrections)))
     print(f"wrote {out}: {winner.name}", file=sys.stderr)
     return 0
+
+
+def precisions(config, device_type: str) -> tuple[str, ...]:
+    """The ``train.precision`` values tune tries beside the config's own: those a float32 run autocasts to on
+    ``device_type`` (fp16 on GPUs only), unless the user set the key."""
+    if "train.precision" in config.explicit or config.train.dtype != "float32":
+        return ()
+    return tuple(p for p in (("fp32", "bf16", "fp16") if device_type == "cuda" else ("fp32", "bf16"))
+                 if p != config.train.precision)
+
+
+def _in_precision(config_path, overrides: list[str], world: int, plugins: Plugins, tuned: list[Tuned],
+                  precision: str) -> list[Tuned]:
+    """The dry-run candidates ``tuned`` again under ``train.precision = precision``: compute and optimizer from a
+    profile under its autocast, the collectives and memory per rank as dry-run (autocast keeps the parameters,
+    gradients and what crosses ranks in float32; the activations it saves are smaller, so memory is an upper
+    bound)."""
+    ranked, _, cost = costed_candidates(load_config(config_path, overrides), world, plugins, threads=rank_threads(world))
+    known = {t.overrides: t for t in tuned}
+    again = []
+    for candidate in ranked:
+        if (base := known.get(tuple(candidate.overrides()))) is not None:
+            again.append(Tuned(f"{base.name}, precision={precision}", (*base.overrides, f"train.precision={precision}"),
+                               _terms(candidate, cost, base.terms.traffic), base.memory_bytes))
+    return again
 
 
 def _device_type(config, world: int) -> str:
@@ -218,12 +256,13 @@ def _progress(done: int, total: int, what: str) -> None:
 
 
 def table(tuned: list[Tuned], winner: Tuned, corrections: Corrections) -> list[str]:
+    width = max(44, *(len(t.name) for t in tuned))
     lines = [f"predictions: {corrections.source}",
-             f"{'candidate':<44} {'predicted ms':>12} {'measured ms':>12} {'MB per rank':>12}"]
+             f"{'candidate':<{width}} {'predicted ms':>12} {'measured ms':>12} {'MB per rank':>12}"]
     for t in tuned:
         measured = f"{t.measured_ms:.1f}" if t.measured_ms is not None else "-"
         mark = "  <- chosen" if t is winner else ""
-        lines.append(f"{t.name:<44} {t.predicted_ms:>12.1f} {measured:>12} {t.memory_bytes / 2**20:>12.1f}{mark}")
+        lines.append(f"{t.name:<{width}} {t.predicted_ms:>12.1f} {measured:>12} {t.memory_bytes / 2**20:>12.1f}{mark}")
     return lines
 
 

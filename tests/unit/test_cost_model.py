@@ -2,6 +2,7 @@
 
 import json
 
+import attrs
 import pytest
 
 from snnfw.errors import UserError
@@ -85,3 +86,32 @@ def test_corrections_are_stored_per_device_and_a_damaged_file_refused(tmp_path):
     path.write_text("[1, 2")
     with pytest.raises(UserError, match="not snnfw's corrections file"):
         cost_model.read_corrections(path, "cpu")
+
+
+def test_tune_tries_each_precision_a_float32_run_autocasts_to_profiled_under_it(tmp_path):
+    """bf16's profile saves half the activation bytes of fp32's; its candidates are the dry-run ones, their
+    collectives the dry run's, their compute that profile's; a precision the user set is not varied."""
+    from snnfw.config import load_config
+    from snnfw.plan.cost_model import terms_of
+    from snnfw.plan.prepare import costed_candidates
+    from snnfw.plugin.manager import Plugins
+    from snnfw.testing import TINY
+    from snnfw.tools import tune
+
+    path = tmp_path / "tiny.toml"
+    path.write_text("".join(f"[{section}]\n" + "".join(f"{k} = {json.dumps(v)}\n" for k, v in values.items())
+                            for section, values in TINY.items()))
+    base = ["parallel.strategy=auto"]
+    config, plugins = load_config(path, base), Plugins()
+    assert tune.precisions(config, "cpu") == ("bf16",) and tune.precisions(config, "cuda") == ("bf16", "fp16")
+    assert tune.precisions(load_config(path, [*base, "train.precision=fp32"]), "cpu") == ()
+    ranked, _, fp32 = costed_candidates(config, 2, plugins, threads=1)
+    planted = Traffic("all_reduce", 1e6, 3)
+    dry_run = [tune.Tuned(tune._name(c), tuple(c.overrides()), attrs.evolve(terms_of(c.strategy, c.estimate, fp32),
+                                                                             traffic=(planted,)), 1000)
+               for c in ranked[:2]]
+    again = tune._in_precision(path, [*base, "train.precision=bf16"], 2, plugins, dry_run, "bf16")
+    assert [t.overrides for t in again] == [(*t.overrides, "train.precision=bf16") for t in dry_run]
+    assert all(t.terms.traffic == (planted,) and t.memory_bytes == 1000 for t in again)
+    bf16 = costed_candidates(load_config(path, [*base, "train.precision=bf16"]), 2, plugins, threads=1)[2]
+    assert bf16.activation_bytes == pytest.approx(fp32.activation_bytes / 2, rel=0.15)
