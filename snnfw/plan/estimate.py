@@ -12,6 +12,7 @@ import contextlib
 import copy
 import math
 import os
+import statistics
 import time
 from typing import TYPE_CHECKING, Callable
 
@@ -163,12 +164,12 @@ def measure_cost(model: torch.nn.Module, example: torch.Tensor, labels: torch.Te
     torch.set_num_threads(threads or before)
     try:
         model.train()
-        small, large = _fastest_ms(lambda: step(example, labels)), _fastest_ms(lambda: step(*larger))
+        small, large = _median_ms(lambda: step(example, labels)), _median_ms(lambda: step(*larger))
         each = max(large - small, 0.0) / (samples * (LARGER - 1)) or large / (samples * LARGER)
         fixed = max(small - each * samples, 0.0)
         optimizer_ms = 0.0
         if optimizer is not None:
-            optimizer_ms = _fastest_ms(optimizer([p for p in model.parameters() if p.requires_grad]).step)
+            optimizer_ms = _median_ms(optimizer([p for p in model.parameters() if p.requires_grad]).step)
     finally:
         torch.set_num_threads(before)
     reset(model)
@@ -186,14 +187,12 @@ def measure_cost(model: torch.nn.Module, example: torch.Tensor, labels: torch.Te
     )
 
 
-def _fastest_ms(work: Callable, repeats: int = 5) -> float:
-    """The fastest of ``repeats`` timed calls of ``work`` after one untimed (first calls allocate lazily): what
-    else runs on the host only adds time, so the fastest is the steadiest figure of the work itself (the
-    corrections learn what a real step adds)."""
+def _median_ms(work: Callable, repeats: int = 3) -> float:
+    """The median of ``repeats`` timed calls of ``work`` after one untimed (first calls allocate lazily)."""
     work()
     times = []
     for _ in range(repeats):
         started = time.perf_counter()
         work()
         times.append((time.perf_counter() - started) * 1e3)
-    return min(times)
+    return statistics.median(times)
