@@ -3,9 +3,8 @@
 A candidate's step, as the model sees it on its busiest rank (:class:`StepTerms`):
 
 - **compute**: forward and backward of the rank's samples, from a profile of the model on this device (per
-  sample, at a rank's share of the cores), divided as the strategy divides it, and stretched by the pipeline
-  bubble ``(p-1)/(m+p-1)`` or by the cores' oversubscription where more ranks than cores share a host, whichever
-  stretches it more (a rank waiting in the bubble leaves its cores to the host's other ranks);
+  sample, at a rank's share of the cores), divided as the strategy divides it, stretched by the pipeline bubble
+  ``(p-1)/(m+p-1)``, and by the cores' oversubscription where more ranks than cores share a host;
 - **optimizer**: the profiled optimizer step, for the share of the parameters the rank holds;
 - **communication**: per collective kind, the bytes the step carries and its number of calls (counted by the
   dry run, or the strategy's own estimate of bytes), over the bandwidth and latency of that kind on this
@@ -180,7 +179,7 @@ def predict(terms: StepTerms, cluster: Cluster, corrections: Corrections | None 
     """The step time of ``terms`` on ``cluster``, corrected by what was learned there."""
     corrections = corrections or Corrections(cluster.device)
     over = cluster.oversubscription(terms.threads)
-    compute = max(terms.compute_ms / (1.0 - terms.bubble), terms.compute_ms * over) + terms.optimizer_ms * over
+    compute = terms.compute_ms / (1.0 - terms.bubble) * over + terms.optimizer_ms * over
     communication = sum(_transfer_ms(t, cluster.links[t.kind]) for t in terms.traffic)
     own = corrections.strategies.get(terms.strategy)
     ms = corrections.apply(compute, communication, terms.strategy)
