@@ -101,6 +101,14 @@ class Cluster:
         return cls(data["device"], data["device_type"], data["cores"], data["local_ranks"], links)
 
 
+def rank_threads(world_size: int) -> int:
+    """A rank's threads as the launcher sets them (:mod:`snnfw.distributed.collectives`): ``OMP_NUM_THREADS``, else
+    this host's cores shared by its ranks (``LOCAL_WORLD_SIZE`` in a rank, else all ``world_size``); the profile
+    runs at it, so that compute and oversubscription are those of the run."""
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
+    return int(os.environ.get("OMP_NUM_THREADS", 0)) or max(1, (os.cpu_count() or 1) // local)
+
+
 @attrs.frozen
 class Traffic:
     """What one collective kind carries in a step on the busiest rank."""

@@ -29,6 +29,7 @@ from snnfw.model import recipe
 from snnfw.model import source as models
 from snnfw.model.analysis import Analysis, analyze
 from snnfw.model.probe import check_model
+from snnfw.plan import cost_model
 from snnfw.plan.auto import Decision, choose, measure, ranked_candidates
 from snnfw.plan.estimate import ModelCost
 from snnfw.plan.layout import AUTO, Plan, PlanRequest, Topology, make_plan
@@ -249,7 +250,7 @@ def prepare(config: Config, world_size: int, plugins: Plugins, local_ranks: int 
     decision = None
     if config.parallel.strategy == AUTO:
         def decide() -> Decision:
-            cost = measure(built, source.spec, plugins, config.train)
+            cost = measure(built, source.spec, plugins, config.train, cost_model.rank_threads(world_size))
             request = PlanRequest(config=config, topology=topology, analysis=analysis, model=built,
                                   plugins=plugins.context, cost=cost)
             return choose(request, plugins)
@@ -300,8 +301,8 @@ def auto_candidates(config: Config, world_size: int, plugins: Plugins, device_me
 
 def costed_candidates(config: Config, world_size: int, plugins: Plugins, device_memory: float | None = None,
                       threads: int | None = None) -> tuple[list, list, ModelCost]:
-    """(runnable candidates best first, refused ones, the model's profile at ``threads`` threads): every strategy's
-    under ``auto``, the named strategy's own otherwise; starts no process."""
+    """(runnable candidates best first, refused ones, the model's profile at ``threads`` threads, default a rank's):
+    every strategy's under ``auto``, the named strategy's own otherwise; starts no process."""
     check_data(config, plugins, own_data=False)
     check_tune_results(config)
     config, _ = follow_data(config, plugins)
@@ -310,7 +311,7 @@ def costed_candidates(config: Config, world_size: int, plugins: Plugins, device_
     config, model, _ = _build(config, source)
     topology = attrs.evolve(Topology.detect(world_size, config.parallel.device, backend=config.parallel.backend),
                             device_memory=device_memory)
-    cost = measure(model, source.spec, plugins, config.train, threads)
+    cost = measure(model, source.spec, plugins, config.train, threads or cost_model.rank_threads(world_size))
     request = PlanRequest(config=config, topology=topology, analysis=_analyze(model, config, source, plugins),
                           model=model, plugins=plugins.context, cost=cost)
     return (*ranked_candidates(request, plugins), cost)

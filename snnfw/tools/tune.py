@@ -52,11 +52,6 @@ class Tuned:
     measured_ms: float | None = None
 
 
-def rank_threads(world: int) -> int:
-    """A local rank's threads, as the launcher sets them (``snnfw.distributed.collectives``)."""
-    return int(os.environ.get("OMP_NUM_THREADS", 0)) or max(1, (os.cpu_count() or 1) // world)
-
-
 def cluster_here(folder: Path, world: int, device_type: str, probe_now: bool) -> Cluster:
     """The probe of ``folder`` for this host, device and world; probed now (and stored) where there is none and
     ``probe_now``; else the stated assumptions."""
@@ -101,7 +96,7 @@ def predicted_parts(config_path, overrides: list[str], world: int, results: Path
     config = load_config(config_path, overrides)
     plugins = Plugins()
     device_type = _device_type(config, world)
-    ranked, _, cost = costed_candidates(config, world, plugins, threads=rank_threads(world))
+    ranked, _, cost = costed_candidates(config, world, plugins, threads=cost_model.rank_threads(world))
     if not ranked:
         return None
     terms, _ = step_terms(config, world, plugins, ranked[0], cost)
@@ -124,7 +119,7 @@ def tune(config_path, world: int, overrides: list[str], budget_s: float, results
     folder = results.parent
     cluster = cluster_here(folder, world, device_type, probe_now)
     plugins = Plugins()
-    ranked, _, cost = costed_candidates(config, world, plugins, threads=rank_threads(world))
+    ranked, _, cost = costed_candidates(config, world, plugins, threads=cost_model.rank_threads(world))
     tuned = []
     for index, candidate in enumerate(ranked, start=1):
         if time.monotonic() - started > budget_s and tuned:
@@ -191,7 +186,7 @@ def _in_precision(config_path, overrides: list[str], world: int, plugins: Plugin
     profile under its autocast, the collectives and memory per rank as dry-run (autocast keeps the parameters,
     gradients and what crosses ranks in float32; the activations it saves are smaller, so memory is an upper
     bound)."""
-    ranked, _, cost = costed_candidates(load_config(config_path, overrides), world, plugins, threads=rank_threads(world))
+    ranked, _, cost = costed_candidates(load_config(config_path, overrides), world, plugins, threads=cost_model.rank_threads(world))
     known = {t.overrides: t for t in tuned}
     again = []
     for candidate in ranked:
