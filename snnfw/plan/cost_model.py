@@ -305,10 +305,15 @@ def learned(results: Path, device_type: str, world_size: int) -> tuple[Cluster, 
     none)."""
     results = Path(results)
     cluster = stored_cluster(results.parent, device_type, world_size) or Cluster.here(device_type, world_size)
+    return cluster, learned_corrections(results, cluster.device)
+
+
+def learned_corrections(results: Path, device: str) -> Corrections:
+    """The corrections for ``device`` fitted from the bench records ``results``, else those stored beside them,
+    else none."""
+    results = Path(results)
     records = read_records(results) if results.exists() else []
-    corrections = (fit(records, cluster.device) if records
-                   else read_corrections(results.parent / CORRECTIONS, cluster.device))
-    return cluster, corrections
+    return fit(records, device) if records else read_corrections(results.parent / CORRECTIONS, device)
 
 
 def write_corrections(path: Path, corrections: Corrections) -> None:

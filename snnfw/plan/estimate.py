@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Callable
 import attrs
 
 from snnfw.components.losses import cross_entropy
+from snnfw.components.precision import full_precision
 
 if TYPE_CHECKING:
     import torch
@@ -156,7 +157,7 @@ def measure_cost(model: torch.nn.Module, example: torch.Tensor, labels: torch.Te
     def step(frames, targets):
         reset(model)
         with precision():
-            loss = cross_entropy({"label_smoothing": 0.0})(model(frames).float(), targets)
+            loss = cross_entropy({"label_smoothing": 0.0})(full_precision(model(frames)), targets)
         loss.backward()
 
     larger = example.repeat(LARGER, *(1,) * (example.dim() - 1)), labels.repeat(LARGER)
@@ -174,7 +175,7 @@ def measure_cost(model: torch.nn.Module, example: torch.Tensor, labels: torch.Te
         torch.set_num_threads(before)
     reset(model)
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), precision():
-        cross_entropy({"label_smoothing": 0.0})(model(example).float(), labels)
+        cross_entropy({"label_smoothing": 0.0})(full_precision(model(example)), labels)
     state = sum(v.numel() * v.element_size() for m in model.modules() if isinstance(v := getattr(m, "v", None), torch.Tensor))
     return ModelCost(
         parameters=sum(p.numel() for p in model.parameters()),

@@ -96,7 +96,7 @@ def predicted_parts(config_path, overrides: list[str], world: int, results: Path
     config = load_config(config_path, overrides)
     plugins = Plugins()
     device_type = _device_type(config, world)
-    ranked, _, cost = costed_candidates(config, world, plugins, threads=cost_model.rank_threads(world))
+    ranked, _, cost = costed_candidates(config, world, plugins)
     if not ranked:
         return None
     terms, _ = step_terms(config, world, plugins, ranked[0], cost)
@@ -119,7 +119,7 @@ def tune(config_path, world: int, overrides: list[str], budget_s: float, results
     folder = results.parent
     cluster = cluster_here(folder, world, device_type, probe_now)
     plugins = Plugins()
-    ranked, _, cost = costed_candidates(config, world, plugins, threads=cost_model.rank_threads(world))
+    ranked, _, cost = costed_candidates(config, world, plugins)
     tuned = []
     for index, candidate in enumerate(ranked, start=1):
         if time.monotonic() - started > budget_s and tuned:
@@ -145,7 +145,7 @@ def tune(config_path, world: int, overrides: list[str], budget_s: float, results
         _progress(1, 1, f"profile under train.precision = {precision!r}")
         tuned += _in_precision(config_path, [*base, f"train.precision={precision}"], world, plugins, tuned, precision)
         print(file=sys.stderr)
-    corrections = cost_model.learned(results, device_type, world)[1]
+    corrections = cost_model.learned_corrections(results, cluster.device)
     tuned = _predicted(tuned, cluster, corrections)
     measured = 0
     for index, candidate in enumerate(tuned[:measure], start=1):
@@ -186,7 +186,7 @@ def _in_precision(config_path, overrides: list[str], world: int, plugins: Plugin
     profile under its autocast, the collectives and memory per rank as dry-run (autocast keeps the parameters,
     gradients and what crosses ranks in float32; the activations it saves are smaller, so memory is an upper
     bound)."""
-    ranked, _, cost = costed_candidates(load_config(config_path, overrides), world, plugins, threads=cost_model.rank_threads(world))
+    ranked, _, cost = costed_candidates(load_config(config_path, overrides), world, plugins)
     known = {t.overrides: t for t in tuned}
     again = []
     for candidate in ranked:
