@@ -57,6 +57,26 @@ def mlp_reading_a_weight_outside_its_module():
     return model
 
 
+class Halved(nn.Module):
+    """A layer scaled by a buffer the state dict leaves out (non-persistent)."""
+
+    def __init__(self):
+        super().__init__()
+        from spikingjelly.activation_based import layer
+
+        self.linear = layer.Linear(WIDTH, WIDTH, step_mode="m")
+        self.register_buffer("scale", torch.full((1,), 0.5), persistent=False)
+
+    def forward(self, x):
+        return self.linear(x) * (2 * self.scale)
+
+
+def mlp_with_a_non_persistent_buffer():
+    model = wide_mlp()
+    model[3] = Halved()
+    return model
+
+
 def config(strategy, builder="wide_mlp", mesh=None):
     return build_config({
         "model": {"builder": f"{__file__}:{builder}", "input_shape": [2, 8, 8], "num_classes": 10, "input_layout": "TN",
@@ -138,5 +158,14 @@ def test_pp_runs_a_model_reading_a_weight_outside_its_module_with_those_modules_
     for rank, summary in enumerate(summaries):
         for name, tensor in summary["inspect"]["initial"].items():
             assert torch.equal(tensor, initial[name]), f"rank {rank}: initial {name} differs from none's"
+    for step, (want, loss) in enumerate(zip(reference["losses"], summaries[-1]["losses"]), start=1):
+        assert abs(loss - want) <= 1e-9 * abs(want), f"step {step}: loss {loss}, none's {want}"
+
+
+def test_pp_materializes_a_buffer_the_state_dict_leaves_out_under_the_model_s_name():
+    """A non-persistent buffer of a stage is named by the stage in the pipeline, by the model in the recipe: the
+    stage rank materializes it and trains as none."""
+    reference = run_training(config("none", "mlp_with_a_non_persistent_buffer"))
+    summaries = run_on_ranks(config("pp", "mlp_with_a_non_persistent_buffer"), RANKS, timeout_s=180)
     for step, (want, loss) in enumerate(zip(reference["losses"], summaries[-1]["losses"]), start=1):
         assert abs(loss - want) <= 1e-9 * abs(want), f"step {step}: loss {loss}, none's {want}"
