@@ -104,6 +104,14 @@ def snnfw_register_lr_schedules(register):
              "train.lr times train.gamma (0.1) after each of train.milestones")
 
 
+@hookimpl
+def snnfw_tune_settings(config, analysis, device_type):
+    """``train.precision``: every autocast a float32 run may take here (fp16 pays on GPUs only)."""
+    if config.train.dtype != "float32":
+        return None
+    return {"train.precision": ("fp32", "bf16", "fp16") if device_type == "cuda" else ("fp32", "bf16")}
+
+
 @hookimpl(trylast=True)
 def snnfw_build_optimizer(model, plan, mesh, hooks):
     return build_optimizer(model, plan.config.train, hooks)

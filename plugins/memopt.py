@@ -156,6 +156,12 @@ def snnfw_transform_model(model, plan, example, hooks):
                            memopt_wrappers=float(len(wrappers(model))))
 
 
+@hookimpl
+def snnfw_tune_settings(config, analysis, device_type):
+    """Level 1 (checkpointing, no search) where the model declares its blocks: slower, in less memory."""
+    return {"memopt.level": (0, 1)} if analysis.blocks else None
+
+
 def input_bytes(module: nn.Module, blocks: list[nn.Module], example: torch.Tensor, hooks) -> int:
     """Bytes of the inputs that ``blocks`` receive while ``module`` runs ``example``: what checkpointing can save."""
     import torch

@@ -83,6 +83,14 @@ def snnfw_plan(request):
     return None
 
 
+@hookimpl
+def snnfw_tune_settings(config, analysis, device_type):
+    """Every backend that can run the neurons here (under the config's ``train.precision``)."""
+    if not analysis.neurons:
+        return None
+    return {"model.neuron_backend": tuple(b for b in BACKENDS if refusal(b, device_type, config.train.precision) is None)}
+
+
 def select_cuda_implementation(name: str) -> None:
     """Makes every SpikingJelly neuron operator use implementation ``name`` on CUDA from now on."""
     for package in NEURON_OPERATORS:

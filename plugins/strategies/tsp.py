@@ -144,8 +144,27 @@ def snnfw_plan(request):
     return None
 
 
-def _propose(request) -> Proposal:
+def _propose(request) -> Proposal | list[Proposal]:
+    """The configured slices; under ``auto`` without ``tsp.slices``, each of :func:`slice_choices`, for ``auto``
+    to rank."""
+    if request.strategy == NAME or "tsp.slices" in request.config.explicit:
+        return _proposal(request, request.config)
+    config = request.config
+    return [attrs.evolve(_proposal(request, config.with_section("tsp", TspConfig(count))), settings=(("tsp.slices", count),))
+            for count in slice_choices(request)]
+
+
+def slice_choices(request) -> tuple[int, ...]:
+    """The slice counts ``auto`` tries: 1, 2, 4, ... up to four per rank of the time group and the microbatch."""
     config, world = request.config, request.topology.world_size
+    size = dict(_mesh(request)).get("time", world)
+    microbatch = config.data.batch_size // max(world // size, 1) // (config.train.microbatches or 1)
+    top = max(min(4 * size, microbatch), 1)
+    return tuple(2**k for k in range(top.bit_length()) if 2**k <= top)
+
+
+def _proposal(request, config) -> Proposal:
+    world = request.topology.world_size
     if world < 2:
         return Proposal.refuse(NAME, "it needs at least 2 ranks; launch with --nproc 2 or more, or use strategy none")
     mesh = _mesh(request)
@@ -154,22 +173,23 @@ def _propose(request) -> Proposal:
         return Proposal.refuse(NAME, f"its mesh is {{time = P}} or {{dp = D, time = P}}, got {dict(mesh)}; "
                                      f"set parallel.mesh = {{time = {world}}}")
     size, steps = dict(mesh)["time"], config.model.time_steps
-    if reason := time_split_refusal(request, size):
+    if reason := time_split_refusal(attrs.evolve(request, config=config), size):
         return Proposal.refuse(NAME, reason)
     replicas = dict(mesh).get("dp", 1)
     params = request.cost.parameter_bytes if request.cost else 0.0
-    # Activations split P ways; time is not claimed: the neurons of a layer run one rank after another.
-    cost = estimate(request, samples=config.data.batch_size / replicas, activation_shards=size,
-                    comm_bytes=ring_bytes(params, world),
-                    calls=2 * slices(config, mesh) * len(request.analysis.neurons) + ddp_buckets(params))
+    count = slices(config, mesh)
+    # Each rank computes T/P steps; a layer's neurons run one rank after another in a wavefront of the batch's
+    # slices, which waits as a pipeline of S microbatches over P stages does: (P - 1) / (S + P - 1).
+    cost = estimate(request, samples=config.data.batch_size / replicas, activation_shards=size, compute_shards=size,
+                    bubble=(size - 1) / (count + size - 1), comm_bytes=ring_bytes(params, world),
+                    calls=2 * count * len(request.analysis.neurons) + ddp_buckets(params))
     return Proposal(
         NAME,
         mesh=mesh,
         dp_dims=("dp",) if "dp" in names else (),
         rationale=(f"{size} ranks split each sample's {steps} time steps ({steps // size} each)"
                    + (f", {replicas} data-parallel replicas" if replicas > 1 else ""),
-                   f"neurons pass their state on in {slices(config, mesh)} batch slices, a wavefront over the "
-                   "time ranks"),
+                   f"neurons pass their state on in {count} batch slices, a wavefront over the time ranks"),
         estimate=cost,
     )
 

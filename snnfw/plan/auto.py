@@ -170,9 +170,10 @@ def choose(request, plugins) -> Decision:
     return Decision(best.strategy, tuple(best.mesh.items()), tuple(best.settings), rationale)
 
 
-def measure(model, spec, plugins, train, threads: int | None = None):
+def measure(model, spec, plugins, train, threads: int | None = None, transform=None):
     """The per-sample cost of ``model`` that estimates scale from, with a step of ``train.optimizer``, under
-    ``train.precision``, at ``threads`` threads (default: this process's)."""
+    ``train.precision``, at ``threads`` threads (default: this process's), transformed by ``transform(model,
+    example)`` where given (:func:`snnfw.plan.estimate.measure_cost`)."""
     from snnfw.components.optim import optimizer_options
     from snnfw.components.precision import autocast
 
@@ -183,4 +184,4 @@ def measure(model, spec, plugins, train, threads: int | None = None):
         return optimizer_class(parameters, **options)
 
     return measure_cost(model, frames, labels, plugins.reset_state, optimizer, threads,
-                        precision=lambda: autocast(train, next(model.parameters(), frames).device.type))
+                        precision=lambda: autocast(train, next(model.parameters(), frames).device.type), transform=transform)

@@ -138,15 +138,18 @@ def device_memory_bytes(device_type: str, local_ranks: int) -> float:
 
 def measure_cost(model: torch.nn.Module, example: torch.Tensor, labels: torch.Tensor, reset,
                  optimizer: Callable | None = None, threads: int | None = None,
-                 precision: Callable = contextlib.nullcontext) -> ModelCost:
+                 precision: Callable = contextlib.nullcontext, transform: Callable | None = None) -> ModelCost:
     """Times one forward and backward on a copy of ``model`` of ``example`` and of it repeated :data:`LARGER` times,
     which tells the time each sample adds from the time a step takes whatever its samples (each layer's calls:
     the larger part of a small model's step on a few samples), and a step of ``optimizer(parameters)`` where
     given, at ``threads`` threads (default: this process's); counts saved-for-backward and neuron-state bytes.
-    Forward and backward run under ``precision()`` (``train.precision``'s autocast)."""
+    Forward and backward run under ``precision()`` (``train.precision``'s autocast), on the copy as
+    ``transform(copy, example)`` leaves it where given (the run's model transforms and compilation)."""
     import torch
 
     model = copy.deepcopy(model)
+    if transform is not None:
+        transform(model, example)
     saved = 0
 
     def pack(tensor):

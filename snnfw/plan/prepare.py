@@ -250,7 +250,8 @@ def prepare(config: Config, world_size: int, plugins: Plugins, local_ranks: int 
     decision = None
     if config.parallel.strategy == AUTO:
         def decide() -> Decision:
-            cost = measure(built, source.spec, plugins, config.train, cost_model.rank_threads(world_size))
+            cost = measure(built, source.spec, plugins, config.train, cost_model.rank_threads(world_size),
+                           None if torch.distributed.is_initialized() else run_transforms(config, topology, analysis, plugins))
             request = PlanRequest(config=config, topology=topology, analysis=analysis, model=built,
                                   plugins=plugins.context, cost=cost)
             return choose(request, plugins)
@@ -264,6 +265,22 @@ def prepare(config: Config, world_size: int, plugins: Plugins, local_ranks: int 
     plan = attrs.evolve(plan, rationale=topology.rationale + plan.rationale + model_notes + data_notes + notes)
     return Prepared(plan, built, source.spec, analysis, given_instance=isinstance(model, torch.nn.Module),
                     builds_shards=shards, recipe=made, datasets=built_data)
+
+
+def run_transforms(config: Config, topology: Topology, analysis: Analysis, plugins: Plugins) -> Callable:
+    """What a rank does to its model before it trains, for the profile to time the model as it runs: the
+    plugins' transforms and compilation (memory optimisation, neuron backends, ``[compile]``), as on one rank of
+    the device the profile runs on. Only where no process group is up: a transform may call collectives."""
+
+    def transform(model: torch.nn.Module, example: torch.Tensor) -> None:
+        plan = Plan(strategy="none", world_size=1, mesh=(("dp", 1),), dp_dims=(), stage_dims=(),
+                    replicated_neuron_dims=(), microbatches=1, global_batch=config.data.batch_size,
+                    device_type=example.device.type, backend=topology.backend, rationale=(), config=config,
+                    analysis=analysis)
+        plugins.transform_model(model, plan, example)
+        plugins.compile(model, plan)
+
+    return transform
 
 
 def check_tune_results(config: Config) -> None:
@@ -311,10 +328,25 @@ def costed_candidates(config: Config, world_size: int, plugins: Plugins, device_
     config, model, _ = _build(config, source)
     topology = attrs.evolve(Topology.detect(world_size, config.parallel.device, backend=config.parallel.backend),
                             device_memory=device_memory)
-    cost = measure(model, source.spec, plugins, config.train, threads or cost_model.rank_threads(world_size))
-    request = PlanRequest(config=config, topology=topology, analysis=_analyze(model, config, source, plugins),
-                          model=model, plugins=plugins.context, cost=cost)
+    analysis = _analyze(model, config, source, plugins)
+    cost = measure(model, source.spec, plugins, config.train, threads or cost_model.rank_threads(world_size),
+                   run_transforms(config, topology, analysis, plugins))
+    request = PlanRequest(config=config, topology=topology, analysis=analysis, model=model, plugins=plugins.context,
+                          cost=cost)
     return (*ranked_candidates(request, plugins), cost)
+
+
+def tune_settings(config: Config, world_size: int, plugins: Plugins) -> dict[str, tuple]:
+    """The values of the keys the user did not set that the plugins offer ``snnfw tune`` to try for this model on
+    ``world_size`` ranks' device (:func:`~snnfw.plugin.hookspecs.snnfw_tune_settings`), the config's own left out."""
+    config, _ = follow_data(config, plugins)
+    source = models.source(config, plugins)
+    config, _, _, analysis = _built_and_analyzed(config, source, plugins)
+    device_type = Topology.detect(world_size, config.parallel.device, backend=config.parallel.backend).device_type
+    offered = plugins.tune_settings(config, analysis, device_type)
+    kept = {key: tuple(v for v in values if v != _value(config, key)) for key, values in offered.items()
+            if key not in config.explicit}
+    return {key: values for key, values in kept.items() if values}
 
 
 def build_datasets(config: Config, spec: datalib.InputSpec, plugins: Plugins) -> tuple:

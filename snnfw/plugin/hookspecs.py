@@ -19,7 +19,7 @@ if TYPE_CHECKING:
 
     from snnfw.components.step import StepOutput
     from snnfw.config import Config
-    from snnfw.model.analysis import AnalysisPart
+    from snnfw.model.analysis import Analysis, AnalysisPart
     from snnfw.plan.layout import Plan, PlanRequest, Proposal
     from snnfw.plugin.context import HookContext
 
@@ -136,6 +136,18 @@ def snnfw_transform_runs_model(config: Config) -> bool | None:
 
     Asked before the model is built: under a strategy that shards parameters, ranks other than 0 build it on the
     meta device (:mod:`snnfw.distributed.materialize`) unless a transform says it runs it.
+    """
+
+
+@hookspec
+def snnfw_tune_settings(config: Config, analysis: Analysis, device_type: str) -> dict[str, tuple] | None:
+    """Values of this plugin's config keys for ``snnfw tune`` to try beside ``config``'s own on ``device_type``:
+    ``{"model.neuron_backend": ("inductor",)}``, or None. Offer values that change how a rank computes its step
+    (``analysis``: the model's :class:`snnfw.model.analysis.Analysis`), and only those that can run here.
+
+    ``tune`` profiles the model under each combination with the keys the user did not set, and takes each
+    candidate's collectives from its dry run under the config as given: a setting that changes what crosses
+    ranks is a strategy's setting, proposed under ``auto`` instead. (Added in 0.2.0.)
     """
 
 

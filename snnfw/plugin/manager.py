@@ -354,6 +354,14 @@ class Plugins:
     def transform_runs_model(self, config) -> bool:
         return any(self.hook.snnfw_transform_runs_model(config=config))
 
+    def tune_settings(self, config, analysis, device_type: str) -> dict[str, tuple]:
+        """Every plugin's values to try under ``snnfw tune``, by key (:func:`snnfw_tune_settings`)."""
+        merged: dict[str, tuple] = {}
+        for part in self.hook.snnfw_tune_settings(config=config, analysis=analysis, device_type=device_type):
+            for key, values in part.items():
+                merged[key] = (*merged.get(key, ()), *(v for v in values if v not in merged.get(key, ())))
+        return merged
+
     def compile(self, model, plan) -> None:
         self.hook.snnfw_compile(model=model, plan=plan, hooks=self.context)
 

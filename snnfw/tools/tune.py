@@ -4,10 +4,11 @@ measurement, learned from every ``snnfw bench`` record.
 1. The cluster: the collective probe's links (:mod:`snnfw.tools.probe`), kept in ``probe.json`` beside the
    records and reused for the same host, device and world size.
 2. The candidates: every strategy, composed mesh and setting the plugins propose under ``auto``, with the
-   model's profile at a rank's threads; the dry run of each counts what it holds (those that do not fit are
-   dropped) and the bytes and calls of its collectives by kind. Each again under every ``train.precision`` a
-   float32 run may autocast to here (unless the config sets it), profiled under that autocast, while half the
-   budget lasts.
+   model's profile at a rank's threads; the dry run of each counts what it holds and the bytes and calls of its
+   collectives by kind. Each again under every combination of the values the plugins offer to tune for the keys
+   the user did not set (``train.precision``, ``model.neuron_backend``, ``memopt.level``: the hook
+   ``snnfw_tune_settings``), the model profiled under each while half the budget lasts. Those whose fullest
+   rank does not fit are dropped.
 3. Predictions, with the corrections fitted from the records (``corrections.json``).
 4. The most promising are measured (``snnfw bench``, a record each) while ``--budget-s`` lasts; the
    corrections are refitted from all the records and everything predicted again.
@@ -17,6 +18,7 @@ measurement, learned from every ``snnfw bench`` record.
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import subprocess
@@ -29,10 +31,10 @@ from pathlib import Path
 import attrs
 
 from snnfw.config import load_config, parse_override
-from snnfw.errors import ConfigError, UserError
+from snnfw.errors import ConfigError, PlanError, UserError
 from snnfw.plan import cost_model
 from snnfw.plan.cost_model import Cluster, Corrections, StepTerms, Traffic
-from snnfw.plan.prepare import costed_candidates
+from snnfw.plan.prepare import costed_candidates, tune_settings
 from snnfw.plugin.manager import Plugins
 
 RECORDS = "bench.jsonl"
@@ -47,7 +49,8 @@ class Tuned:
     name: str
     overrides: tuple[str, ...]
     terms: StepTerms
-    memory_bytes: int
+    memory_bytes: int  # the fullest rank's, by dry run
+    estimate_bytes: float  # the strategy's estimate of it, which tells what a setting saves
     predicted_ms: float = 0.0
     measured_ms: float | None = None
 
@@ -132,19 +135,21 @@ def tune(config_path, world: int, overrides: list[str], budget_s: float, results
         except ConfigError as err:
             print(f"\n  not a candidate: {candidate.assignments}: {err}", file=sys.stderr)
             continue
-        if memory > config_memory(world, device_type):
-            continue
-        tuned.append(Tuned(_name(candidate), tuple(candidate.overrides()), terms, memory))
+        tuned.append(Tuned(_name(candidate), tuple(candidate.overrides()), terms, memory, candidate.estimate.memory_bytes))
     print(file=sys.stderr)
+    settings = combinations(tune_settings(config, world, plugins))
+    for index, setting in enumerate(settings, start=1):
+        if time.monotonic() - started > budget_s / 2:
+            print(f"budget spent: {len(settings) - index + 1} setting(s) not profiled, from {_described(setting)}",
+                  file=sys.stderr)
+            break
+        _progress(index, len(settings), f"profile under {_described(setting)}")
+        tuned += _in_setting(config_path, base, world, plugins, tuned, setting)
+    print(file=sys.stderr)
+    limit = config_memory(world, device_type)
+    tuned = [t for t in tuned if t.memory_bytes <= limit]
     if not tuned:
         raise UserError(f"no candidate fits {world} rank(s) here; see snnfw plan --dry-run")
-    for precision in precisions(config, device_type):
-        if time.monotonic() - started > budget_s / 2:
-            print(f"budget spent: train.precision = {precision!r} not profiled", file=sys.stderr)
-            break
-        _progress(1, 1, f"profile under train.precision = {precision!r}")
-        tuned += _in_precision(config_path, [*base, f"train.precision={precision}"], world, plugins, tuned, precision)
-        print(file=sys.stderr)
     corrections = cost_model.learned_corrections(results, cluster.device)
     tuned = _predicted(tuned, cluster, corrections)
     measured = 0
@@ -171,28 +176,36 @@ def tune(config_path, world: int, overrides: list[str], budget_s: float, results
     return 0
 
 
-def precisions(config, device_type: str) -> tuple[str, ...]:
-    """The ``train.precision`` values tune tries beside the config's own: those a float32 run autocasts to on
-    ``device_type`` (fp16 on GPUs only), unless the user set the key."""
-    if "train.precision" in config.explicit or config.train.dtype != "float32":
-        return ()
-    return tuple(p for p in (("fp32", "bf16", "fp16") if device_type == "cuda" else ("fp32", "bf16"))
-                 if p != config.train.precision)
+def combinations(offered: dict[str, tuple]) -> list[tuple[tuple[str, object], ...]]:
+    """Every combination of the ``offered`` values, each key at one of its values or the config's own, fewest
+    changed keys first: ``(("model.neuron_backend", "inductor"),), ...``."""
+    axes = [[None, *((key, value) for value in values)] for key, values in offered.items()]
+    chosen = [tuple(pair for pair in combination if pair is not None) for combination in itertools.product(*axes)]
+    return sorted((c for c in chosen if c), key=len)
 
 
-def _in_precision(config_path, overrides: list[str], world: int, plugins: Plugins, tuned: list[Tuned],
-                  precision: str) -> list[Tuned]:
-    """The dry-run candidates ``tuned`` again under ``train.precision = precision``: compute and optimizer from a
-    profile under its autocast, the collectives and memory per rank as dry-run (autocast keeps the parameters,
-    gradients and what crosses ranks in float32; the activations it saves are smaller, so memory is an upper
-    bound)."""
-    ranked, _, cost = costed_candidates(load_config(config_path, overrides), world, plugins)
+def _described(setting) -> str:
+    return ", ".join(f"{key} = {value!r}" for key, value in setting)
+
+
+def _in_setting(config_path, base: list[str], world: int, plugins: Plugins, tuned: list[Tuned], setting) -> list[Tuned]:
+    """The dry-run candidates ``tuned`` again under ``setting`` (config values, :func:`combinations`): compute and
+    optimizer from a profile of the model under it, the collectives as dry-run; memory as dry-run, less what the
+    estimates under the setting hold less (the activations a lower precision or memopt's recomputation saves)."""
+    overrides = [f"{key}={value}" for key, value in setting]
+    try:
+        ranked, _, cost = costed_candidates(load_config(config_path, [*base, *overrides]), world, plugins)
+    except (ConfigError, PlanError) as err:
+        print(f"\n  not a setting here: {_described(setting)}: {err}", file=sys.stderr)
+        return []
     known = {t.overrides: t for t in tuned}
     again = []
     for candidate in ranked:
-        if (base := known.get(tuple(candidate.overrides()))) is not None:
-            again.append(Tuned(f"{base.name}, precision={precision}", (*base.overrides, f"train.precision={precision}"),
-                               _terms(candidate, cost, base.terms.traffic), base.memory_bytes))
+        if (plain := known.get(tuple(candidate.overrides()))) is not None:
+            saved = plain.estimate_bytes - candidate.estimate.memory_bytes
+            name = plain.name + "".join(f", {key}={value}" for key, value in setting)
+            again.append(Tuned(name, (*plain.overrides, *overrides), _terms(candidate, cost, plain.terms.traffic),
+                               round(plain.memory_bytes - saved), candidate.estimate.memory_bytes))
     return again
 
 

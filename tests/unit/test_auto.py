@@ -122,6 +122,17 @@ def test_with_default_pipeline_settings_auto_ranks_every_schedule(plugins):
     assert "pipeline.virtual_stages = 2" in pp_line(plan, "interleaved") and pp_line(plan, "1f1b").endswith("bubble 43%")
 
 
+def test_auto_ranks_tsp_at_each_slice_count_by_its_wavefront(plugins):
+    """Under auto, tsp is proposed at 1, 2, 4 and 8 slices (8 samples on 2 time ranks), each waiting
+    (P - 1) / (S + P - 1) of its compute, so more slices rank higher at equal calls; a set tsp.slices is kept."""
+    lines = [line for line in prepare(auto(2, "speed"), 2, plugins).plan.rationale if line.startswith("candidate tsp (")]
+    bubbles = {int(line.split("tsp.slices = ")[1].split(")")[0]): line.split("bubble ")[1] for line in lines}
+    assert bubbles == {1: "50%", 2: "33%", 4: "20%", 8: "11%"}
+    plan = prepare(auto(2, "speed", tsp={"slices": 4}), 2, plugins).plan
+    tsp = [line for line in plan.rationale if "tsp (time=2" in line]
+    assert len(tsp) == 1 and "tsp (time=2):" in tsp[0] and "bubble 20%" in tsp[0]
+
+
 def test_gpipe_keeps_every_microbatch_alive_and_1f1b_at_most_pp(plugins):
     def pp_activations(schedule):
         plan = prepare(auto(2, "speed", batch=16, microbatches=8, pipeline={"schedule": schedule}), 2, plugins).plan

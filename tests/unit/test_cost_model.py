@@ -88,30 +88,66 @@ def test_corrections_are_stored_per_device_and_a_damaged_file_refused(tmp_path):
         cost_model.read_corrections(path, "cpu")
 
 
-def test_tune_tries_each_precision_a_float32_run_autocasts_to_profiled_under_it(tmp_path):
-    """bf16's profile saves half the activation bytes of fp32's; its candidates are the dry-run ones, their
-    collectives the dry run's, their compute that profile's; a precision the user set is not varied."""
-    from snnfw.config import load_config
-    from snnfw.plan.cost_model import terms_of
-    from snnfw.plan.prepare import costed_candidates
-    from snnfw.plugin.manager import Plugins
+def tiny_file(tmp_path):
     from snnfw.testing import TINY
-    from snnfw.tools import tune
 
     path = tmp_path / "tiny.toml"
     path.write_text("".join(f"[{section}]\n" + "".join(f"{k} = {json.dumps(v)}\n" for k, v in values.items())
                             for section, values in TINY.items()))
-    base = ["parallel.strategy=auto"]
-    config, plugins = load_config(path, base), Plugins()
-    assert tune.precisions(config, "cpu") == ("bf16",) and tune.precisions(config, "cuda") == ("bf16", "fp16")
-    assert tune.precisions(load_config(path, [*base, "train.precision=fp32"]), "cpu") == ()
-    ranked, _, fp32 = costed_candidates(config, 2, plugins, threads=1)
+    return path
+
+
+def test_tune_tries_the_settings_the_plugins_offer_for_the_keys_the_user_did_not_set(tmp_path):
+    """Precision (an autocast of float32), the neuron backends that run here and memopt's checkpointing, each
+    alone and together, fewest changes first; a key the user set is not varied."""
+    from snnfw.config import load_config
+    from snnfw.plan.prepare import tune_settings
+    from snnfw.plugin.manager import Plugins
+    from snnfw.tools import tune
+
+    path, plugins = tiny_file(tmp_path), Plugins()
+    offered = tune_settings(load_config(path, ["parallel.strategy=auto"]), 2, plugins)
+    assert offered == {"train.precision": ("bf16",), "model.neuron_backend": ("inductor",), "memopt.level": (1,)}
+    set_by_user = ["parallel.strategy=auto", "train.precision=fp32", "model.neuron_backend=torch"]
+    assert tune_settings(load_config(path, set_by_user), 2, plugins) == {"memopt.level": (1,)}
+    combined = tune.combinations(offered)
+    assert len(combined) == 7 and [len(c) for c in combined] == [1, 1, 1, 2, 2, 2, 3]
+    assert set(combined[-1]) == {("train.precision", "bf16"), ("model.neuron_backend", "inductor"), ("memopt.level", 1)}
+
+
+def test_a_setting_s_candidates_take_its_profile_and_the_dry_run_s_collectives_and_memory_less_what_it_saves(tmp_path):
+    """bf16's profile saves half the activation bytes of fp32's; its candidates are the dry-run ones, their
+    collectives the dry run's, their compute that profile's, their memory the dry run's less what the estimates
+    under bf16 hold less."""
+    from snnfw.config import load_config
+    from snnfw.plan.cost_model import terms_of
+    from snnfw.plan.prepare import costed_candidates
+    from snnfw.plugin.manager import Plugins
+    from snnfw.tools import tune
+
+    path, base, plugins = tiny_file(tmp_path), ["parallel.strategy=auto"], Plugins()
+    ranked, _, fp32 = costed_candidates(load_config(path, base), 2, plugins, threads=1)
     planted = Traffic("all_reduce", 1e6, 3)
     dry_run = [tune.Tuned(tune._name(c), tuple(c.overrides()), attrs.evolve(terms_of(c.strategy, c.estimate, fp32),
-                                                                             traffic=(planted,)), 1000)
-               for c in ranked[:2]]
-    again = tune._in_precision(path, [*base, "train.precision=bf16"], 2, plugins, dry_run, "bf16")
+                                                                             traffic=(planted,)),
+                          10**9, c.estimate.memory_bytes) for c in ranked[:2]]
+    again = tune._in_setting(path, base, 2, plugins, dry_run, (("train.precision", "bf16"),))
     assert [t.overrides for t in again] == [(*t.overrides, "train.precision=bf16") for t in dry_run]
-    assert all(t.terms.traffic == (planted,) and t.memory_bytes == 1000 for t in again)
+    assert all(t.terms.traffic == (planted,) for t in again)
+    assert all(10**9 - t.memory_bytes == round(d.estimate_bytes - t.estimate_bytes) > 0 for t, d in zip(again, dry_run))
     bf16 = costed_candidates(load_config(path, [*base, "train.precision=bf16"]), 2, plugins, threads=1)[2]
     assert bf16.activation_bytes == pytest.approx(fp32.activation_bytes / 2, rel=0.15)
+
+
+def test_the_profile_times_the_model_as_the_run_transforms_it(tmp_path):
+    """memopt.level 1 checkpoints the blocks: its profile saves a fraction of the activations and recomputes
+    the forward in backward (the bare model's profile would hold them all)."""
+    from snnfw.config import load_config
+    from snnfw.plan.prepare import costed_candidates
+    from snnfw.plugin.manager import Plugins
+
+    path, plugins = tiny_file(tmp_path), Plugins()
+    plain = costed_candidates(load_config(path, ["parallel.strategy=auto"]), 2, plugins, threads=1)[2]
+    checkpointed = costed_candidates(load_config(path, ["parallel.strategy=auto", "memopt.level=1"]), 2, plugins,
+                                     threads=1)[2]
+    assert checkpointed.activation_bytes < plain.activation_bytes / 2
