@@ -4,8 +4,8 @@ measurement, learned from every ``snnfw bench`` record.
 1. The cluster: the collective probe's links (:mod:`snnfw.tools.probe`), kept in ``probe.json`` beside the
    records and reused for the same host, device and world size.
 2. The candidates: every strategy, composed mesh and setting the plugins propose under ``auto``, with the
-   model's profile at a rank's threads; the dry run of each counts what it holds and the bytes and calls of its
-   collectives by kind. Each again under every combination of the values the plugins offer to tune for the keys
+   model's profile at a rank's threads; the dry run of each (while a third of ``--budget-s`` lasts) counts what it
+   holds and the bytes and calls of its collectives by kind. Each again under every combination of the values the plugins offer to tune for the keys
    the user did not set (``train.precision``, ``model.neuron_backend``, ``memopt.level``: the hook
    ``snnfw_tune_settings``), the model profiled under each while half the budget lasts. Those whose fullest
    rank does not fit are dropped.
@@ -125,8 +125,9 @@ def tune(config_path, world: int, overrides: list[str], budget_s: float, results
     ranked, _, cost = costed_candidates(config, world, plugins)
     tuned = []
     for index, candidate in enumerate(ranked, start=1):
-        if time.monotonic() - started > budget_s and tuned:
-            print(f"\nbudget spent: {len(ranked) - index + 1} candidate(s) not dry-run, left out", file=sys.stderr)
+        if time.monotonic() - started > budget_s / 3 and tuned:
+            print(f"\na third of the budget spent: {len(ranked) - index + 1} candidate(s) not dry-run, left out",
+                  file=sys.stderr)
             break
         _progress(index, len(ranked), f"dry run of {candidate.assignments}")
         chosen = [*overrides, *candidate.overrides()]
@@ -140,8 +141,8 @@ def tune(config_path, world: int, overrides: list[str], budget_s: float, results
     settings = combinations(tune_settings(config, world, plugins))
     for index, setting in enumerate(settings, start=1):
         if time.monotonic() - started > budget_s / 2:
-            print(f"budget spent: {len(settings) - index + 1} setting(s) not profiled, from {_described(setting)}",
-                  file=sys.stderr)
+            print(f"half the budget spent: {len(settings) - index + 1} setting(s) not profiled, from "
+                  f"{_described(setting)}", file=sys.stderr)
             break
         _progress(index, len(settings), f"profile under {_described(setting)}")
         tuned += _in_setting(config_path, base, world, plugins, tuned, setting)
