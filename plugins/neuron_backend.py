@@ -88,7 +88,8 @@ def snnfw_tune_settings(config, analysis, device_type):
     """Every backend that can run the neurons here (under the config's ``train.precision``)."""
     if not analysis.neurons:
         return None
-    return {"model.neuron_backend": tuple(b for b in BACKENDS if refusal(b, device_type, config.train.precision) is None)}
+    precision = config.train.precision
+    return {"model.neuron_backend": tuple(b for b in BACKENDS if refusal(b, device_type, precision) is None)}
 
 
 def select_cuda_implementation(name: str) -> None:

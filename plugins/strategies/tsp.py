@@ -150,8 +150,8 @@ def _propose(request) -> Proposal | list[Proposal]:
     if request.strategy == NAME or "tsp.slices" in request.config.explicit:
         return _proposal(request, request.config)
     config = request.config
-    return [attrs.evolve(_proposal(request, config.with_section("tsp", TspConfig(count))), settings=(("tsp.slices", count),))
-            for count in slice_choices(request)]
+    return [attrs.evolve(_proposal(request, config.with_section("tsp", TspConfig(count))),
+                         settings=(("tsp.slices", count),)) for count in slice_choices(request)]
 
 
 def slice_choices(request) -> tuple[int, ...]:

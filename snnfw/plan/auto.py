@@ -184,4 +184,5 @@ def measure(model, spec, plugins, train, threads: int | None = None, transform=N
         return optimizer_class(parameters, **options)
 
     return measure_cost(model, frames, labels, plugins.reset_state, optimizer, threads,
-                        precision=lambda: autocast(train, next(model.parameters(), frames).device.type), transform=transform)
+                        precision=lambda: autocast(train, next(model.parameters(), frames).device.type),
+                        transform=transform)

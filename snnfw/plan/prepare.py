@@ -250,8 +250,9 @@ def prepare(config: Config, world_size: int, plugins: Plugins, local_ranks: int 
     decision = None
     if config.parallel.strategy == AUTO:
         def decide() -> Decision:
-            cost = measure(built, source.spec, plugins, config.train, cost_model.rank_threads(world_size),
-                           None if torch.distributed.is_initialized() else run_transforms(config, topology, analysis, plugins))
+            transform = None if torch.distributed.is_initialized() else run_transforms(config, topology, analysis,
+                                                                                          plugins)
+            cost = measure(built, source.spec, plugins, config.train, cost_model.rank_threads(world_size), transform)
             request = PlanRequest(config=config, topology=topology, analysis=analysis, model=built,
                                   plugins=plugins.context, cost=cost)
             return choose(request, plugins)

@@ -4,11 +4,11 @@ measurement, learned from every ``snnfw bench`` record.
 1. The cluster: the collective probe's links (:mod:`snnfw.tools.probe`), kept in ``probe.json`` beside the
    records and reused for the same host, device and world size.
 2. The candidates: every strategy, composed mesh and setting the plugins propose under ``auto``, with the
-   model's profile at a rank's threads; the dry run of each (while a third of ``--budget-s`` lasts) counts what it
-   holds and the bytes and calls of its collectives by kind. Each again under every combination of the values the plugins offer to tune for the keys
-   the user did not set (``train.precision``, ``model.neuron_backend``, ``memopt.level``: the hook
-   ``snnfw_tune_settings``), the model profiled under each while half the budget lasts. Those whose fullest
-   rank does not fit are dropped.
+   model's profile at a rank's threads; the dry run of each (while a third of ``--budget-s`` lasts) counts what
+   it holds and the bytes and calls of its collectives by kind. Each again under every combination of the values
+   the plugins offer for the keys the user did not set (``train.precision``, ``model.neuron_backend``,
+   ``memopt.level``: the hook ``snnfw_tune_settings``), the model profiled under each while half the budget
+   lasts. Those whose fullest rank does not fit are dropped.
 3. Predictions, with the corrections fitted from the records (``corrections.json``).
 4. The most promising are measured (``snnfw bench``, a record each) while ``--budget-s`` lasts; the
    corrections are refitted from all the records and everything predicted again.
@@ -136,7 +136,8 @@ def tune(config_path, world: int, overrides: list[str], budget_s: float, results
         except ConfigError as err:
             print(f"\n  not a candidate: {candidate.assignments}: {err}", file=sys.stderr)
             continue
-        tuned.append(Tuned(_name(candidate), tuple(candidate.overrides()), terms, memory, candidate.estimate.memory_bytes))
+        tuned.append(Tuned(_name(candidate), tuple(candidate.overrides()), terms, memory,
+                           candidate.estimate.memory_bytes))
     print(file=sys.stderr)
     settings = combinations(tune_settings(config, world, plugins))
     for index, setting in enumerate(settings, start=1):
