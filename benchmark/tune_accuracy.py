@@ -70,7 +70,8 @@ def report(folder: Path) -> None:
         others = [r for other, rs in groups.items() if other != label for r in rs]
         corrections = cost_model.fit(others, "cpu")
         parts = {key: statistics.median(r["predicted"][key] for r in runs) for key in ("ms", "compute_ms", "communication_ms")}
-        learned = corrections.apply(parts["compute_ms"], parts["communication_ms"], runs[0]["plan"]["strategy"])
+        plan = runs[0]["plan"]
+        learned = corrections.apply(parts["compute_ms"], parts["communication_ms"], plan["strategy"], tuple(plan["mesh"]))
         rows.append((label, statistics.median(r["step_ms"] for r in runs), parts["ms"], learned))
     print(f"{'candidate':<40} {'measured':>9} {'before':>9} {'err':>7} {'after':>9} {'err':>7}")
     for label, measured, before, after in rows:

@@ -80,7 +80,7 @@ def candidates(request, proposals) -> tuple[list[Candidate], list[Candidate]]:
         elif p.estimate.memory_bytes > memory:
             reason = f"needs ~{p.estimate.memory_bytes / 2**30:.1f} GiB per rank, has {memory / 2**30:.1f}"
         else:
-            terms = cost_model.terms_of(p.strategy, p.estimate, request.cost)
+            terms = cost_model.terms_of(p.strategy, p.estimate, request.cost, tuple(mesh))
             feasible.append(Candidate(p.strategy, mesh, replicas, p.estimate, settings=p.settings,
                                       predicted_ms=cost_model.predict(terms, cluster, corrections).ms))
             continue

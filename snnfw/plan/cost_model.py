@@ -13,7 +13,8 @@ A candidate's step, as the model sees it on its busiest rank (:class:`StepTerms`
 Uncorrected, the prediction is compute + optimizer + communication. :func:`fit` learns, from bench records that
 carry the terms the model gave them, a factor per strategy: the median ratio of its measured steps to their
 uncorrected predictions, from 2 of its records or more (what a strategy adds that no term sees, the waits of
-its collectives inside forward and backward, is its own); and, for strategies with fewer records, a per-step
+its collectives inside forward and backward, is its own), learned apart for each mesh layout of it with 2
+records or more (:func:`layout`: ``pp`` alone and ``pp x dp``); and, for strategies with fewer records, a per-step
 overhead (the loop, logging, data), a factor on compute and one on communication, fitted over every record
 (least squares on relative error, none negative: 3 records or more). A factor per strategy fitted on what the
 shared terms left over was tried first: the shared terms, fitted mostly on the strategies that wait, then made
@@ -129,6 +130,7 @@ class StepTerms:
     threads: int  # a rank's threads, at which compute_ms was profiled
     traffic: tuple[Traffic, ...]
     sources: tuple[tuple[str, str], ...]  # (term, where it came from)
+    dims: tuple[str, ...] = ()  # the mesh's dimensions, which key a learned factor (:func:`layout`)
 
 
 @attrs.frozen
@@ -146,11 +148,17 @@ class Corrections:
     def source(self) -> str:
         return f"fitted from {self.records} bench record(s) on {self.device}" if self.records else "not learned (no records)"
 
-    def apply(self, compute_ms: float, communication_ms: float, strategy: str | None = None) -> float:
-        """The corrected step time of uncorrected parts: ``strategy``'s own factor on them where it has one, else the
-        overhead and the two factors."""
-        if strategy in self.strategies:
-            return self.strategies[strategy] * (compute_ms + communication_ms)
+    def factor(self, strategy: str | None, dims: tuple[str, ...] = ()) -> float | None:
+        """The factor learned for ``strategy`` on a mesh of the dimensions ``dims``, else for ``strategy`` on any
+        mesh, else None."""
+        return self.strategies.get(layout(strategy, dims), self.strategies.get(strategy))
+
+    def apply(self, compute_ms: float, communication_ms: float, strategy: str | None = None,
+              dims: tuple[str, ...] = ()) -> float:
+        """The corrected step time of uncorrected parts: the own factor of ``strategy`` (on ``dims``) where it has
+        one, else the overhead and the two factors."""
+        if (own := self.factor(strategy, dims)) is not None:
+            return own * (compute_ms + communication_ms)
         return self.overhead_ms + self.compute * compute_ms + self.communication * communication_ms
 
     def to_dict(self) -> dict:
@@ -173,14 +181,21 @@ class Prediction:
         return {"ms": self.ms, "compute_ms": self.compute_ms, "communication_ms": self.communication_ms}
 
 
-def terms_of(strategy: str, estimate, cost) -> StepTerms:
+def layout(strategy: str | None, dims) -> str:
+    """How :class:`Corrections` key a strategy on a mesh of the dimensions ``dims``: ``"pp (pp x dp)"``. Its factor
+    is learned apart from the strategy's on other meshes (a pipeline over data replicas waits otherwise than one
+    alone)."""
+    return f"{strategy} ({' x '.join(dims)})"
+
+
+def terms_of(strategy: str, estimate, cost, dims: tuple[str, ...] = ()) -> StepTerms:
     """A candidate's terms from its strategy's :class:`~snnfw.plan.estimate.Estimate` of ``cost`` (the profile):
     its bytes cross in the calls it counts, priced as all-reduces."""
     traffic = (Traffic("all_reduce", estimate.comm_bytes, max(round(estimate.calls), 1)),) if estimate.comm_bytes else ()
     share = estimate.parameter_bytes / cost.parameter_bytes if cost.parameter_bytes else 1.0
     return StepTerms(strategy, estimate.compute_ms, cost.optimizer_ms * share, estimate.bubble, cost.threads or 1, traffic,
                      (("compute", f"profile, {strategy}'s share"), ("optimizer", "profile, the rank's parameters"),
-                      ("traffic", f"{strategy}'s estimate")))
+                      ("traffic", f"{strategy}'s estimate")), tuple(dims))
 
 
 def predict(terms: StepTerms, cluster: Cluster, corrections: Corrections | None = None) -> Prediction:
@@ -189,8 +204,8 @@ def predict(terms: StepTerms, cluster: Cluster, corrections: Corrections | None 
     over = cluster.oversubscription(terms.threads)
     compute = terms.compute_ms / (1.0 - terms.bubble) * over + terms.optimizer_ms * over
     communication = sum(_transfer_ms(t, cluster.links[t.kind]) for t in terms.traffic)
-    own = corrections.strategies.get(terms.strategy)
-    ms = corrections.apply(compute, communication, terms.strategy)
+    own = corrections.factor(terms.strategy, terms.dims)
+    ms = corrections.apply(compute, communication, terms.strategy, terms.dims)
     sources = dict(terms.sources)
     lines = [f"compute {terms.compute_ms:.2f} ms ({sources.get('compute', 'profile')}), bubble {terms.bubble:.0%}, "
              f"x{over:.2f} oversubscription ({cluster.local_ranks} rank(s) x {terms.threads} thread(s) on "
@@ -221,8 +236,10 @@ def fit(records: list[dict], device: str) -> Corrections:
     overhead, compute, communication = _least_squares(rows)
     ratios: dict[str, list[float]] = {}
     for r in rows:
-        parts = r["predicted"]
-        ratios.setdefault(r["plan"]["strategy"], []).append(r["step_ms"] / (parts["compute_ms"] + parts["communication_ms"]))
+        parts, strategy = r["predicted"], r["plan"]["strategy"]
+        ratio = r["step_ms"] / (parts["compute_ms"] + parts["communication_ms"])
+        for key in (strategy, *([layout(strategy, r["plan"]["mesh"])] if "mesh" in r["plan"] else [])):
+            ratios.setdefault(key, []).append(ratio)
     strategies = {name: statistics.median(values) for name, values in ratios.items() if len(values) >= STRATEGY_FIT_RECORDS}
     return Corrections(device, len(rows), overhead, compute, communication, strategies)
 

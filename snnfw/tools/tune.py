@@ -89,7 +89,7 @@ def step_terms(config, world: int, plugins: Plugins, candidate, cost) -> tuple[S
 
 def _terms(candidate, cost, traffic: tuple[Traffic, ...]) -> StepTerms:
     """``candidate``'s compute and optimizer from the profile ``cost``, its collectives the dry run's ``traffic``."""
-    terms = cost_model.terms_of(candidate.strategy, candidate.estimate, cost)
+    terms = cost_model.terms_of(candidate.strategy, candidate.estimate, cost, tuple(candidate.mesh))
     return attrs.evolve(terms, traffic=traffic, sources=(*terms.sources[:2], ("traffic", "dry run")))
 
 

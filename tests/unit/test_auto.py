@@ -197,7 +197,7 @@ def test_auto_predicts_with_the_corrections_tune_learned_beside_its_records(plug
     records = tmp_path / "bench.jsonl"
 
     def record(strategy, step_ms):
-        return {"device": "cpu", "nproc": 2, "plan": {"strategy": strategy}, "step_ms": step_ms,
+        return {"device": "cpu", "nproc": 2, "plan": {"strategy": strategy, "mesh": {"dp": 2}}, "step_ms": step_ms,
                 "predicted": {"ms": 100.0, "compute_ms": 90.0, "communication_ms": 10.0}}
 
     measured = [record("dp", 5000.0), record("dp", 5000.0), record("fsdp2", 100.0), record("fsdp2", 100.0)]

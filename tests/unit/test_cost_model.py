@@ -41,8 +41,8 @@ def test_every_figure_says_where_it_came_from():
     assert any("not learned (no records)" in line for line in lines)
 
 
-def record(strategy, compute, communication, measured):
-    return {"device": "cpu", "nproc": 2, "plan": {"strategy": strategy}, "step_ms": measured,
+def record(strategy, compute, communication, measured, mesh=None):
+    return {"device": "cpu", "nproc": 2, "plan": {"strategy": strategy, "mesh": mesh or {"dp": 2}}, "step_ms": measured,
             "predicted": {"ms": compute + communication, "compute_ms": compute, "communication_ms": communication}}
 
 
@@ -52,9 +52,22 @@ def test_fit_recovers_a_planted_overhead_and_factors_and_a_strategy_s_own_factor
     fitted = cost_model.fit(records, "cpu")
     assert (fitted.overhead_ms, fitted.compute, fitted.communication) == pytest.approx((5.0, 2.0, 3.0))
     assert fitted.apply(30, 5, "dp") == pytest.approx(5.0 + 2.0 * 30 + 3.0 * 5)  # one record: the shared terms
-    assert fitted.strategies == pytest.approx({"zero": 57 / 24})  # the median of 57/24, 42/14, 91/42
+    assert fitted.strategies == pytest.approx({"zero": 57 / 24, "zero (dp)": 57 / 24})  # the median of 57/24, 42/14, 91/42
     slower = records + [record("tp", 10, 0, 30.0), record("tp", 20, 0, 60.0)]
     assert cost_model.fit(slower, "cpu").apply(40, 0, "tp") == pytest.approx(120.0)  # tp ran 3x its terms
+
+
+def test_a_strategy_s_factor_is_learned_apart_for_each_mesh_layout_with_records():
+    """A pipeline alone ran 1.3 times its terms and a pipeline over data replicas 0.8: each layout takes its own
+    factor, and a layout without records the strategy's over all of them."""
+    alone = [record("pp", 10, 0, 13.0, {"pp": 2}), record("pp", 20, 0, 26.0, {"pp": 2})]
+    replicas = [record("pp", 10, 0, 8.0, {"pp": 2, "dp": 2}), record("pp", 20, 0, 16.0, {"pp": 2, "dp": 2})]
+    fitted = cost_model.fit(alone + replicas, "cpu")
+    assert fitted.apply(100, 0, "pp", ("pp",)) == pytest.approx(130.0)
+    assert fitted.apply(100, 0, "pp", ("pp", "dp")) == pytest.approx(80.0)
+    assert fitted.apply(100, 0, "pp", ("pp", "tp")) == pytest.approx(105.0)  # the median of 1.3, 1.3, 0.8, 0.8
+    assert cost_model.predict(terms("pp", compute=100.0), cluster(local_ranks=1), fitted).ms == pytest.approx(
+        1.05 * 101.0)  # terms without a mesh: the strategy's factor, on compute and the optimizer's 1 ms
 
 
 def test_fit_needs_three_records_and_keeps_other_devices_apart():
