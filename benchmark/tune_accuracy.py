@@ -34,7 +34,10 @@ FAMILIES = {"vgg": ["model.family=cifar10dvs_vgg", "model.flavor=tiny"],
 CANDIDATES = {  # world -> (name, overrides)
     2: [("dp", ["parallel.strategy=dp"]), ("zero", ["parallel.strategy=zero"]), ("fsdp2", ["parallel.strategy=fsdp2"]),
         ("tp", ["parallel.strategy=tp"]), ("pp", ["parallel.strategy=pp", "pipeline.schedule=1f1b"]),
-        ("tsp", ["parallel.strategy=tsp"])],
+        ("tsp", ["parallel.strategy=tsp"]),
+        # settings tune tries: a neuron backend, memopt's checkpoints, a slice count of tsp's wavefront
+        ("dp inductor", ["parallel.strategy=dp", "model.neuron_backend=inductor"]),
+        ("dp memopt 1", ["parallel.strategy=dp", "memopt.level=1"]), ("tsp 4 slices", ["parallel.strategy=tsp", "tsp.slices=4"])],
     4: [("dp", ["parallel.strategy=dp"]), ("fsdp2", ["parallel.strategy=fsdp2"]),
         ("fsdp2_tp", ["parallel.strategy=fsdp2_tp"]),
         ("pp x dp", ["parallel.strategy=pp", "parallel.mesh={pp = 2, dp = 2}", "pipeline.schedule=1f1b"]),

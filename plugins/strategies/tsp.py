@@ -67,6 +67,9 @@ def time_split_refusal(request, size: int, replicas: int | None = None) -> str |
                 f"it, or set model.time_steps to a multiple of {size}")
     if config.memopt.level:
         return "memopt recomputes forward passes, which would pass neuron state on twice; set memopt.level = 0"
+    if config.model.neuron_backend == "inductor":
+        return ("model.neuron_backend = \"inductor\" runs each neuron's steps in kernels of its own, which would drop "
+                "the state the time ranks pass on; use \"torch\" (or \"cuda\" or \"triton\" on GPUs)")
     if config.compile.enable:
         return ("its neurons exchange state point to point inside the forward pass, which torch.compile does not "
                 "trace; set compile.enable = false")
@@ -163,6 +166,15 @@ def slice_choices(request) -> tuple[int, ...]:
     return tuple(2**k for k in range(top.bit_length()) if 2**k <= top)
 
 
+def wavefront_ms(cost, samples: float, size: int, count: int) -> float:
+    """What the wavefront adds to a rank's compute of its T/P steps (``cost``: the profile): a layer's neurons run
+    one time rank after another, so the last waits for P - 1 slices of each layer's neurons (the neurons' share of
+    their fixed time and of 1/S of the chunk's samples each); each slice past the first calls every neuron again."""
+    neurons_fixed = cost.neuron_share * cost.fixed_ms
+    neurons_chunk = cost.neuron_share * samples * cost.step_ms / size
+    return (count - 1) * neurons_fixed + (size - 1) * (neurons_fixed + neurons_chunk / count)
+
+
 def _proposal(request, config) -> Proposal:
     world = request.topology.world_size
     if world < 2:
@@ -178,11 +190,11 @@ def _proposal(request, config) -> Proposal:
     replicas = dict(mesh).get("dp", 1)
     params = request.cost.parameter_bytes if request.cost else 0.0
     count = slices(config, mesh)
-    # Each rank computes T/P steps; a layer's neurons run one rank after another in a wavefront of the batch's
-    # slices, which waits as a pipeline of S microbatches over P stages does: (P - 1) / (S + P - 1).
     cost = estimate(request, samples=config.data.batch_size / replicas, activation_shards=size, compute_shards=size,
-                    bubble=(size - 1) / (count + size - 1), comm_bytes=ring_bytes(params, world),
+                    comm_bytes=ring_bytes(params, world),
                     calls=2 * count * len(request.analysis.neurons) + ddp_buckets(params))
+    if request.cost is not None:
+        cost = attrs.evolve(cost, compute_ms=cost.compute_ms + wavefront_ms(request.cost, cost.samples, size, count))
     return Proposal(
         NAME,
         mesh=mesh,

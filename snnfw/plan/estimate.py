@@ -39,6 +39,7 @@ class ModelCost:
     optimizer_ms: float = 0.0  # one optimizer step over every parameter (0: not measured)
     threads: int = 0  # the threads it was timed at
     fixed_ms: float = 0.0  # forward + backward whatever the samples (each layer's calls), once a step
+    neuron_share: float = 0.0  # the share of a forward spent in the neurons, taken as their share of backward too
 
     @property
     def parameter_bytes(self) -> float:
@@ -142,7 +143,8 @@ def measure_cost(model: torch.nn.Module, example: torch.Tensor, labels: torch.Te
     """Times one forward and backward on a copy of ``model`` of ``example`` and of it repeated :data:`LARGER` times,
     which tells the time each sample adds from the time a step takes whatever its samples (each layer's calls:
     the larger part of a small model's step on a few samples), and a step of ``optimizer(parameters)`` where
-    given, at ``threads`` threads (default: this process's); counts saved-for-backward and neuron-state bytes.
+    given, at ``threads`` threads (default: this process's); the neurons' share of a forward; counts
+    saved-for-backward and neuron-state bytes.
     Forward and backward run under ``precision()`` (``train.precision``'s autocast), on the copy as
     ``transform(copy, example)`` leaves it where given (the run's model transforms and compilation)."""
     import torch
@@ -157,11 +159,13 @@ def measure_cost(model: torch.nn.Module, example: torch.Tensor, labels: torch.Te
         saved += tensor.numel() * tensor.element_size()
         return tensor
 
-    def step(frames, targets):
+    def forward(frames):
         reset(model)
         with precision():
-            loss = cross_entropy({"label_smoothing": 0.0})(full_precision(model(frames)), targets)
-        loss.backward()
+            return model(frames)
+
+    def step(frames, targets):
+        cross_entropy({"label_smoothing": 0.0})(full_precision(forward(frames)), targets).backward()
 
     larger = example.repeat(LARGER, *(1,) * (example.dim() - 1)), labels.repeat(LARGER)
     samples, before = len(labels), torch.get_num_threads()
@@ -174,6 +178,7 @@ def measure_cost(model: torch.nn.Module, example: torch.Tensor, labels: torch.Te
         optimizer_ms = 0.0
         if optimizer is not None:
             optimizer_ms = _median_ms(optimizer([p for p in model.parameters() if p.requires_grad]).step)
+        share = _neuron_share(model, lambda: forward(larger[0]))
     finally:
         torch.set_num_threads(before)
     reset(model)
@@ -188,7 +193,35 @@ def measure_cost(model: torch.nn.Module, example: torch.Tensor, labels: torch.Te
         optimizer_ms=optimizer_ms,
         threads=threads or before,
         fixed_ms=fixed,
+        neuron_share=share,
     )
+
+
+def _neuron_share(model: torch.nn.Module, forward: Callable, repeats: int = 3) -> float:
+    """The share of ``forward()``'s time that ``model``'s neurons take (timed by hooks around each), the median of
+    ``repeats`` calls."""
+    from snnfw.model.analysis import is_neuron
+
+    spent, started = [0.0], {}
+
+    def before(module, args):
+        started[id(module)] = time.perf_counter()
+
+    def after(module, args, output):
+        spent[0] += time.perf_counter() - started.pop(id(module))
+
+    neurons = [m for m in model.modules() if is_neuron(m)]
+    handles = [hook for m in neurons for hook in (m.register_forward_pre_hook(before), m.register_forward_hook(after))]
+    shares = []
+    try:
+        for _ in range(repeats):
+            spent[0], begun = 0.0, time.perf_counter()
+            forward()
+            shares.append(spent[0] / max(time.perf_counter() - begun, 1e-9))
+    finally:
+        for hook in handles:
+            hook.remove()
+    return statistics.median(shares)
 
 
 def _median_ms(work: Callable, repeats: int = 3) -> float:

@@ -13,7 +13,8 @@ measurement, learned from every ``snnfw bench`` record.
 4. The most promising are measured (``snnfw bench``, a record each) while ``--budget-s`` lasts; the
    corrections are refitted from all the records and everything predicted again.
 5. The winner (the fastest measured, else the fastest predicted) is written as a config file, with a table:
-   candidate, predicted ms, measured ms, memory per rank.
+   candidate, predicted ms, measured ms, memory per rank; and the winner's prediction, each figure with where it
+   came from.
 """
 
 from __future__ import annotations
@@ -174,6 +175,8 @@ def tune(config_path, world: int, overrides: list[str], budget_s: float, results
     winner = min(timed, key=lambda t: t.measured_ms) if timed else tuned[0]
     write_config(config_path, [*overrides, *winner.overrides], out, winner)
     print("\n".join(table(tuned, winner, corrections)))
+    print(f"\n{winner.name}'s prediction, each figure with where it came from:")
+    print("\n".join(f"  {line}" for line in cost_model.predict(winner.terms, cluster, corrections).lines))
     print(f"wrote {out}: {winner.name}", file=sys.stderr)
     return 0
 

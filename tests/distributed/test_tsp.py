@@ -72,6 +72,8 @@ def test_tsp_needs_the_boundary_state_and_its_gradient():
     ({"model": {"time_steps": 6}}, "model.time_steps = 6 does not split into 4 equal chunks"),
     ({"parallel": {"mesh": {"tp": 4}}}, "its mesh is {time = P} or {dp = D, time = P}"),
     ({"memopt": {"level": 1}}, "memopt recomputes forward passes"),
+    # its kernels replace the neurons' steps that tsp chains: the losses differed from none's at the first step
+    ({"model": {"neuron_backend": "inductor"}}, "would drop the state the time ranks pass on"),
 ])
 def test_what_cannot_be_split_in_time_is_refused_naming_the_key(sections, refused):
     world = 3 if sections.get("parallel", {}).get("mesh") == {"time": 3} else 4

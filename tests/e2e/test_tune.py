@@ -25,13 +25,16 @@ def test_tune_stops_within_its_budget_and_writes_the_fastest_measured_as_a_confi
     assert done.returncode == 0, done.stderr[-3000:]
     assert wall < BUDGET_S + 45, wall  # the budget, and the interpreter's start and the table's print around it
     assert "budget spent" in done.stderr or "stopped: the budget ran out" in done.stderr, done.stderr[-2000:]
-    rows = [line for line in done.stdout.splitlines() if "(" in line and not line.startswith("predictions")]
+    table, explained = done.stdout.split("\n\n", 1)
+    rows = [line for line in table.splitlines() if "(" in line and not line.startswith("predictions")]
     column = {line: line.split()[-2 if "<-" not in line else -4] for line in rows}  # the measured ms, or "-"
     measured = {line.split(")")[0] + ")": float(value) for line, value in column.items() if value != "-"}
     chosen = next(line for line in rows if line.endswith("<- chosen"))
     assert measured and len(measured) < len(rows), done.stdout  # some measured before the budget ran out, not all
     fastest = min(measured, key=measured.get)
     assert chosen.startswith(fastest), done.stdout
+    assert explained.startswith(f"{fastest}'s prediction, each figure with where it came from"), explained
+    assert "(profile" in explained and "(dry run)" in explained, explained
     tuned = load_config(out)
     assert tuned.parallel.strategy == fastest.split()[0]
     assert tuned.data.batch_size == 8  # the user's own keys kept
