@@ -11,12 +11,14 @@ the model's uncorrected prediction); the measured step is the median of those ru
     python benchmark/tune_accuracy.py benchmark/results/tune           # measures (about 20 minutes here)
     python benchmark/tune_accuracy.py benchmark/results/tune --report  # the figures from the records there
     python benchmark/tune_accuracy.py benchmark/results/tune --at 64 512  # predictions for large worlds
+    python benchmark/tune_accuracy.py benchmark/results/tune --repredict benchmark/results/now  # today's model
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import statistics
 import subprocess
 import sys
@@ -34,10 +36,7 @@ FAMILIES = {"vgg": ["model.family=cifar10dvs_vgg", "model.flavor=tiny"],
 CANDIDATES = {  # world -> (name, overrides)
     2: [("dp", ["parallel.strategy=dp"]), ("zero", ["parallel.strategy=zero"]), ("fsdp2", ["parallel.strategy=fsdp2"]),
         ("tp", ["parallel.strategy=tp"]), ("pp", ["parallel.strategy=pp", "pipeline.schedule=1f1b"]),
-        ("tsp", ["parallel.strategy=tsp"]),
-        # settings tune tries: a neuron backend, memopt's checkpoints, a slice count of tsp's wavefront
-        ("dp inductor", ["parallel.strategy=dp", "model.neuron_backend=inductor"]),
-        ("dp memopt 1", ["parallel.strategy=dp", "memopt.level=1"]), ("tsp 4 slices", ["parallel.strategy=tsp", "tsp.slices=4"])],
+        ("tsp", ["parallel.strategy=tsp"])],
     4: [("dp", ["parallel.strategy=dp"]), ("fsdp2", ["parallel.strategy=fsdp2"]),
         ("fsdp2_tp", ["parallel.strategy=fsdp2_tp"]),
         ("pp x dp", ["parallel.strategy=pp", "parallel.mesh={pp = 2, dp = 2}", "pipeline.schedule=1f1b"]),
@@ -90,6 +89,26 @@ def report(folder: Path) -> None:
               f"measured is {fastest[0].split(' ', 2)[2]} ({fastest[1]:.1f} ms): {picked[1] / fastest[1] - 1:+.1%}")
 
 
+def repredict(folder: Path, into: Path) -> None:
+    """The records of ``folder`` again in ``into`` with the current model's uncorrected predictions: the same
+    measurements, each candidate's config (its explicit keys, as the record keeps them) profiled and dry-run anew
+    here over the probe kept in ``folder``."""
+    records = cost_model.read_records(folder / tune.RECORDS)
+    into.mkdir(parents=True, exist_ok=True)
+    shutil.copy(folder / tune.PROBE, into / tune.PROBE)
+    parts: dict[str, dict] = {}
+    lines = []
+    for record in records:
+        if record["label"] not in parts:
+            config = record["config"]
+            overrides = [f"{key}={tune._toml(config[section][name])}"
+                         for key in config["explicit"] for section, name in [key.split(".")]]
+            parts[record["label"]] = tune.predicted_parts(None, overrides, record["nproc"], into / tune.RECORDS)
+            print(f"{record['label']}: {parts[record['label']]['ms']:.1f} ms predicted", flush=True)
+        lines.append(json.dumps({**record, "predicted": parts[record["label"]]}) + "\n")
+    (into / tune.RECORDS).write_text("".join(lines))
+
+
 def _err(predicted: float, measured: float) -> float:
     return abs(predicted - measured) / measured
 
@@ -122,9 +141,13 @@ def main() -> None:
     parser.add_argument("folder", type=Path)
     parser.add_argument("--report", action="store_true")
     parser.add_argument("--at", type=int, nargs="*")
+    parser.add_argument("--repredict", type=Path, metavar="INTO", help="the folder's records predicted anew, into INTO")
     args = parser.parse_args()
     args.folder.mkdir(parents=True, exist_ok=True)
-    if args.at:
+    if args.repredict:
+        repredict(args.folder, args.repredict)
+        report(args.repredict)
+    elif args.at:
         at_scale(args.folder, args.at)
     elif args.report:
         report(args.folder)
