@@ -8,7 +8,7 @@ the model's uncorrected prediction); the measured step is the median of those ru
   and predict the one left out (never its own records);
 - tune's pick in each (family, world): the fastest by the left-out predictions, against the fastest measured.
 
-    python benchmark/tune_accuracy.py benchmark/results/tune           # measures (about 20 minutes here)
+    python benchmark/tune_accuracy.py benchmark/results/tune           # measures (about 30 minutes here)
     python benchmark/tune_accuracy.py benchmark/results/tune --report  # the figures from the records there
     python benchmark/tune_accuracy.py benchmark/results/tune --at 64 512  # predictions for large worlds
     python benchmark/tune_accuracy.py benchmark/results/tune --repredict benchmark/results/now  # today's model
@@ -36,7 +36,11 @@ FAMILIES = {"vgg": ["model.family=cifar10dvs_vgg", "model.flavor=tiny"],
 CANDIDATES = {  # world -> (name, overrides)
     2: [("dp", ["parallel.strategy=dp"]), ("zero", ["parallel.strategy=zero"]), ("fsdp2", ["parallel.strategy=fsdp2"]),
         ("tp", ["parallel.strategy=tp"]), ("pp", ["parallel.strategy=pp", "pipeline.schedule=1f1b"]),
-        ("tsp", ["parallel.strategy=tsp"])],
+        ("tsp", ["parallel.strategy=tsp"]),
+        # settings tune tries: a neuron backend, memopt's checkpoints, another slice count of tsp's wavefront
+        ("dp inductor", ["parallel.strategy=dp", "model.neuron_backend=inductor"]),
+        ("dp memopt 1", ["parallel.strategy=dp", "memopt.level=1"]),
+        ("tsp 4 slices", ["parallel.strategy=tsp", "tsp.slices=4"])],
     4: [("dp", ["parallel.strategy=dp"]), ("fsdp2", ["parallel.strategy=fsdp2"]),
         ("fsdp2_tp", ["parallel.strategy=fsdp2_tp"]),
         ("pp x dp", ["parallel.strategy=pp", "parallel.mesh={pp = 2, dp = 2}", "pipeline.schedule=1f1b"]),
