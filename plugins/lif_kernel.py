@@ -124,5 +124,14 @@ def fits(neuron) -> bool:
 
 
 def install(neuron) -> None:
-    """Runs ``neuron``'s multi-step forward on the two kernels (``fits(neuron)`` must hold)."""
-    neuron.multi_step_forward = partial(_multi_step_forward, neuron)
+    """Runs ``neuron``'s multi-step forward on the two kernels (``fits(neuron)`` must hold). A wrapper already
+    around the neuron's steps (tsp's chain over the time ranks) stays: the kernels replace what it wraps, its
+    ``__wrapped__``."""
+    forward = partial(_multi_step_forward, neuron)
+    wrapper = vars(neuron).get("multi_step_forward")
+    if not hasattr(wrapper, "__wrapped__"):
+        neuron.multi_step_forward = forward
+        return
+    while hasattr(wrapper.__wrapped__, "__wrapped__"):
+        wrapper = wrapper.__wrapped__
+    wrapper.__wrapped__ = forward

@@ -142,12 +142,12 @@ def chain_neuron(neuron: nn.Module, time: TimeGroup, slices: int) -> None:
     ``slices`` slices of the batch (fewer where the batch is smaller).
 
     Backward meets the slices in the reverse order on every rank (autograd runs the latest recorded first), and each
-    message carries its slice as its tag."""
-    own = neuron.multi_step_forward
+    message carries its slice as its tag. The neuron's own steps are the chain's ``__wrapped__``, which a neuron
+    backend installed later replaces (``lif_kernel.install``)."""
 
     def run_slice(x_seq: torch.Tensor, start, tag: int, args, kwargs) -> tuple[torch.Tensor, torch.Tensor]:
         neuron.v = ReceiveState.apply(x_seq[0], time, tag) if time.previous is not None else start
-        out = own(x_seq, *args, **kwargs)
+        out = multi_step_forward.__wrapped__(x_seq, *args, **kwargs)
         if time.next is not None:
             out = SendState.apply(out, neuron.v, time, tag)
         return out, neuron.v
@@ -161,6 +161,7 @@ def chain_neuron(neuron: nn.Module, time: TimeGroup, slices: int) -> None:
         neuron.v = torch.cat([v for _, v in parts])  # [N, ...]: the state every slice ended with
         return torch.cat([out for out, _ in parts], dim=1)
 
+    multi_step_forward.__wrapped__ = neuron.multi_step_forward
     neuron.multi_step_forward = multi_step_forward
 
 
