@@ -8,10 +8,12 @@ over time x dp, each rank's being P times its steps' share (``tsp_ops``): the
 sum over time, averaged over the dp replicas.
 """
 
+import attrs
+
 from snnfw import hookimpl
-from snnfw.api import Proposal, Strategy, estimate, ring_bytes
+from snnfw.api import Proposal, Strategy, ring_bytes
 from snnfw_plugins.strategies.fsdp2 import apply_fully_shard, fully_shard_options
-from snnfw_plugins.strategies.tsp import split_in_time, time_split_refusal
+from snnfw_plugins.strategies.tsp import slice_variants, slices, split_in_time, time_split_estimate, time_split_refusal
 
 NAME = "fsdp2_tsp"
 
@@ -33,22 +35,27 @@ def snnfw_register_strategies(register):
     register(NAME, TimeSplitFullyShard(), "2-D: the time steps split over the time dimension, FSDP2 across dp")
 
 
-def _propose(request) -> Proposal:
+def _propose(request) -> Proposal | list[Proposal]:
     world = request.topology.world_size
     mesh = request.config.parallel.mesh or (("time", 2), ("dp", world // 2))
-    sizes = dict(mesh)
+    return slice_variants(request, NAME, mesh, lambda config: _proposal(request, config, mesh))
+
+
+def _proposal(request, config, mesh) -> Proposal:
+    world, sizes = request.topology.world_size, dict(mesh)
     if set(sizes) != {"time", "dp"}:
         return Proposal.refuse(NAME, f"its mesh is {{time = P, dp = D}}, got {sizes}; set parallel.mesh = "
                                      f"{{time = 2, dp = {max(world // 2, 2)}}}")
     if sizes["dp"] < 2:
         return Proposal.refuse(NAME, f"time = {sizes['time']} x dp = {sizes['dp']} shards nothing; use strategy tsp on "
                                      f"{world} ranks, or launch {2 * sizes['time']} or more so that dp is at least 2")
-    if reason := time_split_refusal(request, sizes["time"]):
+    if reason := time_split_refusal(attrs.evolve(request, config=config), sizes["time"]):
         return Proposal.refuse(NAME, reason)
     params = request.cost.parameter_bytes if request.cost else 0.0
-    cost = estimate(request, samples=request.config.data.batch_size / sizes["dp"], parameter_shards=sizes["dp"],
-                    activation_shards=sizes["time"], comm_bytes=1.5 * ring_bytes(params, world))
-    steps = request.config.model.time_steps
+    cost = time_split_estimate(request, config, sizes["time"], samples=config.data.batch_size / sizes["dp"],
+                               parameter_shards=sizes["dp"], comm_bytes=1.5 * ring_bytes(params, world),
+                               calls=3 * (len(request.analysis.blocks) + 1))
+    steps = config.model.time_steps
     return Proposal(
         NAME,
         mesh=(("time", sizes["time"]), ("dp", sizes["dp"])),
@@ -57,6 +64,7 @@ def _propose(request) -> Proposal:
             f"{sizes['time']} ranks split each sample's {steps} time steps inside each of {sizes['dp']} FSDP2 replicas",
             "fully_shard over time x dp (HSDP: sharded over dp, replicated over time); " +
             fully_shard_options(request.config.parallel),
+            f"neurons pass their state on in {slices(config, mesh)} batch slices, a wavefront over the time ranks",
         ),
         estimate=cost,
     )

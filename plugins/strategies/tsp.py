@@ -67,9 +67,6 @@ def time_split_refusal(request, size: int, replicas: int | None = None) -> str |
                 f"it, or set model.time_steps to a multiple of {size}")
     if config.memopt.level:
         return "memopt recomputes forward passes, which would pass neuron state on twice; set memopt.level = 0"
-    if config.model.neuron_backend == "inductor":
-        return ("model.neuron_backend = \"inductor\" runs each neuron's steps in kernels of its own, which would drop "
-                "the state the time ranks pass on; use \"torch\" (or \"cuda\" or \"triton\" on GPUs)")
     if config.compile.enable:
         return ("its neurons exchange state point to point inside the forward pass, which torch.compile does not "
                 "trace; set compile.enable = false")
@@ -148,22 +145,41 @@ def snnfw_plan(request):
 
 
 def _propose(request) -> Proposal | list[Proposal]:
-    """The configured slices; under ``auto`` without ``tsp.slices``, each of :func:`slice_choices`, for ``auto``
-    to rank."""
-    if request.strategy == NAME or "tsp.slices" in request.config.explicit:
-        return _proposal(request, request.config)
+    return slice_variants(request, NAME, _mesh(request), lambda config: _proposal(request, config))
+
+
+def slice_variants(request, name: str, mesh, propose) -> Proposal | list[Proposal]:
+    """Strategy ``name``'s proposal at the configured slices (``propose(config)``); under ``auto`` without
+    ``tsp.slices``, unless that is refused, at each of :func:`slice_choices` on its ``mesh``, for ``auto`` to
+    rank."""
+    as_set = propose(request.config)
+    if request.strategy == name or "tsp.slices" in request.config.explicit or as_set.refusal:
+        return as_set
     config = request.config
-    return [attrs.evolve(_proposal(request, config.with_section("tsp", TspConfig(count))),
-                         settings=(("tsp.slices", count),)) for count in slice_choices(request)]
+    return [attrs.evolve(propose(config.with_section("tsp", TspConfig(count))), settings=(("tsp.slices", count),))
+            for count in slice_choices(request, mesh)]
 
 
-def slice_choices(request) -> tuple[int, ...]:
-    """The slice counts ``auto`` tries: 1, 2, 4, ... up to four per rank of the time group and the microbatch."""
+def slice_choices(request, mesh) -> tuple[int, ...]:
+    """The slice counts ``auto`` tries on ``mesh``: 1, 2, 4, ... up to four per rank of its time group and the
+    microbatch."""
     config, world = request.config, request.topology.world_size
-    size = dict(_mesh(request)).get("time", world)
+    size = dict(mesh).get("time", world)
     microbatch = config.data.batch_size // max(world // size, 1) // (config.train.microbatches or 1)
     top = max(min(4 * size, microbatch), 1)
     return tuple(2**k for k in range(top.bit_length()) if 2**k <= top)
+
+
+def time_split_estimate(request, config, size: int, **parts):
+    """The :func:`~snnfw.api.estimate` of a rank that computes T/P of its samples' steps (``size`` = P) and
+    passes each neuron's state on in ``config``'s slices, with the wavefront's wait (:func:`wavefront_ms`);
+    ``parts``: the rest of the estimate (samples, shards, gradient bytes and calls)."""
+    count = slices(config, (("time", size),))
+    calls = parts.pop("calls", 0) + 2 * count * len(request.analysis.neurons)
+    cost = estimate(request, activation_shards=size, compute_shards=size, calls=calls, **parts)
+    if request.cost is None:
+        return cost
+    return attrs.evolve(cost, compute_ms=cost.compute_ms + wavefront_ms(request.cost, cost.samples, size, count))
 
 
 def wavefront_ms(cost, samples: float, size: int, count: int) -> float:
@@ -190,11 +206,8 @@ def _proposal(request, config) -> Proposal:
     replicas = dict(mesh).get("dp", 1)
     params = request.cost.parameter_bytes if request.cost else 0.0
     count = slices(config, mesh)
-    cost = estimate(request, samples=config.data.batch_size / replicas, activation_shards=size, compute_shards=size,
-                    comm_bytes=ring_bytes(params, world),
-                    calls=2 * count * len(request.analysis.neurons) + ddp_buckets(params))
-    if request.cost is not None:
-        cost = attrs.evolve(cost, compute_ms=cost.compute_ms + wavefront_ms(request.cost, cost.samples, size, count))
+    cost = time_split_estimate(request, config, size, samples=config.data.batch_size / replicas,
+                               comm_bytes=ring_bytes(params, world), calls=ddp_buckets(params))
     return Proposal(
         NAME,
         mesh=mesh,

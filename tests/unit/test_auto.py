@@ -145,6 +145,32 @@ def test_tsp_s_wavefront_waits_for_p_minus_1_slices_of_the_neurons_and_calls_the
     assert wavefront_ms(cost, 16, 4, 1) == pytest.approx(3 * (5 + 2))
 
 
+def test_fsdp2_tsp_computes_what_tsp_computes_on_the_same_split_and_is_ranked_at_each_slice_count(plugins,
+                                                                                                    monkeypatch):
+    """FSDP2 around the same time split changes how a rank holds the parameters, not what it computes: with a
+    planted profile, fsdp2_tsp on time=2 x dp=2 predicts the compute of tsp on dp=2 x time=2 (T/P steps of 4
+    samples, and the wavefront); under auto it is proposed at 1, 2 and 4 slices (4 samples a replica)."""
+    from snnfw.plan import prepare as preparing
+    from snnfw.plan.estimate import ModelCost
+    from snnfw_plugins.strategies.tsp import wavefront_ms
+
+    cost = ModelCost(parameters=1000, activation_bytes=100.0, neuron_state_bytes=10.0, step_ms=1.0, fixed_ms=10.0,
+                     neuron_share=0.5)
+    monkeypatch.setattr(preparing, "measure", lambda *args, **kwargs: cost)
+
+    def compute(strategy, mesh):
+        config = tiny_config(strategy, 1, parallel={"mesh": mesh}, data={"batch_size": 8})
+        (best, *_), _, _ = preparing.costed_candidates(config, 4, plugins)
+        return best.estimate.compute_ms
+
+    tsp = compute("tsp", {"dp": 2, "time": 2})
+    assert tsp == pytest.approx(10 + 4 * 1.0 / 2 + wavefront_ms(cost, 4, 2, 2))
+    assert compute("fsdp2_tsp", {"time": 2, "dp": 2}) == pytest.approx(tsp)
+    ranked, refused, _ = preparing.costed_candidates(auto(4, "speed"), 4, plugins)
+    slices = sorted(dict(c.settings)["tsp.slices"] for c in ranked if c.strategy == "fsdp2_tsp")
+    assert slices == [1, 2, 4], [c.describe("cpu") for c in refused if c.strategy == "fsdp2_tsp"]
+
+
 def test_gpipe_keeps_every_microbatch_alive_and_1f1b_at_most_pp(plugins):
     def pp_activations(schedule):
         plan = prepare(auto(2, "speed", batch=16, microbatches=8, pipeline={"schedule": schedule}), 2, plugins).plan
