@@ -113,9 +113,11 @@ class TimeSplit(Strategy):
         size, steps = dict(layout.mesh)[self.dimension], request.config.model.time_steps
         if reason := time_split_refusal(request, size, replicas(layout)):
             return Proposal.refuse(NAME, reason)
+        count, samples = slices(request.config, layout.mesh), request.config.data.batch_size / replicas(layout)
+        wait = wavefront_ms(request.cost, samples, size, count) if request.cost is not None else 0.0
         return Proposal(NAME, rationale=(f"time = {size}: each sample's {steps} time steps split ({steps // size} per "
-                                         f"rank), neurons pass their state on in {slices(request.config, layout.mesh)} "
-                                         "batch slices",))
+                                         f"rank), neurons pass their state on in {count} batch slices",),
+                        added_compute_ms=wait)
 
     def apply_dimension(self, model, plan, mesh, hooks, wrap=None):
         split_in_time(model, plan, mesh, hooks)

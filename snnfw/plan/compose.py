@@ -98,14 +98,18 @@ def propose_mesh(request: PlanRequest, asked: Mesh | None = None) -> Proposal:
                  *(line for part in parts for line in part.rationale), _reduction_line(names, strategies))
     microbatches = max((p.microbatches for p in parts if p.microbatches), default=None)
     layout = attrs.evolve(layout, rationale=rationale, microbatches=microbatches)
-    return attrs.evolve(layout, estimate=_estimate(request, layout, strategies))
+    cost = _estimate(request, layout, strategies)
+    if cost is not None:
+        cost = attrs.evolve(cost, compute_ms=cost.compute_ms + sum(part.added_compute_ms for part in parts))
+    return attrs.evolve(layout, estimate=cost)
 
 
 def _estimate(request: PlanRequest, layout: Proposal, strategies: dict[str, Strategy]):
     """The coarse cost :mod:`snnfw.plan.estimate` ranks candidates by: a rank's share of the parameters (split and
-    sharded dimensions), of the samples (data dimensions), of the activations (the dimensions that are not data
-    ones) and of the compute (the split ones: a time split's ranks wait on each other); the gradient reduction's
-    bytes, tensor-parallel activations' and a pipeline's bubble; the collective calls of each."""
+    sharded dimensions), of the samples (data dimensions), of the activations and the compute (the dimensions that
+    are not data ones); the gradient reduction's bytes, tensor-parallel activations' and a pipeline's bubble; the
+    collective calls of each. What a dimension's ranks compute beyond their share (a time split's ranks wait on
+    each other) its proposal adds (``Proposal.added_compute_ms``)."""
     cost = request.cost
     if cost is None:
         return None
@@ -127,7 +131,7 @@ def _estimate(request: PlanRequest, layout: Proposal, strategies: dict[str, Stra
                  if strategies[n].parameters == SPLIT and not strategies[n].splits_stages)
     calls += 4 * micro if stages > 1 else 0
     return estimate(request, samples=samples, parameter_shards=split * shards, activation_shards=parts,
-                    compute_shards=split, comm_bytes=comm, bubble=(stages - 1) / (micro + stages - 1), calls=calls)
+                    compute_shards=parts, comm_bytes=comm, bubble=(stages - 1) / (micro + stages - 1), calls=calls)
 
 
 def candidate_meshes(world: int, dimensions: list[str]) -> list[Mesh]:

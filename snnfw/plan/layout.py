@@ -128,6 +128,7 @@ class Proposal:
     estimate: Any = None  # snnfw.plan.estimate.Estimate, required to take part in auto
     settings: tuple[tuple[str, Any], ...] = ()
     strategies: tuple[str, ...] = ()  # a composed mesh's: the strategy owning each dimension, in mesh order
+    added_compute_ms: float = 0.0  # a dimension's (propose_dimension): what its ranks compute beyond their share
 
     @classmethod
     def refuse(cls, strategy: str, reason: str) -> "Proposal":
@@ -169,6 +170,7 @@ class Plan:
     config: Config
     analysis: Analysis
     strategies: tuple[str, ...] = ()  # a composed mesh's: the strategy owning each dimension, in mesh order
+    added_compute_ms: float = 0.0  # a dimension's (propose_dimension): what its ranks compute beyond their share
 
     @property
     def dp_size(self) -> int:

@@ -81,7 +81,8 @@ class Strategy:
 
     def propose_dimension(self, request, layout):
         """This strategy's part of a composed mesh: a :class:`snnfw.plan.layout.Proposal` of its dimension (its
-        rationale, a refusal, the microbatches it needs), or None to accept it as it is. ``layout`` is the
+        rationale, a refusal, the microbatches it needs, the compute its ranks add beyond their share:
+        ``added_compute_ms``), or None to accept it as it is. ``layout`` is the
         composed proposal so far: the whole mesh, in the core's order, and which dimensions split the batch."""
         return None
 

@@ -145,11 +145,12 @@ def test_tsp_s_wavefront_waits_for_p_minus_1_slices_of_the_neurons_and_calls_the
     assert wavefront_ms(cost, 16, 4, 1) == pytest.approx(3 * (5 + 2))
 
 
-def test_fsdp2_tsp_computes_what_tsp_computes_on_the_same_split_and_is_ranked_at_each_slice_count(plugins,
-                                                                                                    monkeypatch):
-    """FSDP2 around the same time split changes how a rank holds the parameters, not what it computes: with a
-    planted profile, fsdp2_tsp on time=2 x dp=2 predicts the compute of tsp on dp=2 x time=2 (T/P steps of 4
-    samples, and the wavefront); under auto it is proposed at 1, 2 and 4 slices (4 samples a replica)."""
+def test_a_time_split_computes_alike_whoever_holds_the_parameters_and_fsdp2_tsp_is_ranked_at_each_slice_count(
+        plugins, monkeypatch):
+    """FSDP2 or DDP around the same time split changes how a rank holds the parameters, not what it computes: with
+    a planted profile, fsdp2_tsp on time=2 x dp=2 and a mesh of dp_replicate=2 x time=2 predict the compute of tsp
+    on dp=2 x time=2 (T/P steps of 4 samples, and the wavefront); under auto fsdp2_tsp is proposed at 1, 2 and 4
+    slices (4 samples a replica)."""
     from snnfw.plan import prepare as preparing
     from snnfw.plan.estimate import ModelCost
     from snnfw_plugins.strategies.tsp import wavefront_ms
@@ -166,6 +167,7 @@ def test_fsdp2_tsp_computes_what_tsp_computes_on_the_same_split_and_is_ranked_at
     tsp = compute("tsp", {"dp": 2, "time": 2})
     assert tsp == pytest.approx(10 + 4 * 1.0 / 2 + wavefront_ms(cost, 4, 2, 2))
     assert compute("fsdp2_tsp", {"time": 2, "dp": 2}) == pytest.approx(tsp)
+    assert compute("mesh", {"dp_replicate": 2, "time": 2}) == pytest.approx(tsp)  # the dimension adds its wavefront
     ranked, refused, _ = preparing.costed_candidates(auto(4, "speed"), 4, plugins)
     slices = sorted(dict(c.settings)["tsp.slices"] for c in ranked if c.strategy == "fsdp2_tsp")
     assert slices == [1, 2, 4], [c.describe("cpu") for c in refused if c.strategy == "fsdp2_tsp"]
