@@ -170,7 +170,6 @@ class Plan:
     config: Config
     analysis: Analysis
     strategies: tuple[str, ...] = ()  # a composed mesh's: the strategy owning each dimension, in mesh order
-    added_compute_ms: float = 0.0  # a dimension's (propose_dimension): what its ranks compute beyond their share
 
     @property
     def dp_size(self) -> int:
