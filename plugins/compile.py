@@ -22,7 +22,7 @@ from __future__ import annotations
 import attrs
 
 from snnfw import hookimpl
-from snnfw.api import Proposal, keys_phrase, submodule
+from snnfw.api import Proposal, keys_phrase, refuse_meshes, submodule
 
 MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 
@@ -87,11 +87,9 @@ def snnfw_plan(request):
 
 
 GRAPH_MODES = ("reduce-overhead", "max-autotune")  # the Inductor modes that replay compiled code as CUDA graphs on CUDA
-COLLECTIVES_IN_BLOCKS = {  # strategies whose collectives run inside the compiled blocks, where no graph captures them
+COLLECTIVES_IN_BLOCKS = {  # mesh dimensions whose collectives run inside the compiled blocks, where no graph captures them
     "tp": "tensor parallelism's all-reduces run inside the blocks (the sharded convolutions' backward, the neurons' shard rules)",
-    "fsdp2_tp": "tensor parallelism's all-reduces run inside the blocks (the sharded convolutions' backward, the neurons' shard rules)",
-    "tsp": "the time chunks hand neuron state on by send and receive inside the blocks",
-    "fsdp2_tsp": "the time chunks hand neuron state on by send and receive inside the blocks",
+    "time": "the time chunks hand neuron state on by send and receive inside the blocks",
 }
 
 
@@ -103,8 +101,12 @@ def cuda_graph_refusals(request, mode: str) -> list[Proposal]:
         return [Proposal.refuse(request.strategy, (
             f"{what} for one batch shape, and the last evaluation batch holds {samples % batch} of {batch} samples "
             f"(data.test_samples = {samples}); set data.test_samples to a multiple of data.batch_size"))]
-    return [Proposal.refuse(name, f"{what}, and {reason}; use compile.mode \"max-autotune-no-cudagraphs\"")
-            for name, reason in COLLECTIVES_IN_BLOCKS.items() if request.asks_for(name)]
+
+    def inside(dims) -> str | None:
+        reasons = [reason for dim, reason in COLLECTIVES_IN_BLOCKS.items() if dim in dims]
+        return f"{what}, and {'; '.join(reasons)}; use compile.mode \"max-autotune-no-cudagraphs\"" if reasons else None
+
+    return refuse_meshes(request, inside)
 
 
 class CompileStats:

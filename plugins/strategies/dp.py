@@ -1,18 +1,42 @@
-"""``dp``: data parallel through DistributedDataParallel, one replica per rank."""
+"""``dp_replicate``: the mesh dimension whose ranks hold whole replicas on different samples (strategy ``dp``'s
+mesh); the core averages their gradients (DistributedDataParallel, or HSDP's replication beside ``dp_shard``)."""
+
+import math
 
 from snnfw import hookimpl
-from snnfw.api import DATA, Proposal, Strategy, ddp_buckets, estimate, ring_bytes
+from snnfw.api import DATA, REPLICATED, Proposal, Strategy
 
 NAME = "dp"
 
 
-class Replicas(Strategy):
-    """dp and zero: the model in DistributedDataParallel; ZeRO's optimizer holds its shard's state in its local
-    optimizer."""
+class ReplicatedData(Strategy):
+    """Replicas on different samples holding the same parameters; with ``parallel.zero`` each rank's optimizer
+    holds its partition of the state (ZeroRedundancyOptimizer, the ``zero`` plugin)."""
 
-    @hookimpl
-    def snnfw_parallelize(self, model, plan, mesh, hooks):
-        return wrap_ddp(model, plan, mesh, hooks)
+    dimension, splits_batch, order = "dp_replicate", True, DATA
+
+    def propose_dimension(self, request, layout):
+        size = dict(layout.mesh)[self.dimension]
+        if not getattr(request.config.parallel, "zero", False):
+            return Proposal(NAME, rationale=(f"dp_replicate = {size}: replicas on different samples",))
+        replicas = _replicated_ranks(request, layout)
+        params = request.cost.parameter_bytes if request.cost else 0.0
+        return Proposal(NAME, rationale=(f"dp_replicate = {size}: replicas on different samples, each rank keeping "
+                                         f"1/{replicas} of the optimizer state (parallel.zero)",),
+                        optimizer_shards=replicas, added_comm_bytes=params * (replicas - 1) / replicas,
+                        added_calls=len(list(request.model.parameters())) if request.model is not None else 0)
+
+    def variants(self, request, layout):
+        """The optimizer sharded over the replicas (``parallel.zero``) and not, where every dimension holds whole
+        replicas and the key is the zero plugin's and unset."""
+        if not hasattr(request.config.parallel, "zero") or "parallel.zero" in request.config.explicit:
+            return []
+        if any(request.plugins.strategy(name).parameters != REPLICATED for name in layout.strategies):
+            return []
+        return [(), (("parallel.zero", True),)]
+
+    def label(self, config, plan):
+        return "+zero" if config["parallel"].get("zero") and plan.get("preset") != "zero" else None
 
     def optimizer_state(self, optimizer):
         from torch.distributed.optim import ZeroRedundancyOptimizer
@@ -20,55 +44,14 @@ class Replicas(Strategy):
         return super().optimizer_state(optimizer.optim if isinstance(optimizer, ZeroRedundancyOptimizer) else optimizer)
 
 
-class ReplicatedData(Replicas):
-    """``dp``, and the ``dp_replicate`` dimension of a composed mesh: its ranks see different samples and hold the
-    same parameters, whose gradients the core averages over them."""
-
-    dimension, splits_batch, order = "dp_replicate", True, DATA
-
-    def propose(self, request):
-        return propose_replicas(NAME, request, "gradients averaged by DDP after each step's last microbatch")
-
-    def propose_dimension(self, request, layout):
-        size = dict(layout.mesh)[self.dimension]
-        return Proposal(NAME, rationale=(f"dp_replicate = {size}: replicas on different samples",))
-
-    def label(self, config, plan):
-        return "+zero" if config["parallel"].get("zero") else None
+def _replicated_ranks(request, layout) -> int:
+    """The ranks DistributedDataParallel averages over on ``layout``: those of its dimensions of whole replicas."""
+    sizes = dict(layout.mesh)
+    return math.prod(sizes[name] for name, owner in zip(sizes, layout.strategies)
+                     if request.plugins.strategy(owner).parameters == REPLICATED)
 
 
 @hookimpl
 def snnfw_register_strategies(register):
-    register(NAME, ReplicatedData(), "data parallel (DistributedDataParallel): every rank holds the whole model")
-
-
-def propose_replicas(strategy: str, request, rationale: str, shard_optimizer: bool = False):
-    """A 1-D ``dp`` mesh over the whole world, or the refusal that says what to change."""
-    world = request.topology.world_size
-    if world < 2:
-        return Proposal.refuse(strategy, "it needs at least 2 ranks; launch with --nproc 2 or more, or use strategy none")
-    mesh = request.config.parallel.mesh or (("dp", world),)
-    if "tp" in dict(mesh):
-        return Proposal.refuse(strategy, "data parallel with tensor parallel is strategy fsdp2_tp (DDP+TP is not offered)")
-    if tuple(name for name, _ in mesh) != ("dp",):
-        return Proposal.refuse(strategy, f"its mesh has one dimension named dp, got {dict(mesh)}; set parallel.mesh = {{dp = {world}}}")
-    replicas = dict(mesh)["dp"]
-    params = request.cost.parameter_bytes if request.cost else 0.0
-    gathered = params * (replicas - 1) / replicas if shard_optimizer else 0.0
-    cost = estimate(
-        request,
-        samples=request.config.data.batch_size / replicas,
-        optimizer_shards=replicas if shard_optimizer else 1,
-        comm_bytes=ring_bytes(params, replicas) + gathered,
-        calls=ddp_buckets(params) + (len(list(request.model.parameters())) if shard_optimizer and request.model else 0),
-    )
-    return Proposal(strategy, mesh=mesh, dp_dims=("dp",), rationale=(f"{replicas} replicas, {rationale}",), estimate=cost)
-
-
-def wrap_ddp(model, plan, mesh, hooks, group=None):
-    """The model's blocks compiled (``hooks.compile``), then DistributedDataParallel over the mesh's ``dp`` dimension
-    (or over ``group``)."""
-    from snnfw.api import replicate
-
-    hooks.compile(model, plan)
-    return replicate(model, plan.device_type, group or mesh.get_group("dp"))
+    register(NAME, ReplicatedData(), "the dp_replicate dimension: replicas on different samples, gradients averaged "
+                                     "(DistributedDataParallel)")

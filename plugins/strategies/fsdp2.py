@@ -1,14 +1,15 @@
-"""``fsdp2``: fully sharded data parallel through ``fully_shard`` (FSDP2), or HSDP on a 2-D mesh.
+"""``dp_shard``: fully sharded data parallel through ``fully_shard`` (FSDP2), the mesh dimension of strategy
+``fsdp2`` (HSDP beside ``dp_replicate``), ``fsdp2_tp`` and ``fsdp2_tsp``.
 
 Each block the model family declares (``analysis.blocks``) becomes one
 sharding unit, then the root takes the remaining parameters. Parameters,
-gradients and optimizer state are sharded on dim 0 over ``dp`` (FSDP), or
-over ``dp_shard`` and replicated over ``dp_replicate`` (HSDP). With bf16
+gradients and optimizer state are sharded on dim 0 over ``dp_shard`` and
+replicated over the dimensions whose ranks average gradients (HSDP). With bf16
 mixed precision (``MixedPrecisionPolicy``, CUDA and CPU), BatchNorm layers are
 units of their own that keep fp32 parameters, matching their fp32 running
-statistics. No strategy but this and ``fsdp2_tp`` applies
-``parallel.mixed_precision`` or ``parallel.reshard_after_forward``, so this
-plugin refuses the others when these are set.
+statistics. Only a mesh with ``dp_shard`` applies ``parallel.mixed_precision``
+or ``parallel.reshard_after_forward``, so this plugin refuses the others when
+these are set.
 A unit whose output is a view returns a copy, so FSDP2's pre-backward hook on
 it cannot be dropped by an in-place op. On a CPU, all-gathers are issued
 asynchronously and the next block's is prefetched, which FSDP2 does through
@@ -18,14 +19,14 @@ CUDA streams on a GPU.
 import attrs
 
 from snnfw import hookimpl
-from snnfw.api import DATA, SHARDED, Proposal, Strategy, estimate, refuse_others, ring_bytes, submodule
+from snnfw.api import DATA, SHARDED, Proposal, Strategy, refuse_others, submodule
 
 NAME = "fsdp2"
 
 
 def reshard_after_forward(parallel) -> bool:
-    """``parallel.reshard_after_forward``, for fsdp2_tp and fsdp2_tsp too; its default where this plugin is blocked
-    (the key is then unknown, as a blocked plugin's keys are)."""
+    """``parallel.reshard_after_forward``; its default where this plugin is blocked (the key is then unknown, as a
+    blocked plugin's keys are)."""
     return getattr(parallel, "reshard_after_forward", True)
 
 
@@ -34,17 +35,13 @@ class Fsdp2Keys:
     """``parallel.reshard_after_forward`` (entry point ``snnfw.config``: ``parallel.fsdp2``): fully_shard's own."""
 
     reshard_after_forward: bool = attrs.field(default=True, validator=attrs.validators.instance_of(bool))
-HSDP_DIMS = ("dp_replicate", "dp_shard")
 
 
 class FullyShard(Strategy):
-    """Each declared block a unit of fully_shard over the dp dimensions, then the root; in a composed mesh, over
-    ``dp_shard``, replicated over the dimensions whose ranks average gradients (HSDP)."""
+    """Each declared block a unit of fully_shard over ``dp_shard``, then the root, replicated over the dimensions
+    whose ranks average gradients (HSDP)."""
 
     dimension, parameters, splits_batch, order, shards_parameters = "dp_shard", SHARDED, True, DATA, True
-
-    def propose(self, request):
-        return _propose(request)
 
     def propose_dimension(self, request, layout):
         size = dict(layout.mesh)[self.dimension]
@@ -57,27 +54,12 @@ class FullyShard(Strategy):
 
         return apply_fully_shard(model, plan, fsdp_mesh(plan, mesh, hooks, self.dimension))
 
-    @hookimpl
-    def snnfw_parallelize(self, model, plan, mesh, hooks):
-        hooks.compile(model, plan)
-        return apply_fully_shard(model, plan, mesh)
 
 
 @hookimpl
 def snnfw_register_strategies(register):
-    register(NAME, FullyShard(), "fully sharded data parallel (FSDP2 fully_shard); HSDP with a dp_replicate x dp_shard mesh")
-
-
-def _mesh(config_mesh, world):
-    """The canonical mesh and its dp dimensions, or None for a mesh this strategy does not take."""
-    if config_mesh is None:
-        return (("dp", world),), ("dp",)
-    sizes = dict(config_mesh)
-    if set(sizes) == {"dp"}:
-        return tuple(sizes.items()), ("dp",)
-    if set(sizes) == set(HSDP_DIMS):
-        return tuple((d, sizes[d]) for d in HSDP_DIMS), HSDP_DIMS
-    return None
+    register(NAME, FullyShard(), "the dp_shard dimension: fully sharded data parallel (FSDP2 fully_shard), HSDP beside "
+                                 "dp_replicate")
 
 
 def _scope_refusals(request) -> list[Proposal]:
@@ -85,55 +67,23 @@ def _scope_refusals(request) -> list[Proposal]:
     parallel, refusals = request.config.parallel, []
     if parallel.mixed_precision != "none":
         reason = (
-            f"parallel.mixed_precision = {parallel.mixed_precision!r} is applied only by strategies fsdp2 and "
-            "fsdp2_tp (fully_shard's MixedPrecisionPolicy); set parallel.mixed_precision = \"none\" (train.precision "
-            "= \"bf16\" is autocast in every strategy), or use one of them"
+            f"parallel.mixed_precision = {parallel.mixed_precision!r} is applied only by a dp_shard dimension "
+            "(fully_shard's MixedPrecisionPolicy: strategies fsdp2, fsdp2_tp, fsdp2_tsp); set parallel.mixed_precision "
+            "= \"none\" (train.precision = \"bf16\" is autocast in every strategy), or shard over dp_shard"
         )
-        refusals += refuse_others(request, (NAME, "fsdp2_tp"), reason)
+        refusals += refuse_others(request, (NAME,), reason)
     if "parallel.reshard_after_forward" in request.config.explicit:
         reason = (
-            f"parallel.reshard_after_forward = {str(parallel.reshard_after_forward).lower()} is applied only by "
-            "strategies fsdp2 and fsdp2_tp (fully_shard); remove it, or use one of them"
+            f"parallel.reshard_after_forward = {str(parallel.reshard_after_forward).lower()} is applied only by a "
+            "dp_shard dimension (fully_shard: strategies fsdp2, fsdp2_tp, fsdp2_tsp); remove it, or shard over dp_shard"
         )
-        refusals += refuse_others(request, (NAME, "fsdp2_tp"), reason)
+        refusals += refuse_others(request, (NAME,), reason)
     return refusals
 
 
 @hookimpl
 def snnfw_plan(request):
     return _scope_refusals(request)
-
-
-def _propose(request) -> Proposal:
-    world, parallel = request.topology.world_size, request.config.parallel
-    if world < 2:
-        return Proposal.refuse(NAME, "it needs at least 2 ranks; launch with --nproc 2 or more, or use strategy none")
-    resolved = _mesh(parallel.mesh, world)
-    if resolved is None:
-        return Proposal.refuse(
-            NAME,
-            f"its mesh is {{dp = N}} (FSDP) or {{dp_replicate = R, dp_shard = S}} (HSDP), got {dict(parallel.mesh)}; "
-            f"set parallel.mesh = {{dp = {world}}}, or dp_replicate and dp_shard with product {world}",
-        )
-    mesh, dp_dims = resolved
-    sizes = dict(mesh)
-    blocks = request.analysis.blocks
-    units = f"{len(blocks)} block(s) of {request.analysis.family} then the root" if blocks else "the root only"
-    if dp_dims == HSDP_DIMS:
-        layout = f"HSDP: sharded over dp_shard={sizes['dp_shard']}, replicated over dp_replicate={sizes['dp_replicate']}"
-    else:
-        layout = f"FSDP: sharded over dp={sizes['dp']}"
-    return Proposal(
-        NAME,
-        mesh=mesh,
-        dp_dims=dp_dims,
-        rationale=(
-            f"fully_shard on {units}; {layout}; parameters, gradients and optimizer state on dim 0",
-            *_one_block(request),
-            f"{fully_shard_options(parallel)}; gradients reduced after each step's last microbatch",
-        ),
-        estimate=_estimate(request, sizes.get("dp_shard", sizes.get("dp")), world),
-    )
 
 
 def _one_block(request) -> tuple[str, ...]:
@@ -157,25 +107,6 @@ def fully_shard_options(parallel) -> str:
     if parallel.mixed_precision == "bf16":
         precision = "bf16 compute (BatchNorm in fp32), fp32 gradient reduction and output"
     return f"reshard_after_forward={reshard_after_forward(parallel)}, {precision}"
-
-
-def _estimate(request, shards: int, world: int):
-    """Parameters, gradients and optimizer state split over the shard dimension; all-gathers
-    before forward and backward and a reduce-scatter after it."""
-    params = request.cost.parameter_bytes if request.cost else 0.0
-    return estimate(
-        request,
-        samples=request.config.data.batch_size / world,
-        parameter_shards=shards,
-        comm_bytes=1.5 * ring_bytes(params, shards) + ring_bytes(params / shards, world // shards),
-        calls=fsdp_calls(request, hybrid=world > shards),
-    )
-
-
-def fsdp_calls(request, hybrid: bool = False) -> int:
-    """FSDP2's collectives a step: per unit (the blocks and the root) an all-gather before forward and one before
-    backward, a reduce-scatter after it (and an all-reduce over replicas under HSDP)."""
-    return (len(request.analysis.blocks) + 1) * (4 if hybrid else 3)
 
 
 def _scalars_to_vectors(model) -> None:

@@ -41,9 +41,11 @@ class Composed(Strategy):
         if request.config.parallel.mesh:
             return None
         meshes = candidate_meshes(request.topology.world_size, list(owners(request.plugins)))
-        return [attrs.evolve(propose_mesh(request, mesh), mesh=mesh) for mesh in meshes]
+        return [attrs.evolve(p, mesh=p.mesh or mesh) for mesh in meshes for p in _listed(propose_mesh(request, mesh))]
 
     def label(self, config, plan):
+        if plan.get("preset"):
+            return None
         return " x ".join(f"{name}={size}" for name, size in plan["mesh"].items())
 
     @hookimpl
@@ -55,3 +57,7 @@ class Composed(Strategy):
 def snnfw_register_strategies(register):
     register(COMPOSED, Composed(), "any mix of the mesh dimensions parallel.mesh names (dp_replicate, dp_shard, tp, pp, "
                                    "time), composed in one order")
+
+
+def _listed(answer) -> list:
+    return answer if isinstance(answer, list) else [answer]

@@ -6,9 +6,9 @@ from __future__ import annotations
 import attrs
 
 from snnfw import hookimpl
-from snnfw.api import Proposal
+from snnfw.api import refuse_others
 
-SENDS_ACTIVATIONS = ("tp", "fsdp2_tp", "pp", "auto")
+SENDS_ACTIVATIONS = ("tp", "pp")  # the strategies of the mesh dimensions that send spikes between ranks
 
 
 @attrs.frozen
@@ -20,8 +20,7 @@ class PackSpikesKeys:
 
 @hookimpl
 def snnfw_plan(request):
-    if "parallel.pack_spikes" in request.config.explicit and request.strategy not in SENDS_ACTIVATIONS:
-        reason = (f"parallel.pack_spikes applies to the strategies that send activations between ranks "
-                  f"({', '.join(SENDS_ACTIVATIONS[:-1])}); remove it")
-        return Proposal.refuse(request.strategy, reason)
+    if "parallel.pack_spikes" in request.config.explicit:
+        return refuse_others(request, SENDS_ACTIVATIONS, "parallel.pack_spikes applies to the mesh dimensions that send "
+                                                         "spikes between ranks (tp, pp); remove it")
     return None

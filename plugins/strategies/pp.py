@@ -1,7 +1,7 @@
-"""``pp``: pipeline parallel on torch.distributed.pipelining, the schedule chosen by name.
+"""``pp``: the pipeline mesh dimension (strategy ``pp``), on torch.distributed.pipelining, the schedule chosen by
+name.
 
-Mesh ``{pp = P}`` (the default) or ``{dp = D, pp = P}`` for data parallel over
-pipeline replicas. The model's units (``snnfw_split_stages``) are grouped into
+The model's units (``snnfw_split_stages``) are grouped into
 P x ``pipeline.virtual_stages`` stages: by ``pipeline.layout`` if given, else
 balanced by the forward+backward time that the last rank measures in a short dry run.
 Then the stages go through ``snnfw_transform_stages`` (memory optimisation)
@@ -12,8 +12,8 @@ torch's default chunking takes dim 0 of the frames
 ``[N, T, ...]`` and of the labels; activations cross stages as ``[T, N, ...]``
 whole microbatches, and the last stage's loss function also counts correct
 predictions, so outputs are not merged. The ``[pipeline]`` keys and
-``memopt.stage_ratio`` apply to this strategy alone; set by the user, they make
-every other strategy refuse.
+``memopt.stage_ratio`` apply to a ``pp`` dimension alone; set by the user, they
+make every mesh without one refuse.
 """
 
 from __future__ import annotations
@@ -23,8 +23,8 @@ import re
 import attrs
 
 from snnfw import hookimpl
-from snnfw.api import (GLOO_CUDA_POINT_TO_POINT, SPLIT, STAGES, Proposal, Strategy, estimate, keys_phrase,
-                       parse_layout, refuse_others, ring_bytes)
+from snnfw.api import (GLOO_CUDA_POINT_TO_POINT, SPLIT, STAGES, Proposal, Strategy, keys_phrase, parse_layout,
+                       refuse_others)
 
 NAME = "pp"
 
@@ -69,8 +69,17 @@ class Pipeline(Strategy):
         stages (``pp_values``)."""
         return True
 
-    def propose(self, request):
-        return _proposals(request)
+    def variants(self, request, layout):
+        """Under ``auto`` with no ``[pipeline]`` key set: every registered schedule (looped ones with 2 stages per
+        rank)."""
+        if any(key.startswith("pipeline.") for key in request.config.explicit):
+            return []
+        out = []
+        for name in request.plugins.schedules.names():
+            spec = request.plugins.schedules.get(name)
+            virtual = {"single": 1, "v": 2}.get(spec.placement, max(2, spec.min_virtual))
+            out.append((("pipeline.schedule", name), ("pipeline.virtual_stages", virtual)))
+        return out
 
     def label(self, config, plan):
         pipeline = config.get("pipeline") or {}
@@ -89,12 +98,6 @@ class Pipeline(Strategy):
 
         averaged = stage_averaged_dims(plan, hooks)
         return build_pipeline(model, plan, mesh, hooks, wrap, rows_group(mesh, averaged) if averaged else None)
-
-    @hookimpl
-    def snnfw_parallelize(self, model, plan, mesh, hooks):
-        from snnfw_plugins.strategies.pp_build import build_pipeline
-
-        return build_pipeline(model, plan, mesh, hooks, dp_group=mesh.get_group("dp") if "dp" in dict(plan.mesh) else None)
 
     @hookimpl
     def snnfw_forward_backward(self, model, batches, plan, hooks):
@@ -145,7 +148,8 @@ class Pipeline(Strategy):
 
 @hookimpl
 def snnfw_register_strategies(register):
-    register(NAME, Pipeline(), "pipeline parallel: consecutive stages on ranks, schedules by name (pipeline.schedule)")
+    register(NAME, Pipeline(), "the pp dimension: consecutive pipeline stages on its ranks, schedules by name "
+                               "(pipeline.schedule)")
 
 
 def _unit_names(request) -> tuple[str, ...]:
@@ -178,15 +182,6 @@ def choose_microbatches(replica_batch: int, stages: int, pp: int, spec) -> int |
     return next((count for count in divisors if not _microbatch_refusal(count, stages, pp, spec, "")), None)
 
 
-def _mesh_refusal(mesh) -> str | None:
-    names = sorted(name for name, _ in mesh)
-    if names not in (["pp"], ["dp", "pp"]):
-        return f"its mesh is {{pp = P}} or {{dp = D, pp = P}}, got {dict(mesh)}"
-    if dict(mesh)["pp"] < 2:
-        return f"it needs at least 2 pipeline ranks, got pp = {dict(mesh)['pp']}"
-    return None
-
-
 def _layout_refusal(text: str | None, units: tuple[str, ...], stages: int, shape: str) -> str | None:
     if text is None:
         return None
@@ -196,31 +191,6 @@ def _layout_refusal(text: str | None, units: tuple[str, ...], stages: int, shape
     if sum(layout) != len(units):
         return f"pipeline.layout {text} sums to {sum(layout)} units, but the model has {len(units)} ({', '.join(units)})"
     return None
-
-
-def _proposals(request) -> Proposal | list[Proposal]:
-    """The configured schedule; under ``auto`` with no ``[pipeline]`` key set, every registered
-    schedule (looped ones with 2 stages per rank), for ``auto`` to rank."""
-    pipeline = request.config.pipeline
-    if request.strategy == NAME or any(key.startswith("pipeline.") for key in request.config.explicit):
-        return _propose(request, pipeline.schedule, pipeline.virtual_stages)
-    proposals = []
-    for name in request.plugins.schedules.names():
-        spec = request.plugins.schedules.get(name)
-        virtual = {"single": 1, "v": 2}.get(spec.placement, max(2, spec.min_virtual))
-        settings = (("pipeline.schedule", name), ("pipeline.virtual_stages", virtual))
-        proposals.append(attrs.evolve(_propose(request, name, virtual), settings=settings))
-    return proposals
-
-
-def _propose(request, schedule: str, virtual: int) -> Proposal:
-    mesh = request.config.parallel.mesh or (("pp", request.topology.world_size),)
-    if reason := _mesh_refusal(mesh):
-        return Proposal.refuse(NAME, reason)
-    proposal = _stages(request, schedule, virtual, dict(mesh)["pp"], dict(mesh).get("dp", 1))
-    if proposal.refusal:
-        return proposal
-    return attrs.evolve(proposal, mesh=mesh, dp_dims=("dp",) if "dp" in dict(mesh) else (), stage_dims=("pp",))
 
 
 def _stages(request, schedule: str, virtual: int, pp: int, dp: int) -> Proposal:
@@ -256,31 +226,21 @@ def _stages(request, schedule: str, virtual: int, pp: int, dp: int) -> Proposal:
         f"{len(units)} units, {split}",
         f"{dp} pipeline replicas, stage gradients averaged over them" if dp > 1 else "one pipeline replica",
     )
-    cost = _estimate(request, spec, pp, dp, virtual, micro)
-    return Proposal(NAME, rationale=rationale, microbatches=micro, estimate=cost)
+    return attrs.evolve(_costed(request, spec, pp, dp, virtual, micro), rationale=rationale, microbatches=micro)
 
 
-def _estimate(request, spec, pp: int, dp: int, virtual: int, microbatches: int):
-    """A 1/pp share of the model per rank, the schedule's microbatches in flight and its bubble;
-    each stage boundary sends a [T, N, ...] activation forward and its gradient back, sized as
-    the mean neuron state times T."""
+def _costed(request, spec, pp: int, dp: int, virtual: int, microbatches: int) -> Proposal:
+    """What the schedule adds to the composed estimate: its bubble, its microbatches in flight (a rank holds their
+    activations), each stage boundary's [T, N, ...] activation sent forward and its gradient back (sized as the
+    mean neuron state times T), and a send and a receive each way per boundary of every virtual stage."""
     cost = request.cost
     if cost is None:
-        return None
+        return Proposal(NAME)
     replica_batch = request.config.data.batch_size / dp
-    in_flight = spec.microbatches_in_flight(pp, microbatches) * replica_batch / microbatches
     boundary = request.config.model.time_steps * cost.neuron_state_bytes / max(len(request.analysis.neurons), 1)
-    comm = 2 * virtual * replica_batch * boundary + ring_bytes(cost.parameter_bytes / pp, dp)
-    return estimate(
-        request,
-        samples=replica_batch,
-        parameter_shards=pp,
-        activation_shards=pp * replica_batch / in_flight,
-        compute_shards=pp,
-        comm_bytes=comm,
-        bubble=spec.bubble(pp, virtual, microbatches),
-        calls=4 * virtual * microbatches + (1 if dp > 1 else 0),  # a send and a receive each way per boundary
-    )
+    return Proposal(NAME, bubble=spec.bubble(pp, virtual, microbatches),
+                    activation_shards=microbatches / spec.microbatches_in_flight(pp, microbatches),
+                    added_comm_bytes=2 * virtual * replica_batch * boundary, added_calls=4 * (virtual - 1) * microbatches)
 
 
 PIPELINE_KEYS = ("pipeline.schedule", "pipeline.virtual_stages", "pipeline.layout", "memopt.stage_ratio")
@@ -292,7 +252,7 @@ def _scope_refusals(request) -> list[Proposal]:
     if not keys:
         return []
     subject, pronoun = keys_phrase(keys)
-    reason = f"{subject} applied only by strategy pp; remove {pronoun}, or use strategy pp"
+    reason = f"{subject} applied only by a pp dimension; remove {pronoun}, or split into pipeline stages"
     return refuse_others(request, (NAME,), reason)
 
 

@@ -1,4 +1,5 @@
-"""``tp``: tensor parallel on a 1-D ``tp`` mesh, neuron state sharded with its activations.
+"""``tp``: the tensor-parallel mesh dimension (strategies ``tp`` and ``fsdp2_tp``), neuron state sharded with its
+activations.
 
 The model's ``tp_plan`` names a style (see ``tp_styles``) per module or run of
 layers; every rank of the group sees the same batch. Every sharded neuron,
@@ -10,7 +11,7 @@ re-creating full-size state.
 import difflib
 
 from snnfw import hookimpl
-from snnfw.api import SPLIT, Proposal, Strategy, estimate, ring_bytes
+from snnfw.api import SPLIT, Proposal, Strategy
 
 NAME = "tp"
 
@@ -65,20 +66,6 @@ def _inferred_inside(module, name: str) -> str:
     return ", ".join(f'"{name}{"." if name else ""}{inner}" = "{style}"' for inner, style in found)
 
 
-def tp_estimate(request, tp: int, replicas: int = 1):
-    """Parameters, activations and compute split ``tp`` ways (FSDP2 over ``replicas`` on top);
-    activations cross the tp group once forward and once backward."""
-    cost = request.cost
-    if cost is None:
-        return None
-    samples = request.config.data.batch_size / replicas
-    params = cost.parameter_bytes / tp
-    comm = 2 * (tp - 1) / tp * cost.activation_bytes * samples + 1.5 * ring_bytes(params, replicas)
-    calls = 2 * len(request.analysis.tp_plan) + (3 * (len(request.analysis.blocks) + 1) if replicas > 1 else 0)
-    return estimate(request, samples=samples, parameter_shards=tp * replicas, activation_shards=tp, compute_shards=tp,
-                    comm_bytes=comm, calls=calls)
-
-
 def apply_tensor_parallel(model, plan, tp_mesh, hooks) -> None:
     """Shards every module of the family's tp_plan over ``tp_mesh`` (1-D), in place."""
     from snnfw_plugins.strategies.tp_comm import COUNTER
@@ -97,9 +84,6 @@ class TensorParallel(Strategy):
 
     dimension, parameters, neurons_alike, shards_parameters = "tp", SPLIT, True, True
 
-    def propose(self, request):
-        return _propose(request)
-
     def propose_dimension(self, request, layout):
         size = dict(layout.mesh)[self.dimension]
         if reason := check_tp_plan(request, size):
@@ -111,37 +95,10 @@ class TensorParallel(Strategy):
         apply_tensor_parallel(model, plan, mesh["tp"], hooks)
         return model
 
-    @hookimpl
-    def snnfw_parallelize(self, model, plan, mesh, hooks):
-        apply_tensor_parallel(model, plan, mesh, hooks)
-        hooks.compile(model, plan)
-        return model
-
 
 @hookimpl
 def snnfw_register_strategies(register):
-    register(NAME, TensorParallel(), "tensor parallel: channels, heads and neuron state sharded over ranks")
-
-
-def _propose(request) -> Proposal:
-    world = request.topology.world_size
-    if world < 2:
-        return Proposal.refuse(NAME, "it needs at least 2 ranks; launch with --nproc 2 or more, or use strategy none")
-    mesh = request.config.parallel.mesh or (("tp", world),)
-    if tuple(name for name, _ in mesh) != ("tp",):
-        if "dp" in dict(mesh):
-            return Proposal.refuse(NAME, "data parallel with tensor parallel is strategy fsdp2_tp (the DDP+TP combination is not offered)")
-        return Proposal.refuse(NAME, f"its mesh has one dimension named tp, got {dict(mesh)}; set parallel.mesh = {{tp = {world}}}")
-    if reason := check_tp_plan(request, dict(mesh)["tp"]):
-        return Proposal.refuse(NAME, reason)
-    return Proposal(
-        NAME,
-        mesh=mesh,
-        dp_dims=(),
-        replicated_neuron_dims=("tp",),
-        rationale=(f"{world}-way tensor parallel; every rank sees the whole batch",),
-        estimate=tp_estimate(request, dict(mesh)["tp"]),
-    )
+    register(NAME, TensorParallel(), "the tp dimension: channels, heads and neuron state sharded over its ranks")
 
 
 @hookimpl(trylast=True)
@@ -152,7 +109,7 @@ def snnfw_shard_neuron(module, placement, mesh):
 
 @hookimpl
 def snnfw_state_dict(model, optimizer, plan):
-    """The slices of ``tp`` and ``fsdp2_tp`` as pieces of the whole tensors (``tp_state``)."""
+    """The slices of a ``tp`` dimension as pieces of the whole tensors (``tp_state``)."""
     if NAME not in dict(plan.mesh):
         return None
     from snnfw_plugins.strategies.tp_state import sliced_state

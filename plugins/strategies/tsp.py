@@ -1,24 +1,22 @@
-"""``tsp``: temporal parallelism, the time steps of one sample split across ranks, exactly.
+"""``time``: temporal parallelism, the time steps of one sample split across ranks, exactly (the mesh dimension of
+strategies ``tsp`` and ``fsdp2_tsp``).
 
-On ``parallel.mesh = {time = P}`` or ``{dp = D, time = P}``, the P ranks of a
-time group see the same samples and rank k runs time steps k T/P to
-(k+1) T/P - 1 of them (``tsp_ops``): per-step layers on its chunk only,
-neurons continuing the membrane potential of rank k - 1, BatchNorm over the
-whole T. Each rank holds the activations of T/P steps. Gradients are summed
-over the time group and averaged over the dp replicas: each rank's gradient
-is P times its steps' share, and DDP averages over every rank, on a process
-group of its own so that its all-reduces never interleave with the time
-group's messages inside backward.
+The P ranks of a ``time`` dimension see the same samples and rank k runs time
+steps k T/P to (k+1) T/P - 1 of them (``tsp_ops``): per-step layers on its
+chunk only, neurons continuing the membrane potential of rank k - 1, BatchNorm
+over the whole T. Each rank holds the activations of T/P steps. Its ranks hold
+the same parameters, each gradient P times its steps' share, so the core's
+average over them (with the data replicas') is their sum over time; the time
+group exchanges on process groups of its own, so that its messages never
+interleave with the gradient reduction's inside backward.
 """
 
 import attrs
 
 from snnfw import hookimpl
-from snnfw.api import (GLOO_CUDA_POINT_TO_POINT, Proposal, Strategy, ddp_buckets, estimate, refuse_others, ring_bytes,
-                       submodule)
+from snnfw.api import GLOO_CUDA_POINT_TO_POINT, Proposal, Strategy, refuse_others, submodule
 
 NAME = "tsp"
-OWNERS = (NAME, "fsdp2_tsp")  # the strategies that apply [tsp]
 
 
 @attrs.frozen
@@ -92,20 +90,17 @@ def split_in_time(model, plan, mesh, hooks) -> None:
                plan.config.model.time_steps, slices(plan.config, plan.mesh))
 
 
-def _mesh(request):
-    world = request.topology.world_size
-    return request.config.parallel.mesh or (("time", world),)
-
-
 class TimeSplit(Strategy):
-    """The time steps split over ``time`` (and the batch over ``dp``), gradients averaged by DDP over every rank.
-    In a composed mesh, the ``time`` dimension: its ranks hold the same parameters, each gradient P times its
-    steps' share, so the core's average over it is their sum."""
+    """The ``time`` dimension: its ranks hold the same parameters, each gradient P times its steps' share, so the
+    core's average over it is their sum."""
 
     dimension = "time"
 
-    def propose(self, request):
-        return _propose(request)
+    def variants(self, request, layout):
+        """Under ``auto`` without ``tsp.slices``: each of :func:`slice_choices`."""
+        if "tsp.slices" in request.config.explicit:
+            return []
+        return [(("tsp.slices", count),) for count in slice_choices(request, layout)]
 
     def propose_dimension(self, request, layout):
         from snnfw.api import replicas
@@ -117,71 +112,35 @@ class TimeSplit(Strategy):
         wait = wavefront_ms(request.cost, samples, size, count) if request.cost is not None else 0.0
         return Proposal(NAME, rationale=(f"time = {size}: each sample's {steps} time steps split ({steps // size} per "
                                          f"rank), neurons pass their state on in {count} batch slices",),
-                        added_compute_ms=wait)
+                        added_compute_ms=wait, added_calls=2 * (count - 1) * len(request.analysis.neurons))
 
     def apply_dimension(self, model, plan, mesh, hooks, wrap=None):
         split_in_time(model, plan, mesh, hooks)
         return model
 
-    @hookimpl
-    def snnfw_parallelize(self, model, plan, mesh, hooks):
-        import torch.distributed as dist
-
-        from snnfw_plugins.strategies.dp import wrap_ddp
-
-        split_in_time(model, plan, mesh, hooks)
-        return wrap_ddp(model, plan, mesh, hooks, group=dist.new_group())  # every rank, on a group of its own
-
 
 @hookimpl
 def snnfw_register_strategies(register):
-    register(NAME, TimeSplit(), "temporal parallelism: the time steps of each sample split across ranks")
+    register(NAME, TimeSplit(), "the time dimension: the time steps of each sample split across its ranks")
 
 
 @hookimpl
 def snnfw_plan(request):
     if "tsp.slices" in request.config.explicit:
-        return refuse_others(request, OWNERS, "tsp.slices applies only to strategies tsp and fsdp2_tsp; remove it, "
-                                              "or use one of them")
+        return refuse_others(request, (NAME,), "tsp.slices applies only to a time dimension (strategies tsp, fsdp2_tsp); "
+                                               "remove it, or split over time")
     return None
 
 
-def _propose(request) -> Proposal | list[Proposal]:
-    return slice_variants(request, NAME, _mesh(request), lambda config: _proposal(request, config))
+def slice_choices(request, layout) -> tuple[int, ...]:
+    """The slice counts ``auto`` tries on ``layout`` (a composed proposal): 1, 2, 4, ... up to four per rank of
+    its time group and the microbatch."""
+    from snnfw.api import replicas
 
-
-def slice_variants(request, name: str, mesh, propose) -> Proposal | list[Proposal]:
-    """Strategy ``name``'s proposal at the configured slices (``propose(config)``); under ``auto`` without
-    ``tsp.slices``, unless that is refused, at each of :func:`slice_choices` on its ``mesh``, for ``auto`` to
-    rank."""
-    as_set = propose(request.config)
-    if request.strategy == name or "tsp.slices" in request.config.explicit or as_set.refusal:
-        return as_set
-    config = request.config
-    return [attrs.evolve(propose(config.with_section("tsp", TspConfig(count))), settings=(("tsp.slices", count),))
-            for count in slice_choices(request, mesh)]
-
-
-def slice_choices(request, mesh) -> tuple[int, ...]:
-    """The slice counts ``auto`` tries on ``mesh``: 1, 2, 4, ... up to four per rank of its time group and the
-    microbatch."""
-    config, world = request.config, request.topology.world_size
-    size = dict(mesh).get("time", world)
-    microbatch = config.data.batch_size // max(world // size, 1) // (config.train.microbatches or 1)
+    config, size = request.config, dict(layout.mesh)["time"]
+    microbatch = config.data.batch_size // replicas(layout) // (config.train.microbatches or 1)
     top = max(min(4 * size, microbatch), 1)
     return tuple(2**k for k in range(top.bit_length()) if 2**k <= top)
-
-
-def time_split_estimate(request, config, size: int, **parts):
-    """The :func:`~snnfw.api.estimate` of a rank that computes T/P of its samples' steps (``size`` = P) and
-    passes each neuron's state on in ``config``'s slices, with the wavefront's wait (:func:`wavefront_ms`);
-    ``parts``: the rest of the estimate (samples, shards, gradient bytes and calls)."""
-    count = slices(config, (("time", size),))
-    calls = parts.pop("calls", 0) + 2 * count * len(request.analysis.neurons)
-    cost = estimate(request, activation_shards=size, compute_shards=size, calls=calls, **parts)
-    if request.cost is None:
-        return cost
-    return attrs.evolve(cost, compute_ms=cost.compute_ms + wavefront_ms(request.cost, cost.samples, size, count))
 
 
 def wavefront_ms(cost, samples: float, size: int, count: int) -> float:
@@ -191,34 +150,6 @@ def wavefront_ms(cost, samples: float, size: int, count: int) -> float:
     neurons_fixed = cost.neuron_share * cost.fixed_ms
     neurons_chunk = cost.neuron_share * samples * cost.step_ms / size
     return (count - 1) * neurons_fixed + (size - 1) * (neurons_fixed + neurons_chunk / count)
-
-
-def _proposal(request, config) -> Proposal:
-    world = request.topology.world_size
-    if world < 2:
-        return Proposal.refuse(NAME, "it needs at least 2 ranks; launch with --nproc 2 or more, or use strategy none")
-    mesh = _mesh(request)
-    names = tuple(name for name, _ in mesh)
-    if names not in (("time",), ("dp", "time")):
-        return Proposal.refuse(NAME, f"its mesh is {{time = P}} or {{dp = D, time = P}}, got {dict(mesh)}; "
-                                     f"set parallel.mesh = {{time = {world}}}")
-    size, steps = dict(mesh)["time"], config.model.time_steps
-    if reason := time_split_refusal(attrs.evolve(request, config=config), size):
-        return Proposal.refuse(NAME, reason)
-    replicas = dict(mesh).get("dp", 1)
-    params = request.cost.parameter_bytes if request.cost else 0.0
-    count = slices(config, mesh)
-    cost = time_split_estimate(request, config, size, samples=config.data.batch_size / replicas,
-                               comm_bytes=ring_bytes(params, world), calls=ddp_buckets(params))
-    return Proposal(
-        NAME,
-        mesh=mesh,
-        dp_dims=("dp",) if "dp" in names else (),
-        rationale=(f"{size} ranks split each sample's {steps} time steps ({steps // size} each)"
-                   + (f", {replicas} data-parallel replicas" if replicas > 1 else ""),
-                   f"neurons pass their state on in {count} batch slices, a wavefront over the time ranks"),
-        estimate=cost,
-    )
 
 
 @hookimpl

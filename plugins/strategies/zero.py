@@ -13,12 +13,8 @@ so a checkpoint resumes under any strategy.
 import attrs
 
 from snnfw import hookimpl
-from snnfw.api import (COMPOSED, REPLICATED, Proposal, held_state, load_held_state, merge_optimizer_states,
-                       optimizer_options, owners, parameter_groups, refuse_others, trainable)
-from snnfw_plugins.strategies.dp import Replicas, propose_replicas
-
-NAME = "zero"
-COMPOSES_WITH = ("dp", NAME, "tsp")
+from snnfw.api import (COMPOSED, REPLICATED, held_state, load_held_state, merge_optimizer_states, optimizer_options,
+                       parameter_groups, refuse_meshes, refuse_others, trainable)
 
 
 @attrs.frozen
@@ -28,24 +24,8 @@ class ZeroKeys:
     zero: bool = attrs.field(default=False, validator=attrs.validators.instance_of(bool))
 
 
-def _wanted(plan_or_request) -> bool:
-    return plan_or_request.config.parallel.zero or plan_or_request.strategy == NAME
-
-
-class ShardedOptimizer(Replicas):
-    """DDP's replicas, each rank's optimizer holding its partition of the state."""
-
-    def propose(self, request):
-        if "parallel.zero" in request.config.explicit and not request.config.parallel.zero:
-            return Proposal.refuse(NAME, "parallel.zero = false asks for an unsharded optimizer, which strategy zero "
-                                         "shards; remove it, or use dp")
-        rationale = "gradients averaged by DDP, each rank keeps 1/N of the optimizer state"
-        return propose_replicas(NAME, request, rationale, shard_optimizer=True)
-
-
-@hookimpl
-def snnfw_register_strategies(register):
-    register(NAME, ShardedOptimizer(), "data parallel (DDP) with optimizer state sharded across replicas (ZeRO-1)")
+def _wanted(plan) -> bool:
+    return plan.config.parallel.zero
 
 
 @hookimpl
@@ -53,27 +33,15 @@ def snnfw_plan(request):
     """Refusals of the strategies parallel.zero = true does not apply to."""
     if "parallel.zero" not in request.config.explicit or not request.config.parallel.zero:
         return None
-    reason = (
-        f"parallel.zero shards optimizer state across data-parallel replicas and composes with "
-        f"{', '.join(COMPOSES_WITH)} and composed meshes of replicas only (fsdp2 shards optimizer state already); "
-        "remove parallel.zero"
-    )
-    refusals = refuse_others(request, (*COMPOSES_WITH, COMPOSED), reason)
-    if request.asks_for(COMPOSED) and (why := _composed_refusal(request)):
-        refusals.append(Proposal.refuse(COMPOSED, why))
-    return refusals
+    reason = ("parallel.zero shards optimizer state across data-parallel replicas, on meshes of replicas only "
+              "(dp_replicate, time); remove parallel.zero")
+    return [*refuse_others(request, (COMPOSED,), reason), *refuse_meshes(request, _held_apart)]
 
 
-def _composed_refusal(request) -> str | None:
-    """Why a composed mesh cannot shard its optimizer state with ZeRO, or None: every dimension of more than one
-    rank must hold the parameters whole on each (``dp_replicate``, ``time``), so DDP averages them over all."""
-    mesh = request.config.parallel.mesh
-    if not mesh:
-        return ("under auto, parallel.zero composes with a mesh only where parallel.mesh names one of replicas "
-                "(dp_replicate, time); set it, or remove parallel.zero")
-    owned = owners(request.plugins)
-    held = [name for name, size in mesh if size > 1 and name in owned
-            and request.plugins.strategy(owned[name]).parameters != REPLICATED]
+def _held_apart(dims) -> str | None:
+    """Why a composed mesh of the dimensions ``dims`` cannot shard its optimizer state with ZeRO, or None: every
+    dimension must hold the parameters whole on each rank (``dp_replicate``, ``time``), so DDP averages them."""
+    held = [name for name, strategy in dims.items() if strategy.parameters != REPLICATED]
     if held:
         return (f"parallel.zero shards the optimizer state of parameters every rank holds whole, and the mesh's "
                 f"{', '.join(held)} ranks hold different parts (fsdp2's dp_shard shards optimizer state already); "

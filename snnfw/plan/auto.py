@@ -59,19 +59,21 @@ def candidates(request, proposals) -> tuple[list[Candidate], list[Candidate]]:
     """Splits proposals into runnable candidates and refused ones, with reasons.
 
     A refusal without settings or a mesh refuses its strategy, whichever plugin gives it, as
-    when the strategy is named; one with settings or a mesh refuses only that variant.
+    when the strategy is named; one with a mesh and no settings refuses the strategy on that mesh; one with
+    settings refuses only that variant.
     """
     config, topology = request.config, request.topology
     memory = topology.memory_per_rank()
     cluster, corrections = learned(config, topology)
     vetoed = {p.strategy for p in proposals if p.refusal and not p.settings and not p.mesh}
+    vetoed_meshes = {(p.strategy, frozenset(p.mesh)) for p in proposals if p.refusal and not p.settings and p.mesh}
     feasible, refused = [], []
     for p in proposals:
         mesh = dict(p.mesh)
         if p.refusal or p.estimate is None:
             refused.append(Candidate(p.strategy, mesh, reason=p.refusal or "it gives no estimate", settings=p.settings))
             continue
-        if p.strategy in vetoed:
+        if p.strategy in vetoed or (p.strategy, frozenset(p.mesh)) in vetoed_meshes:
             continue
         replicas = math.prod(mesh[d] for d in p.dp_dims)
         micro = config.train.microbatches or p.microbatches or 1

@@ -28,7 +28,8 @@ import attrs
 
 from snnfw.errors import PluginError
 from snnfw.plan.estimate import ddp_buckets, estimate, ring_bytes
-from snnfw.plan.layout import COMPOSED, Mesh, PlanRequest, Proposal
+from snnfw.config import with_settings
+from snnfw.plan.layout import AUTO, COMPOSED, Mesh, PlanRequest, Proposal
 from snnfw.plugin.strategy import DATA, IN_PLACE, REPLICATED, SHARDED, SPLIT, STAGES, Strategy
 
 EXAMPLE = "parallel.mesh = {dp_shard = 2, tp = 2}"
@@ -56,7 +57,8 @@ def _nesting(strategy: Strategy) -> int:
 
 def propose_mesh(request: PlanRequest, asked: Mesh | None = None) -> Proposal:
     """The composed proposal of ``asked`` (default ``parallel.mesh``): every dimension's strategy asked for its
-    part, or the refusal naming the dimension (or the two) that cannot run."""
+    part, or the refusal naming the dimension (or the two) that cannot run. Under ``auto``, one proposal for each
+    combination of the settings the dimensions offer (:meth:`Strategy.variants`), each with its ``settings``."""
     plugins, asked = request.plugins, asked or request.config.parallel.mesh
     if not asked:
         return Proposal.refuse(COMPOSED, f"it composes the dimensions parallel.mesh names; set {EXAMPLE}")
@@ -85,32 +87,48 @@ def propose_mesh(request: PlanRequest, asked: Mesh | None = None) -> Proposal:
         replicated_neuron_dims=tuple(n for n in names if strategies[n].neurons_alike),
         strategies=tuple(owned[n] for n in names),
     )
+    dropped = [f"{n} = 1" for n, s in asked if s == 1]
+    if request.strategy != AUTO:
+        return _composed(request, layout, strategies, dropped)
+    variants = [strategies[name].variants(request, layout) or [()] for name in names]
+    proposals = [_composed(request, layout, strategies, dropped, sum(combo, ())) for combo in itertools.product(*variants)]
+    return proposals[0] if len(proposals) == 1 else proposals
+
+
+def _composed(request: PlanRequest, layout: Proposal, strategies: dict[str, Strategy], dropped: list[str],
+              settings: tuple = ()) -> Proposal:
+    """``layout`` with each dimension's part (:meth:`Strategy.propose_dimension`) under the config with
+    ``settings`` applied, its rationale and estimate; or the refusal naming the dimension that cannot run."""
+    if settings:
+        config, _ = with_settings(request.config, dict(settings))
+        request = attrs.evolve(request, config=config)
+    mesh, names = layout.mesh, [name for name, _ in layout.mesh]
     parts = []
-    for name in names:
-        part = strategies[name].propose_dimension(request, layout) or Proposal(owned[name], rationale=(
+    for name, owner in zip(names, layout.strategies):
+        part = strategies[name].propose_dimension(request, layout) or Proposal(owner, rationale=(
             f"{name} = {dict(mesh)[name]}",))
         if part.refusal:
-            return Proposal.refuse(COMPOSED, f"dimension {name} ({owned[name]}): {part.refusal}")
+            return attrs.evolve(Proposal.refuse(COMPOSED, f"dimension {name} ({owner}): {part.refusal}"),
+                                settings=settings)
         parts.append(part)
     shape = " x ".join(f"{n}={s}" for n, s in mesh)
-    dropped = [f"{n} = 1" for n, s in asked if s == 1]
     rationale = (f"composed mesh {shape} (outermost first)" + (f"; {', '.join(dropped)} left out" if dropped else ""),
                  *(line for part in parts for line in part.rationale), _reduction_line(names, strategies))
     microbatches = max((p.microbatches for p in parts if p.microbatches), default=None)
-    layout = attrs.evolve(layout, rationale=rationale, microbatches=microbatches)
-    cost = _estimate(request, layout, strategies)
-    if cost is not None:
-        cost = attrs.evolve(cost, compute_ms=cost.compute_ms + sum(part.added_compute_ms for part in parts))
+    layout = attrs.evolve(layout, rationale=rationale, microbatches=microbatches, settings=settings)
+    cost = _estimate(request, layout, strategies, parts)
     return attrs.evolve(layout, estimate=cost)
 
 
-def _estimate(request: PlanRequest, layout: Proposal, strategies: dict[str, Strategy]):
+def _estimate(request: PlanRequest, layout: Proposal, strategies: dict[str, Strategy], parts: list[Proposal]):
     """The coarse cost :mod:`snnfw.plan.estimate` ranks candidates by: a rank's share of the parameters (split and
     sharded dimensions), of the samples (data dimensions), of the activations and the compute (the dimensions that
     are not data ones); the gradient reduction's bytes, tensor-parallel activations' and a pipeline's bubble; the
     collective calls of each. What a dimension's ranks compute beyond their share (a time split's ranks wait on
-    each other) its proposal adds (``Proposal.added_compute_ms``)."""
-    cost = request.cost
+    each other) its proposal adds (``Proposal.added_compute_ms``), and so the bytes, calls and optimizer shards it
+    adds (``added_comm_bytes``, ``added_calls``, ``optimizer_shards``: a sharded optimizer over replicas;
+    ``activation_shards``, ``bubble``: a pipeline schedule's)."""
+    cost, added = request.cost, parts
     if cost is None:
         return None
     sizes, names = dict(layout.mesh), [name for name, _ in layout.mesh]
@@ -130,14 +148,20 @@ def _estimate(request: PlanRequest, layout: Proposal, strategies: dict[str, Stra
     calls += sum(2 * len(request.analysis.neurons) for n in names
                  if strategies[n].parameters == SPLIT and not strategies[n].splits_stages)
     calls += 4 * micro if stages > 1 else 0
-    return estimate(request, samples=samples, parameter_shards=split * shards, activation_shards=parts,
-                    compute_shards=parts, comm_bytes=comm, bubble=(stages - 1) / (micro + stages - 1), calls=calls)
+    optimizer_shards = split * shards * math.prod(part.optimizer_shards for part in added)
+    comm += sum(part.added_comm_bytes for part in added)
+    calls += sum(part.added_calls for part in added)
+    bubble = next((part.bubble for part in added if part.bubble is not None), (stages - 1) / (micro + stages - 1))
+    cost = estimate(request, samples=samples, parameter_shards=split * shards, optimizer_shards=optimizer_shards,
+                    activation_shards=parts * math.prod(part.activation_shards for part in added),
+                    compute_shards=parts, comm_bytes=comm, bubble=bubble, calls=calls)
+    return attrs.evolve(cost, compute_ms=cost.compute_ms + sum(part.added_compute_ms for part in added))
 
 
 def candidate_meshes(world: int, dimensions: list[str]) -> list[Mesh]:
-    """Every mesh of two or three of ``dimensions`` whose sizes (2 or more) multiply to ``world``: ``auto``'s
-    composed candidates."""
-    return [tuple(zip(dims, sizes)) for count in (2, 3) for dims in itertools.combinations(sorted(dimensions), count)
+    """Every mesh of one, two or three of ``dimensions`` whose sizes (2 or more) multiply to ``world``: ``auto``'s
+    candidates."""
+    return [tuple(zip(dims, sizes)) for count in (1, 2, 3) for dims in itertools.combinations(sorted(dimensions), count)
             for sizes in _factors(world, count)]
 
 

@@ -128,7 +128,12 @@ class Proposal:
     estimate: Any = None  # snnfw.plan.estimate.Estimate, required to take part in auto
     settings: tuple[tuple[str, Any], ...] = ()
     strategies: tuple[str, ...] = ()  # a composed mesh's: the strategy owning each dimension, in mesh order
-    added_compute_ms: float = 0.0  # a dimension's (propose_dimension): what its ranks compute beyond their share
+    added_compute_ms: float = 0.0  # a dimension's (propose_dimension): what its ranks compute beyond their share,
+    added_comm_bytes: float = 0.0  # ... the bytes they send beyond the composition's gradient reduction,
+    added_calls: int = 0  # ... the collective calls they add,
+    optimizer_shards: int = 1  # ... how many ways they shard the optimizer state beyond the parameters' shards,
+    activation_shards: float = 1.0  # ... the activations beyond their size (a pipeline's microbatches in flight),
+    bubble: float | None = None  # ... and the idle share of a step (a stage dimension's schedule)
 
     @classmethod
     def refuse(cls, strategy: str, reason: str) -> "Proposal":
@@ -137,8 +142,9 @@ class Proposal:
 
 def refuse_others(request: PlanRequest, owners: tuple[str, ...], reason: str,
                   dimensions: tuple[str, ...] | None = None) -> list[Proposal]:
-    """Refusals of the strategies asked for (under ``auto``, every registered one) but ``owners``, and of a composed
-    mesh without one of ``dimensions``, those that apply the key there (default: the owners' dimensions).
+    """Refusals of the strategies asked for (under ``auto``, every registered one) but ``owners``, and of the
+    composed meshes without one of ``dimensions``, those that apply the key there (default: the owners'
+    dimensions; :func:`refuse_meshes`).
 
     How a plugin refuses a key only ``owners`` apply: under ``auto`` these rule out
     the other candidates alone.
@@ -147,9 +153,30 @@ def refuse_others(request: PlanRequest, owners: tuple[str, ...], reason: str,
     if dimensions is None:
         registered = request.plugins.strategies.names()
         dimensions = tuple(request.plugins.strategy(name).dimension for name in owners if name in registered)
-    if COMPOSED in asked and set(dimensions) & set(dict(request.config.parallel.mesh or ())):
-        asked.remove(COMPOSED)  # a composed mesh with an owner's dimension applies the key
-    return [Proposal.refuse(name, reason) for name in asked if name not in owners]
+    refusals = [Proposal.refuse(name, reason) for name in asked if name not in owners and name != COMPOSED]
+    if COMPOSED not in owners:
+        refusals += refuse_meshes(request, lambda dims: None if set(dimensions) & set(dims) else reason)
+    return refusals
+
+
+def refuse_meshes(request: PlanRequest, why) -> list[Proposal]:
+    """Refusals of the composed meshes asked for for which ``why(dims)`` (``dims``: each dimension of more than one
+    rank and its :class:`~snnfw.plugin.strategy.Strategy`) gives a reason: the configured mesh, or under ``auto``
+    each candidate mesh, each refusal then carrying its mesh so that it rules out that mesh alone."""
+    from snnfw.plan.compose import candidate_meshes, owners
+
+    if not request.asks_for(COMPOSED):
+        return []
+    owned = owners(request.plugins)
+    meshes = [request.config.parallel.mesh] if request.config.parallel.mesh else \
+        candidate_meshes(request.topology.world_size, list(owned)) if request.strategy == AUTO else []
+    refused = []
+    for mesh in meshes:
+        dims = {name: request.plugins.strategy(owned[name]) for name, size in mesh if size > 1 and name in owned}
+        if reason := why(dims):
+            refused.append(Proposal.refuse(COMPOSED, reason) if request.strategy == COMPOSED else
+                           attrs.evolve(Proposal.refuse(COMPOSED, reason), mesh=tuple(mesh)))
+    return refused
 
 
 @attrs.frozen
@@ -170,6 +197,7 @@ class Plan:
     config: Config
     analysis: Analysis
     strategies: tuple[str, ...] = ()  # a composed mesh's: the strategy owning each dimension, in mesh order
+    preset: str | None = None  # the name the config asked for where it is a preset of a mesh (snnfw.plan.presets)
 
     @property
     def dp_size(self) -> int:
@@ -201,13 +229,19 @@ class Plan:
 
 
 def make_plan(config: Config, topology: Topology, analysis: Analysis, plugins, model=None,
-              chosen: tuple[str, ...] = ()) -> Plan:
+              chosen: tuple[str, ...] = (), preset: str | None = None) -> Plan:
     """Asks the strategy's plugin for a proposal and checks it against the world and batch.
 
-    ``config`` names one strategy (``auto`` is resolved before, :mod:`snnfw.plan.auto`);
+    ``config`` names one strategy or preset (``auto`` is resolved before, :mod:`snnfw.plan.auto`); a preset is
+    planned as its mesh (:mod:`snnfw.plan.presets`); ``preset`` names the one ``config`` was resolved from before;
     ``chosen`` is how it was chosen, the plan's first rationale.
     """
-    plugins.strategies.entry(config.parallel.strategy)  # unknown names list the registered ones
+    from snnfw.plan.presets import resolve
+
+    config, named = resolve(config, topology.world_size)
+    preset = preset or named
+    if preset is None:
+        plugins.strategies.entry(config.parallel.strategy)  # unknown names list the registered ones and presets
     if config.parallel.prefer:
         config, changed = with_settings(config, plugins.preference_defaults(config))
         chosen += tuple(f"prefer {config.parallel.prefer}: {change}" for change in changed)
@@ -236,7 +270,8 @@ def make_plan(config: Config, topology: Topology, analysis: Analysis, plugins, m
             f"data.batch_size {batch} must be divisible by data-parallel size {dp} x "
             f"train.microbatches {micro} = {dp * micro}; change one of them"
         )
-    rationale = chosen + proposal.rationale + (
+    spelled = (f"strategy {preset} is the mesh {{{', '.join(f'{d} = {n}' for d, n in proposal.mesh)}}}",) if preset else ()
+    rationale = chosen + spelled + proposal.rationale + (
         f"global batch {batch} = {dp} replica(s) x {micro} microbatch(es) x {batch // (dp * micro)} samples",
     )
     return Plan(
@@ -254,4 +289,5 @@ def make_plan(config: Config, topology: Topology, analysis: Analysis, plugins, m
         config=config,
         analysis=analysis,
         strategies=proposal.strategies,
+        preset=preset,
     )

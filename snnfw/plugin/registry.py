@@ -67,7 +67,7 @@ class Registry:
         try:
             return self._entries[name]
         except KeyError:
-            known = sorted(self._entries) + list(self.choosers)
+            known = sorted(self._entries) + [name for name in self.choosers if name not in self._entries]
             close = difflib.get_close_matches(str(name), known, n=1)
             raise UnknownNameError(
                 f"unknown {self.kind} {name!r}" + (f" (did you mean {close[0]!r}?)" if close else "")

@@ -86,6 +86,11 @@ class Strategy:
         composed proposal so far: the whole mesh, in the core's order, and which dimensions split the batch."""
         return None
 
+    def variants(self, request, layout) -> list[tuple[tuple[str, object], ...]]:
+        """Under ``auto``, the settings of this dimension to weigh on ``layout`` (each a tuple of ``("section.key",
+        value)`` pairs for keys the user did not set: a pipeline's schedules), or [] to take the config as it is."""
+        return []
+
     def apply_dimension(self, model: torch.nn.Module, plan, mesh, hooks, wrap: Callable | None = None):
         """Applies this dimension to ``model`` on ``mesh`` (the whole device mesh) and returns the model. A
         ``SHARDED`` dimension shards over itself and replicates over ``plan``'s averaged dimensions; a

@@ -51,10 +51,10 @@ def grouped(records: list[dict], key) -> list[dict]:
 
 
 def strategy_label(record: dict) -> str:
-    """The strategy, with what the plan's strategies add (a pipeline's schedule, a composed mesh's shape), a
+    """The strategy (or the preset it was asked by), with what the plan's strategies add (a pipeline's schedule, a composed mesh's shape), a
     neuron backend other than torch, and the record's label."""
     plan, plugins = record["plan"], _plugins()
-    words = [plan["strategy"]]
+    words = [plan.get("preset") or plan["strategy"]]
     for name in (plan["strategy"], *plan.get("strategies", ())):
         if name in plugins.strategies.names() and (label := plugins.strategy(name).label(record["config"], plan)):
             words.append(label)
