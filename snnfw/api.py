@@ -31,7 +31,7 @@ _WHERE = {  # name: the module that defines it
     "LossSpec": "snnfw.components.losses",
     # planning: what snnfw_plan receives and answers, and the plan every later hook receives
     "Topology": "snnfw.plan.layout", "PlanRequest": "snnfw.plan.layout", "Proposal": "snnfw.plan.layout",
-    "refuse_others": "snnfw.plan.layout", "refuse_meshes": "snnfw.plan.layout", "Plan": "snnfw.plan.layout", "estimate": "snnfw.plan.estimate",
+    "refuse_others": "snnfw.plan.compose", "refuse_meshes": "snnfw.plan.compose", "Plan": "snnfw.plan.layout", "estimate": "snnfw.plan.estimate",
     # running: a strategy's optimizer, the mark of a sharded neuron, a step's result, the state checkpoints hold
     "parameter_groups": "snnfw.components.optim", "optimizer_options": "snnfw.components.optim",
     "NEURON_SHARD": "snnfw.components.metrics", "StepOutput": "snnfw.components.step",

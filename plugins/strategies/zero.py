@@ -51,7 +51,10 @@ def _held_apart(dims) -> str | None:
 
 @hookimpl
 def snnfw_preference_defaults(config):
-    if config.parallel.strategy == "dp" and config.parallel.prefer in ("memory", "capacity"):
+    """Under ``prefer = "memory"`` or ``"capacity"``, a mesh of replicas alone (strategy ``dp``) shards its
+    optimizer state."""
+    dims = {name for name, size in config.parallel.mesh or () if size > 1}
+    if config.parallel.strategy == COMPOSED and dims == {"dp_replicate"} and config.parallel.prefer in ("memory", "capacity"):
         return {"parallel.zero": True}
     return None
 

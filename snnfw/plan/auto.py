@@ -18,10 +18,11 @@ from pathlib import Path
 import attrs
 import torch
 
-from snnfw.config import Config, with_settings
+from snnfw.config import COMPOSED, Config, with_settings
 from snnfw.errors import PlanError
 from snnfw.plan import cost_model
 from snnfw.plan.estimate import measure_cost
+from snnfw.plan.presets import name_of
 
 AUTO = "auto"
 
@@ -35,6 +36,7 @@ class Candidate:
     reason: str | None = None  # why it cannot run
     settings: tuple = ()  # config values it runs with, as in snnfw.plan.layout.Proposal
     predicted_ms: float = 0.0  # the cost model's step time (snnfw.plan.cost_model)
+    preset: str | None = None  # the preset whose layout it is (snnfw.plan.presets.name_of)
 
     @property
     def assignments(self) -> str:
@@ -49,10 +51,11 @@ class Candidate:
 
     def describe(self, device_type: str) -> str:
         settings = "".join(f", {key} = {value!r}" for key, value in self.settings)
-        if self.reason:
-            return f"{self.strategy}{settings and f' ({settings[2:]})'}: cannot run: {self.reason}"
         mesh = " x ".join(f"{d}={n}" for d, n in self.mesh.items())
-        return f"{self.strategy} ({mesh}{settings}): ~{self.predicted_ms:.1f} ms/step predicted, {self.estimate.summary()}"
+        if self.reason:
+            shown = ", ".join(filter(None, (mesh, settings[2:])))
+            return f"{self.preset or self.strategy}{shown and f' ({shown})'}: cannot run: {self.reason}"
+        return f"{self.preset or self.strategy} ({mesh}{settings}): ~{self.predicted_ms:.1f} ms/step predicted, {self.estimate.summary()}"
 
 
 def candidates(request, proposals) -> tuple[list[Candidate], list[Candidate]]:
@@ -70,8 +73,10 @@ def candidates(request, proposals) -> tuple[list[Candidate], list[Candidate]]:
     feasible, refused = [], []
     for p in proposals:
         mesh = dict(p.mesh)
+        preset = name_of(p.mesh, with_settings(config, dict(p.settings))[0]) if p.strategy == COMPOSED else None
         if p.refusal or p.estimate is None:
-            refused.append(Candidate(p.strategy, mesh, reason=p.refusal or "it gives no estimate", settings=p.settings))
+            refused.append(Candidate(p.strategy, mesh, reason=p.refusal or "it gives no estimate", settings=p.settings,
+                                     preset=preset))
             continue
         if p.strategy in vetoed or (p.strategy, frozenset(p.mesh)) in vetoed_meshes:
             continue
@@ -84,9 +89,9 @@ def candidates(request, proposals) -> tuple[list[Candidate], list[Candidate]]:
         else:
             terms = cost_model.terms_of(p.strategy, p.estimate, request.cost, tuple(mesh))
             feasible.append(Candidate(p.strategy, mesh, replicas, p.estimate, settings=p.settings,
-                                      predicted_ms=cost_model.predict(terms, cluster, corrections).ms))
+                                      predicted_ms=cost_model.predict(terms, cluster, corrections).ms, preset=preset))
             continue
-        refused.append(Candidate(p.strategy, mesh, reason=reason, settings=p.settings))
+        refused.append(Candidate(p.strategy, mesh, reason=reason, settings=p.settings, preset=preset))
     return feasible, _collapse(refused)
 
 
@@ -100,11 +105,11 @@ def learned(config: Config, topology) -> tuple[cost_model.Cluster, cost_model.Co
 
 
 def _collapse(refused: list[Candidate]) -> list[Candidate]:
-    """One refusal per strategy and reason: variants refused alike lose their settings."""
+    """One refusal per strategy and reason: variants and meshes refused alike lose their settings and mesh."""
     kept: dict[tuple, Candidate] = {}
     for c in refused:
         key = (c.strategy, c.reason)
-        kept[key] = attrs.evolve(c, settings=()) if key in kept else c
+        kept[key] = attrs.evolve(c, settings=(), mesh={}, preset=None) if key in kept else c
     return list(kept.values())
 
 

@@ -48,6 +48,50 @@ def owners(plugins) -> dict[str, str]:
     return found
 
 
+def refuse_others(request: PlanRequest, owners: tuple[str, ...], reason: str,
+                  dimensions: tuple[str, ...] | None = None) -> list[Proposal]:
+    """Refusals of the strategies asked for (under ``auto``, every registered one) but ``owners``, and of the
+    composed meshes without one of ``dimensions``, those that apply the key there (default: the owners'
+    dimensions; :func:`refuse_meshes`).
+
+    How a plugin refuses a key only ``owners`` apply: under ``auto`` these rule out
+    the other candidates alone.
+    """
+    asked = [name for name in request.plugins.strategies.names() if _proposes(request.plugins.strategy(name))] \
+        if request.strategy == AUTO else [request.strategy]
+    if dimensions is None:
+        registered = request.plugins.strategies.names()
+        dimensions = tuple(request.plugins.strategy(name).dimension for name in owners if name in registered)
+    refusals = [Proposal.refuse(name, reason) for name in asked if name not in owners and name != COMPOSED]
+    if COMPOSED not in owners:
+        refusals += refuse_meshes(request, lambda dims: None if set(dimensions) & set(dims) else reason)
+    return refusals
+
+
+def _proposes(strategy: Strategy) -> bool:
+    """Whether ``strategy`` proposes itself under ``auto``: a dimension's strategy proposes only through the
+    composition."""
+    return type(strategy).propose is not Strategy.propose
+
+
+def refuse_meshes(request: PlanRequest, why) -> list[Proposal]:
+    """Refusals of the composed meshes asked for for which ``why(dims)`` (``dims``: each dimension of more than one
+    rank and its :class:`~snnfw.plugin.strategy.Strategy`) gives a reason: the configured mesh, or under ``auto``
+    each candidate mesh, each refusal then carrying its mesh so that it rules out that mesh alone."""
+    if not request.asks_for(COMPOSED):
+        return []
+    owned = owners(request.plugins)
+    meshes = [request.config.parallel.mesh] if request.config.parallel.mesh else \
+        candidate_meshes(request.topology.world_size, list(owned)) if request.strategy == AUTO else []
+    refused = []
+    for mesh in meshes:
+        dims = {name: request.plugins.strategy(owned[name]) for name, size in mesh if size > 1 and name in owned}
+        if reason := why(dims):
+            refused.append(Proposal.refuse(COMPOSED, reason) if request.strategy == COMPOSED else
+                           attrs.evolve(Proposal.refuse(COMPOSED, reason), mesh=tuple(mesh)))
+    return refused
+
+
 def _nesting(strategy: Strategy) -> int:
     """Where a dimension sits in the mesh, outermost first."""
     if strategy.splits_stages:

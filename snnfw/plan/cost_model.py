@@ -33,6 +33,7 @@ from pathlib import Path
 
 import attrs
 
+from snnfw.config import COMPOSED
 from snnfw.errors import UserError
 
 KINDS = ("all_reduce", "all_gather", "reduce_scatter", "send_recv", "broadcast", "all_to_all")
@@ -182,10 +183,21 @@ class Prediction:
 
 
 def layout(strategy: str | None, dims) -> str:
-    """How :class:`Corrections` key a strategy on a mesh of the dimensions ``dims``: ``"pp (pp x dp)"``. Its factor
-    is learned apart from the strategy's on other meshes (a pipeline over data replicas waits otherwise than one
-    alone)."""
-    return f"{strategy} ({' x '.join(dims)})"
+    """How :class:`Corrections` key a strategy on a mesh of the dimensions ``dims``: ``"mesh (dp_replicate x pp)"``.
+    Its factor is learned apart from the strategy's on other meshes (a pipeline over data replicas waits otherwise
+    than one alone)."""
+    return f"{strategy} ({' x '.join(sorted(dims))})"
+
+
+def _layout_of(plan: dict) -> tuple[str, dict | None]:
+    """A record's strategy and mesh, a preset's as written by snnfw 0.2.0 (``fsdp2`` on ``{dp = 2}``) read as
+    the composed mesh it is today (``mesh`` on ``{dp_shard = 2}``), so its factors key the same layout."""
+    from snnfw.plan.presets import PRESETS, spelled_mesh
+
+    strategy, mesh = plan["strategy"], plan.get("mesh")
+    if strategy in PRESETS and mesh is not None:
+        return COMPOSED, spelled_mesh(strategy, mesh)
+    return strategy, mesh
 
 
 def terms_of(strategy: str, estimate, cost, dims: tuple[str, ...] = ()) -> StepTerms:
@@ -236,9 +248,9 @@ def fit(records: list[dict], device: str) -> Corrections:
     overhead, compute, communication = _least_squares(rows)
     ratios: dict[str, list[float]] = {}
     for r in rows:
-        parts, strategy = r["predicted"], r["plan"]["strategy"]
+        parts, (strategy, mesh) = r["predicted"], _layout_of(r["plan"])
         ratio = r["step_ms"] / (parts["compute_ms"] + parts["communication_ms"])
-        for key in (strategy, *([layout(strategy, r["plan"]["mesh"])] if "mesh" in r["plan"] else [])):
+        for key in (strategy, *([layout(strategy, mesh)] if mesh is not None else [])):
             ratios.setdefault(key, []).append(ratio)
     strategies = {name: statistics.median(values) for name, values in ratios.items() if len(values) >= STRATEGY_FIT_RECORDS}
     return Corrections(device, len(rows), overhead, compute, communication, strategies)

@@ -140,45 +140,6 @@ class Proposal:
         return cls(strategy=strategy, refusal=reason)
 
 
-def refuse_others(request: PlanRequest, owners: tuple[str, ...], reason: str,
-                  dimensions: tuple[str, ...] | None = None) -> list[Proposal]:
-    """Refusals of the strategies asked for (under ``auto``, every registered one) but ``owners``, and of the
-    composed meshes without one of ``dimensions``, those that apply the key there (default: the owners'
-    dimensions; :func:`refuse_meshes`).
-
-    How a plugin refuses a key only ``owners`` apply: under ``auto`` these rule out
-    the other candidates alone.
-    """
-    asked = request.plugins.strategies.names() if request.strategy == AUTO else [request.strategy]
-    if dimensions is None:
-        registered = request.plugins.strategies.names()
-        dimensions = tuple(request.plugins.strategy(name).dimension for name in owners if name in registered)
-    refusals = [Proposal.refuse(name, reason) for name in asked if name not in owners and name != COMPOSED]
-    if COMPOSED not in owners:
-        refusals += refuse_meshes(request, lambda dims: None if set(dimensions) & set(dims) else reason)
-    return refusals
-
-
-def refuse_meshes(request: PlanRequest, why) -> list[Proposal]:
-    """Refusals of the composed meshes asked for for which ``why(dims)`` (``dims``: each dimension of more than one
-    rank and its :class:`~snnfw.plugin.strategy.Strategy`) gives a reason: the configured mesh, or under ``auto``
-    each candidate mesh, each refusal then carrying its mesh so that it rules out that mesh alone."""
-    from snnfw.plan.compose import candidate_meshes, owners
-
-    if not request.asks_for(COMPOSED):
-        return []
-    owned = owners(request.plugins)
-    meshes = [request.config.parallel.mesh] if request.config.parallel.mesh else \
-        candidate_meshes(request.topology.world_size, list(owned)) if request.strategy == AUTO else []
-    refused = []
-    for mesh in meshes:
-        dims = {name: request.plugins.strategy(owned[name]) for name, size in mesh if size > 1 and name in owned}
-        if reason := why(dims):
-            refused.append(Proposal.refuse(COMPOSED, reason) if request.strategy == COMPOSED else
-                           attrs.evolve(Proposal.refuse(COMPOSED, reason), mesh=tuple(mesh)))
-    return refused
-
-
 @attrs.frozen
 class Plan:
     """The resolved layout every rank runs: recorded in metrics and shown by ``snnfw plan``."""
@@ -229,19 +190,17 @@ class Plan:
 
 
 def make_plan(config: Config, topology: Topology, analysis: Analysis, plugins, model=None,
-              chosen: tuple[str, ...] = (), preset: str | None = None) -> Plan:
+              chosen: tuple[str, ...] = ()) -> Plan:
     """Asks the strategy's plugin for a proposal and checks it against the world and batch.
 
     ``config`` names one strategy or preset (``auto`` is resolved before, :mod:`snnfw.plan.auto`); a preset is
-    planned as its mesh (:mod:`snnfw.plan.presets`); ``preset`` names the one ``config`` was resolved from before;
-    ``chosen`` is how it was chosen, the plan's first rationale.
+    planned as its mesh (:mod:`snnfw.plan.presets`), and a mesh that is a preset's layout is named by it
+    (``Plan.preset``), however the config spelled it; ``chosen`` is how it was chosen, the plan's first rationale.
     """
-    from snnfw.plan.presets import resolve
+    from snnfw.plan.presets import check_name, name_of, resolve
 
-    config, named = resolve(config, topology.world_size)
-    preset = preset or named
-    if preset is None:
-        plugins.strategies.entry(config.parallel.strategy)  # unknown names list the registered ones and presets
+    check_name(config.parallel.strategy, plugins)
+    config, _ = resolve(config, topology.world_size)
     if config.parallel.prefer:
         config, changed = with_settings(config, plugins.preference_defaults(config))
         chosen += tuple(f"prefer {config.parallel.prefer}: {change}" for change in changed)
@@ -255,6 +214,7 @@ def make_plan(config: Config, topology: Topology, analysis: Analysis, plugins, m
             f"strategy {request.strategy!r} got {len(answers)} proposals from plugins; exactly one plugin must own it"
         )
     proposal = answers[0]
+    preset = name_of(proposal.mesh, config) if proposal.strategy == COMPOSED else None
     product = math.prod(n for _, n in proposal.mesh)
     shape = " x ".join(f"{d}={n}" for d, n in proposal.mesh)
     if product != topology.world_size:

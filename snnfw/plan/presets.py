@@ -22,10 +22,14 @@ it here, then runs the one composition path; the plan keeps the name it was aske
 
 from __future__ import annotations
 
+import difflib
+
 import attrs
 
 from snnfw.config import COMPOSED, Config
-from snnfw.errors import PlanError
+from snnfw.errors import PlanError, UnknownNameError
+
+AUTO = "auto"
 
 Sizes = dict[str, int]
 
@@ -40,6 +44,7 @@ class Preset:
     data: str | None
     default: object  # world size -> sizes
     settings: tuple[tuple[str, object], ...] = ()
+    beside: tuple[str, ...] = ()  # the dimensions 0.2.0 took beside its own (fsdp2's dp_replicate: HSDP)
 
     def mesh(self, world: int, asked: tuple[tuple[str, int], ...] | None) -> Sizes:
         """The mesh in today's names: ``asked`` (``parallel.mesh``) translated, else the default on ``world``."""
@@ -71,11 +76,11 @@ def _halves(dim: str):
 PRESETS = {preset.name: preset for preset in (
     Preset("dp", ("dp_replicate",), "dp_replicate", _one("dp_replicate")),
     Preset("zero", ("dp_replicate",), "dp_replicate", _one("dp_replicate"), (("parallel.zero", True),)),
-    Preset("fsdp2", ("dp_shard",), "dp_shard", _one("dp_shard")),
+    Preset("fsdp2", ("dp_shard",), "dp_shard", _one("dp_shard"), beside=("dp_replicate",)),
     Preset("tp", ("tp",), None, _one("tp")),
     Preset("fsdp2_tp", ("dp_shard", "tp"), "dp_shard", _halves("tp")),
-    Preset("pp", ("pp",), "dp_replicate", _one("pp")),
-    Preset("tsp", ("time",), "dp_replicate", _one("time")),
+    Preset("pp", ("pp",), "dp_replicate", _one("pp"), beside=("dp_replicate",)),
+    Preset("tsp", ("time",), "dp_replicate", _one("time"), beside=("dp_replicate",)),
     Preset("fsdp2_tsp", ("dp_shard", "time"), "dp_shard", _halves("time")),
 )}
 
@@ -90,12 +95,17 @@ def resolve(config: Config, world: int) -> tuple[Config, str | None]:
         raise PlanError(f"strategy {preset.name} needs at least 2 ranks, and the run has {world}; launch with "
                         "--nproc 2 or more, or use strategy none")
     sizes = preset.mesh(world, config.parallel.mesh)
-    short = [f"{dim} = {sizes.get(dim, 0)}" for dim in preset.dims if sizes.get(dim, 0) < 2]
-    if short:
-        default = " x ".join(f"{d} = {n}" for d, n in preset.default(world).items())
+    missing = [dim for dim in preset.dims if dim not in sizes]
+    short = [f"{dim} = {sizes[dim]}" for dim in preset.dims if dim in sizes and sizes[dim] < 2]
+    if missing or short:
+        if missing:
+            found, fix = f"its mesh {_spelled(sizes)} names no {' or '.join(missing)}", "add it"
+        elif config.parallel.mesh:
+            found, fix = f"its mesh has {', '.join(short)}", "set each to 2 or more"
+        else:
+            found, fix = f"{world} ranks give it {', '.join(short)}", f"launch with --nproc {2 ** len(preset.dims)} or more"
         raise PlanError(f"strategy {preset.name} splits over {' and '.join(preset.dims)}, 2 ranks or more each, and "
-                        f"its mesh on {world} ranks has {', '.join(short)} ({_spelled(sizes)}); launch with more "
-                        f"ranks, or set parallel.mesh (its default here: {{{default}}})")
+                        f"{found}; {fix}, or set parallel.strategy = \"mesh\" to compose the dimensions parallel.mesh names")
     for key, value in preset.settings:
         section, name = key.split(".")
         if key in config.explicit and getattr(getattr(config, section), name) != value:
@@ -106,6 +116,35 @@ def resolve(config: Config, world: int) -> tuple[Config, str | None]:
     parallel = attrs.evolve(config.parallel, strategy=COMPOSED, mesh=tuple(sizes.items()))
     explicit = config.explicit | {"parallel.mesh"} | {key for key, _ in preset.settings}
     return attrs.evolve(config.with_section("parallel", parallel), explicit=explicit), preset.name
+
+
+def name_of(mesh, config: Config) -> str | None:
+    """The preset whose layout ``mesh`` is (its dimensions, those it takes beside them, its settings), or None:
+    what a plan is called whichever way its config spelled it."""
+    dims = {name for name, size in mesh if size > 1}
+    for preset in sorted(PRESETS.values(), key=lambda p: -len(p.settings)):  # zero before dp
+        if set(preset.dims) <= dims <= {*preset.dims, *preset.beside} and \
+                all(_value(config, key) == value for key, value in preset.settings):
+            return preset.name
+    return None
+
+
+def _value(config: Config, key: str):
+    section, name = key.split(".")
+    return getattr(getattr(config, section), name, None)
+
+
+def check_name(name: str, plugins) -> None:
+    """Refuses a strategy name that is neither registered, a preset nor ``auto``, naming the closest."""
+    registered = plugins.strategies.names()
+    if name in registered or name in PRESETS or name == AUTO:
+        return
+    known = sorted({*registered, *PRESETS}) + [AUTO]
+    close = difflib.get_close_matches(str(name), known, n=1)
+    raise UnknownNameError(f"unknown strategy {name!r}" + (f" (did you mean {close[0]!r}?)" if close else "")
+                           + f"; strategies and presets: {', '.join(known)}"
+                           + "".join(f"; plugin {failure}, and may be the one that registers it: fix or uninstall it"
+                                     for failure in plugins.strategies.failed))
 
 
 def spelled_mesh(strategy: str, mesh: dict) -> dict:

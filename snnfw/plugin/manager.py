@@ -33,7 +33,6 @@ from snnfw.errors import PluginError
 from snnfw.plugin import hookspecs
 from snnfw.plugin.context import Context
 from snnfw.plugin.registry import Registry
-from snnfw.plan.presets import PRESETS
 from snnfw.plugin.strategy import Strategy
 
 ENV_PLUGINS = "SNNFW_PLUGINS"
@@ -171,7 +170,7 @@ class Plugins:
             name = self.pm.get_name(err.plugin)
             raise PluginError(f"plugin {name!r} implements a hook that does not exist: {err}") from None
         self.hook = _Hooks(self)
-        self.registries = {kind: Registry(kind, ("auto", *PRESETS) if kind == "strategy" else (), tuple(self.failed.values()))
+        self.registries = {kind: Registry(kind, ("auto",) if kind == "strategy" else (), tuple(self.failed.values()))
                            for kind in _REGISTRATION_HOOKS}
         for kind, hook_name in _REGISTRATION_HOOKS.items():
             registry = self.registries[kind]

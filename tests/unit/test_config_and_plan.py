@@ -101,9 +101,10 @@ def test_missing_config_file_says_so(tmp_path):
         (tiny_config("dp"), 1, PlanError, "at least 2 ranks"),
         (tiny_config("dp"), 3, PlanError, "divisible by data-parallel size 3"),
         (tiny_config("dp", microbatches=3), 2, PlanError, "train.microbatches 3"),
-        (tiny_config("dp", parallel={"mesh": {"dp": 4}}), 2, PlanError, "mesh dp=4 has 4 ranks but the world has 2"),
-        (tiny_config("dp", parallel={"mesh": {"tp": 2}}), 2, PlanError, "data parallel with tensor parallel is strategy fsdp2_tp"),
-        (tiny_config("dp", parallel={"mesh": {"pp": 2}}), 2, PlanError, "one dimension named dp"),
+        (tiny_config("dp", parallel={"mesh": {"dp": 4}}), 2, PlanError, "mesh dp_replicate=4 has 4 ranks but the world has 2"),
+        (tiny_config("dp", parallel={"mesh": {"tp": 2}}), 2, PlanError, "strategy dp splits over dp_replicate, 2 ranks or "
+                                                                         "more each, and its mesh {tp = 2} names no dp_replicate"),
+        (tiny_config("fsdp2_tp"), 2, PlanError, "and 2 ranks give it dp_shard = 1; launch with --nproc 4 or more"),
         (tiny_config("none", parallel={"mesh": {"tp": 1}}), 1, PlanError,
          "strategy 'none' cannot run: its mesh is {dp = 1}, got {'tp': 1}; remove parallel.mesh"),
     ],
@@ -118,21 +119,24 @@ def test_none_plans_with_its_own_mesh(plugins):
     assert prepare(tiny_config("none", parallel={"mesh": {"dp": 1}}), 1, plugins).plan.mesh == (("dp", 1),)
 
 
-def test_unknown_strategy_lists_every_registered_one_and_auto_and_the_closest(plugins):
+def test_unknown_strategy_lists_every_registered_one_and_preset_and_auto_and_the_closest(plugins):
+    from snnfw.plan.presets import PRESETS
+
     with pytest.raises(UnknownNameError) as err:
         prepare(tiny_config("fsdp9"), 2, plugins)
-    names = plugins.strategies.names()
-    assert {"none", "dp", "zero", "tp"} <= set(names)
-    assert str(err.value) == (f"unknown strategy 'fsdp9' (did you mean 'fsdp2'?); registered strategy names: "
+    names = sorted({*plugins.strategies.names(), *PRESETS})
+    assert {"none", "dp", "zero", "tp", "fsdp2_tsp", "mesh"} <= set(names)
+    assert str(err.value) == (f"unknown strategy 'fsdp9' (did you mean 'fsdp2'?); strategies and presets: "
                               f"{', '.join(names)}, auto")
-    with pytest.raises(UnknownNameError, match=r"^unknown strategy 'xyzzy'; registered strategy names: .*, auto$"):
+    with pytest.raises(UnknownNameError, match=r"^unknown strategy 'xyzzy'; strategies and presets: .*, auto$"):
         prepare(tiny_config("xyzzy"), 2, plugins)
 
 
 def test_plan_records_layout_and_rationale(plugins):
     plan = prepare(tiny_config("dp", microbatches=2), 2, plugins).plan
     assert (plan.dp_size, plan.replica_batch, plan.microbatch_size) == (2, 4, 2)
-    assert plan.backend == "gloo" and plan.mesh == (("dp", 2),)
+    assert plan.backend == "gloo" and plan.mesh == (("dp_replicate", 2),)
+    assert (plan.strategy, plan.preset, plan.strategies) == ("mesh", "dp", ("dp",))
     assert any("2 replica(s) x 2 microbatch(es) x 2 samples" in line for line in plan.rationale)
 
 
@@ -173,7 +177,7 @@ def test_a_family_plans_under_every_strategy_of_the_guarantee_matrix(family):
     plugins = Plugins()
     for case in CASES:
         plan = prepare(case_config(family, case, "float64"), case.ranks, plugins).plan
-        assert (plan.strategy, plan.world_size) == (case.strategy, case.ranks), case.name
+        assert (plan.preset or plan.strategy, plan.world_size) == (case.strategy, case.ranks), case.name
 
 
 def test_a_config_path_that_is_a_folder_is_refused_as_a_folder(tmp_path):
@@ -202,7 +206,7 @@ def test_more_tsp_slices_than_microbatch_samples_are_refused_in_the_plan(plugins
     with pytest.raises(PlanError, match=r"tsp.slices = 64 is more than the 4 samples of a microbatch, which a neuron "
                                         r"runs in slices; set tsp.slices to 4 or fewer"):
         prepare(build_config({**config, "train": {"microbatches": 2}, "tsp": {"slices": 64}}), 2, plugins)
-    assert prepare(build_config({**config, "tsp": {"slices": 8}}), 2, plugins).plan.strategy == "tsp"
+    assert prepare(build_config({**config, "tsp": {"slices": 8}}), 2, plugins).plan.preset == "tsp"
 
 
 @pytest.mark.parametrize("setting", ["train.lr=", "train.precision=", "train.nokey", "nosection.x="])

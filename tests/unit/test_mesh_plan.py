@@ -62,14 +62,19 @@ def test_what_a_composed_mesh_cannot_run_is_refused_naming_the_dimension(plugins
 
 def test_a_key_of_a_dimension_applies_in_a_mesh_that_has_it_and_is_refused_in_one_that_does_not(plugins):
     prepare(mesh_config({"dp_replicate": 2, "time": 2}, tsp={"slices": 2}), 4, plugins)
-    with pytest.raises(PlanError, match="tsp.slices applies only to strategies tsp and fsdp2_tsp"):
+    with pytest.raises(PlanError, match="tsp.slices applies only to a time dimension"):
         prepare(mesh_config({"dp_replicate": 2, "tp": 2}, tsp={"slices": 2}), 4, plugins)
 
 
-def test_auto_weighs_every_composed_mesh_of_two_dimensions_beside_the_presets(plugins):
+def test_auto_weighs_every_mesh_of_one_and_two_dimensions_once(plugins):
+    """The presets are meshes: auto ranks each layout (mesh and settings) once, by one estimator."""
     from snnfw.plan.prepare import auto_candidates
 
     ranked = auto_candidates(tiny_config("auto", microbatches=2), 4, plugins)  # a pipeline's 2 stages need 2
-    composed = {tuple(c.mesh.items()) for c in ranked if c.strategy == "mesh"}
-    assert (("dp_shard", 2), ("tp", 2)) in composed and (("dp_replicate", 2), ("pp", 2)) in composed
-    assert len(composed) == 10 and all(c.estimate is not None for c in ranked)
+    assert {c.strategy for c in ranked} == {"mesh"}
+    composed = {tuple(c.mesh.items()) for c in ranked}
+    assert (("dp_shard", 2), ("tp", 2)) in composed and (("pp", 2), ("dp_replicate", 2)) in composed
+    assert (("dp_replicate", 4),) in composed and (("tp", 4),) in composed
+    assert len(composed) == 14 and all(c.estimate is not None for c in ranked)  # of 15: pp = 4 needs 4 microbatches
+    layouts = [(frozenset(c.mesh.items()), c.settings) for c in ranked]
+    assert len(layouts) == len(set(layouts))

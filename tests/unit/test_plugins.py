@@ -36,8 +36,8 @@ def test_builtins_load_through_entry_points():
     info = {p.name: p for p in plugins.info()}
     assert BUILTINS <= set(info)
     assert info["dp"].distribution == "snnfw"
-    assert "snnfw_parallelize" in info["dp"].hooks
-    assert {"dp", "none", "zero", "tp"} <= set(plugins.strategies.names())
+    assert "snnfw_parallelize" in info["mesh"].hooks and "snnfw_build_optimizer" in info["zero"].hooks
+    assert {"dp", "none", "mesh", "tp"} <= set(plugins.strategies.names())
     assert plugins.registered_names("synthetic_dvs") == {"dataset": ["synthetic_dvs"]}
 
 

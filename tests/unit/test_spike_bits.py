@@ -45,7 +45,14 @@ def test_only_the_tensor_a_neuron_returned_counts_as_spikes():
     assert kept() is None, "the remembered output is held alive"
 
 
-@pytest.mark.parametrize("strategy, world", [("dp", 2), ("none", 1)])
+@pytest.mark.parametrize("strategy, world", [("dp", 2), ("none", 1), ("fsdp2_tsp", 4)])
 def test_pack_spikes_is_refused_where_no_activations_cross_ranks(strategy, world):
-    with pytest.raises(PlanError, match="parallel.pack_spikes applies to the strategies that send activations"):
+    with pytest.raises(PlanError, match="parallel.pack_spikes applies to the mesh dimensions that send spikes"):
         prepare(tiny_config(strategy, parallel={"pack_spikes": False}), world, Plugins())
+
+
+def test_pack_spikes_applies_to_every_mesh_with_a_tensor_or_pipeline_dimension():
+    plugins = Plugins()
+    for parallel in ({"strategy": "fsdp2_tp"}, {"strategy": "mesh", "mesh": {"dp_replicate": 2, "tp": 2}}):
+        plan = prepare(tiny_config(**{"parallel": {"pack_spikes": False, **parallel}}), 4, plugins).plan
+        assert not plan.config.parallel.pack_spikes
