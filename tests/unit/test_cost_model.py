@@ -46,28 +46,31 @@ def record(strategy, compute, communication, measured, mesh=None):
             "predicted": {"ms": compute + communication, "compute_ms": compute, "communication_ms": communication}}
 
 
-def test_fit_recovers_a_planted_overhead_and_factors_and_a_strategy_s_own_factor():
+def test_fit_recovers_a_planted_overhead_and_factors_and_a_layout_s_own_factor():
     planted = [(c, m, 5.0 + 2.0 * c + 3.0 * m) for c, m in ((10, 1), (20, 4), (5, 9), (40, 2))]
-    records = [record("dp", c, m, t) for c, m, t in planted[:1]] + [record("zero", c, m, t) for c, m, t in planted[1:]]
+    records = [record("mesh", c, m, t, {"dp_replicate": 2}) for c, m, t in planted[:1]] + \
+        [record("mesh", c, m, t, {"dp_shard": 2}) for c, m, t in planted[1:]]
     fitted = cost_model.fit(records, "cpu")
     assert (fitted.overhead_ms, fitted.compute, fitted.communication) == pytest.approx((5.0, 2.0, 3.0))
-    assert fitted.apply(30, 5, "dp") == pytest.approx(5.0 + 2.0 * 30 + 3.0 * 5)  # one record: the shared terms
-    assert fitted.strategies == pytest.approx({"zero": 57 / 24, "zero (dp)": 57 / 24})  # the median of 57/24, 42/14, 91/42
-    slower = records + [record("tp", 10, 0, 30.0), record("tp", 20, 0, 60.0)]
-    assert cost_model.fit(slower, "cpu").apply(40, 0, "tp") == pytest.approx(120.0)  # tp ran 3x its terms
+    assert fitted.apply(30, 5, "echo") == pytest.approx(5.0 + 2.0 * 30 + 3.0 * 5)  # no records: the shared terms
+    assert fitted.strategies == pytest.approx({"mesh": (28 / 11 + 57 / 24) / 2,  # the median of all four
+                                               "mesh (dp_shard)": 57 / 24})  # the median of 57/24, 42/14, 91/42
+    slower = records + [record("mesh", 10, 0, 30.0, {"tp": 2}), record("mesh", 20, 0, 60.0, {"tp": 2})]
+    assert cost_model.fit(slower, "cpu").apply(40, 0, "mesh", ("tp",)) == pytest.approx(120.0)  # tp ran 3x its terms
 
 
-def test_a_strategy_s_factor_is_learned_apart_for_each_mesh_layout_with_records():
-    """A pipeline alone ran 1.3 times its terms and a pipeline over data replicas 0.8: each layout takes its own
-    factor, and a layout without records the strategy's over all of them."""
-    alone = [record("pp", 10, 0, 13.0, {"pp": 2}), record("pp", 20, 0, 26.0, {"pp": 2})]
-    replicas = [record("pp", 10, 0, 8.0, {"pp": 2, "dp": 2}), record("pp", 20, 0, 16.0, {"pp": 2, "dp": 2})]
+def test_a_layout_s_factor_is_learned_apart_for_each_mesh_with_records_whichever_way_they_were_spelled():
+    """A pipeline alone ran 1.3 times its terms and a pipeline over data replicas 0.8 (records written by 0.2.0,
+    whose strategy pp named the replicas dp): each layout takes its own factor, and a layout without records the
+    composition's over all of them."""
+    alone = [record("pp", 10, 0, 13.0, {"pp": 2}), record("mesh", 20, 0, 26.0, {"pp": 2})]
+    replicas = [record("pp", 10, 0, 8.0, {"pp": 2, "dp": 2}), record("mesh", 20, 0, 16.0, {"pp": 2, "dp_replicate": 2})]
     fitted = cost_model.fit(alone + replicas, "cpu")
-    assert fitted.apply(100, 0, "pp", ("pp",)) == pytest.approx(130.0)
-    assert fitted.apply(100, 0, "pp", ("pp", "dp")) == pytest.approx(80.0)
-    assert fitted.apply(100, 0, "pp", ("pp", "tp")) == pytest.approx(105.0)  # the median of 1.3, 1.3, 0.8, 0.8
-    assert cost_model.predict(terms("pp", compute=100.0), cluster(local_ranks=1), fitted).ms == pytest.approx(
-        1.05 * 101.0)  # terms without a mesh: the strategy's factor, on compute and the optimizer's 1 ms
+    assert fitted.apply(100, 0, "mesh", ("pp",)) == pytest.approx(130.0)
+    assert fitted.apply(100, 0, "mesh", ("pp", "dp_replicate")) == pytest.approx(80.0)
+    assert fitted.apply(100, 0, "mesh", ("pp", "tp")) == pytest.approx(105.0)  # the median of 1.3, 1.3, 0.8, 0.8
+    assert cost_model.predict(terms("mesh", compute=100.0), cluster(local_ranks=1), fitted).ms == pytest.approx(
+        1.05 * 101.0)  # terms without a mesh: the composition's factor, on compute and the optimizer's 1 ms
 
 
 def test_fit_needs_three_records_and_keeps_other_devices_apart():
