@@ -38,11 +38,6 @@ class ReplicatedData(Strategy):
     def label(self, config, plan):
         return "+zero" if config["parallel"].get("zero") and plan.get("preset") != "zero" else None
 
-    def optimizer_state(self, optimizer):
-        from torch.distributed.optim import ZeroRedundancyOptimizer
-
-        return super().optimizer_state(optimizer.optim if isinstance(optimizer, ZeroRedundancyOptimizer) else optimizer)
-
 
 def _replicated_ranks(request, layout) -> int:
     """The ranks DistributedDataParallel averages over on ``layout``: those of its dimensions of whole replicas."""

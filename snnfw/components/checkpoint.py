@@ -296,7 +296,7 @@ class Checkpoints:
         foreign = sorted(set(state["model"]) - trainer.state_names)
         if foreign:
             raise CheckpointError(
-                f"strategy {trainer.plan.strategy!r} names model state the model does not have ({', '.join(foreign[:3])}, ...); "
+                f"strategy {trainer.plan.preset or trainer.plan.strategy!r} names model state the model does not have ({', '.join(foreign[:3])}, ...); "
                 "its plugin must implement snnfw_state_dict to name the state by the model's own parameter names"
             )
         state = {**state, "scheduler": trainer.scheduler.state_dict(), "rng": {f"rank{self.rank}": _rng_state()}}

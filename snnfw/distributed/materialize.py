@@ -21,8 +21,8 @@ build (an initialiser that samples from its own generator, or a build that reads
 it), rank 0 builds the model on the CPU and broadcasts each tensor in turn (:class:`FromRank0`); rank 0 then
 holds the whole model until it is sent. Where the strategy reads values, every rank builds the whole model instead.
 
-Every rank builds the whole model, as before, where this does not apply: strategies that keep whole models
-(``none``, ``dp``, ``zero``, ``tsp``, ``fsdp2_tsp``),
+Every rank builds the whole model, as before, where this does not apply: layouts that keep whole models
+(``none``, ``dp``, ``zero``, ``tsp``; :meth:`Composed.builds_shards` says which),
 ``auto`` (chosen only after the model is built), a module instance handed to the Python API (ranks take
 rank 0's state by broadcast), and a transform that runs the model before it is parallelized
 (``snnfw_transform_runs_model``: memopt, a timed memory format).

@@ -70,7 +70,9 @@ class Strategy:
         return False
 
     def optimizer_state(self, optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
-        """The optimizer-state tensors this rank holds (the dry run counts them)."""
+        """The optimizer-state tensors this rank holds (the dry run counts them): a sharding wrapper's
+        (ZeroRedundancyOptimizer) those of the local optimizer it keeps (``optim``)."""
+        optimizer = getattr(optimizer, "optim", optimizer)
         return [value for state in optimizer.state.values() for value in state.values() if _is_tensor(value)]
 
     def for_fake_world(self, model: torch.nn.Module, config: Config) -> Config:

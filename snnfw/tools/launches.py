@@ -163,14 +163,14 @@ def count_steps(config) -> dict:
     from snnfw.tools.baseline import PlainLoop, PlainPipeline
 
     with loading_left_out(), snnfw.start(config) as run:
-        if run.plan.strategy == "pp":
+        if run.plan.stage_dims:
             plain = PlainPipeline(run.config, run.plan, run.device, run.model.split)
         else:
             plain = PlainLoop(run.config, run.device, run.env.rank, run.env.world_size)
         for step in range(WARMUP):
             run.step(step)
             plain.step(step)
-        result = {"strategy": run.plan.strategy, "ranks": run.env.world_size,
+        result = {"strategy": run.plan.preset or run.plan.strategy, "ranks": run.env.world_size,
                   "family": f"{config.model.family} {config.model.flavor}"}
         sides = {"snnfw": run.step, "plain": plain.step}
         for step, kind in ((WARMUP, "not_logging"), (WARMUP + 1, "logging")):
