@@ -4,7 +4,7 @@
 import attrs
 
 from snnfw import hookimpl
-from snnfw.api import (COMPOSED, DATA, IN_PLACE, REPLICATED, SHARDED, STAGES, Strategy, apply_mesh, candidate_meshes,
+from snnfw.api import (COMPOSED, IN_PLACE, REPLICATED, SHARDED, STAGES, Strategy, apply_mesh, candidate_meshes,
                        owners, propose_mesh)
 
 
@@ -12,16 +12,15 @@ class Composed(Strategy):
     """Each dimension applied by the strategy that owns it, in the core's order."""
 
     def builds_shards(self, config, plugins):
-        """Where a dimension shards parameters, every other one shards them too or reduces gradients, no
-        DistributedDataParallel wraps the model (it reads the parameters as it wraps them, which a meta build
-        cannot: replicas without FSDP2 or a pipeline, which averages its stages' gradients itself), and no
-        dimension that runs the model to apply it (a pipeline's split) meets one applied in place before it (tp's
-        layers exchange with their peers as the split is measured)."""
+        """Where a dimension shards parameters, no DistributedDataParallel wraps the model (it reads the parameters
+        as it wraps them, which a meta build cannot: replicas without FSDP2 or a pipeline, which averages its
+        stages' gradients itself), and no dimension that runs the model to apply it (a pipeline's split) meets one
+        applied in place before it (tp's layers and time's neurons exchange with their peers as the split is
+        measured). Dimensions that replicate parameters in place (time) keep whatever the others shard."""
         strategies = self._strategies(config, plugins)
         roles, orders = {s.parameters for s in strategies}, {s.order for s in strategies}
         wraps_ddp = REPLICATED in roles and SHARDED not in roles and STAGES not in orders
-        return (any(s.shards_parameters for s in strategies) and all(s.shards_parameters or s.order == DATA for s in strategies)
-                and not wraps_ddp
+        return (any(s.shards_parameters for s in strategies) and not wraps_ddp
                 and not (any(s.reads_values(config, plugins) for s in strategies) and IN_PLACE in orders))
 
     def reads_values(self, config, plugins):

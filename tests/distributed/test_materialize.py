@@ -147,6 +147,27 @@ def test_pp_ranks_hold_their_stages_plus_one_unit_and_start_from_none_weights(st
 
 
 
+@pytest.mark.parametrize("strategy, mesh", [("fsdp2_tsp", None), ("mesh", {"time": 2, "dp_shard": 2})])
+def test_a_time_split_beside_sharded_parameters_builds_only_the_shard_and_starts_from_none_weights(strategy, mesh):
+    """time holds the parameters dp_shard shards (FSDP2's dim-0 shards, replicated over time): every rank builds on
+    the meta device and holds its shard plus at most one tensor before its first step."""
+    model, _ = build_model(config("none"), Plugins())
+    initial = {name: p.detach().to(torch.float64) for name, p in model.named_parameters()}
+    whole = sum(p.numel() for p in initial.values()) * 8
+    largest = max(p.numel() for p in initial.values()) * 8
+    reference = run_training(config("none"))
+    summaries = run_on_ranks(config(strategy, mesh=mesh), RANKS, before=track_until_first_step, inspect=seen,
+                             timeout_s=180)
+    for rank, summary in enumerate(summaries):
+        peak, held = summary["inspect"]["peak"], summary["inspect"]["held"]
+        assert held <= whole / 2 + largest, f"rank {rank} holds {held} bytes of a {whole}-byte model"
+        assert peak <= held + largest + OTHER_BYTES, f"rank {rank} held {peak} bytes, its shard {held}, of {whole}"
+        for name, tensor in summary["inspect"]["initial"].items():
+            assert torch.equal(tensor, initial[name]), f"rank {rank}: initial {name} differs from none's"
+        for step, (want, loss) in enumerate(zip(reference["losses"], summary["losses"]), start=1):
+            assert abs(loss - want) <= 1e-9 * abs(want), f"rank {rank}, step {step}: loss {loss}, none's {want}"
+
+
 def test_pp_runs_a_model_reading_a_weight_outside_its_module_with_those_modules_held_whole():
     """Streamed values leave the weight on the meta device while the parent runs; the split and the stage inputs
     run again with every value held, and the run starts from none's weights and trains as none."""
