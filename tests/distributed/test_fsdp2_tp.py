@@ -42,17 +42,21 @@ def test_fsdp2_tp_matches_none_and_keeps_dp_replicas_identical(tmp_path, family,
     assert summaries[0]["inspect"]["neurons"], "no neuron was sharded"
 
 
-def test_ddp_with_tp_is_refused_naming_fsdp2_tp():
+def test_replicas_beside_tp_compose_and_a_dp_without_its_meaning_is_refused():
+    """strategy dp's dp is dp_replicate: beside tp it composes DDP over tensor-parallel groups; tp has no data
+    dimension of its own, so its dp is refused, naming the two it could mean."""
     plugins = Plugins()
-    for strategy in ("dp", "tp"):
-        with pytest.raises(PlanError, match="fsdp2_tp"):
-            prepare(tiny_config(strategy, parallel={"mesh": {"dp": 2, "tp": 2}}), 4, plugins)
-    with pytest.raises(PlanError, match="its mesh is {dp = D, tp = T}"):
+    plan = prepare(tiny_config("dp", parallel={"mesh": {"dp": 2, "tp": 2}}), 4, plugins).plan
+    assert dict(plan.mesh) == {"dp_replicate": 2, "tp": 2} and plan.strategies == ("dp", "tp")
+    with pytest.raises(PlanError, match="strategy tp's parallel.mesh names dp, and tp has no data dimension of its own"):
+        prepare(tiny_config("tp", parallel={"mesh": {"dp": 2, "tp": 2}}), 4, plugins)
+    with pytest.raises(PlanError, match=r"its mesh \{dp_shard = 4\} names no tp"):
         prepare(tiny_config("fsdp2_tp", parallel={"mesh": {"dp": 4}}), 4, plugins)
 
 
-@pytest.mark.parametrize("mesh", [None, {"dp": 1, "tp": 2}])
-def test_fsdp2_tp_without_data_parallelism_is_refused_naming_tp(mesh):
+@pytest.mark.parametrize("mesh, said", [(None, "2 ranks give it dp_shard = 1; launch with --nproc 4 or more"),
+                                        ({"dp": 1, "tp": 2}, "its mesh has dp_shard = 1; set each to 2 or more")])
+def test_fsdp2_tp_without_data_parallelism_is_refused(mesh, said):
     parallel = {"mesh": mesh} if mesh else {}
-    with pytest.raises(PlanError, match="dp = 1 x tp = 2 has no data parallelism; use strategy tp on 2 ranks, or launch 4 or more"):
+    with pytest.raises(PlanError, match=f"strategy fsdp2_tp splits over dp_shard and tp, 2 ranks or more each, and {said}"):
         prepare(tiny_config("fsdp2_tp", parallel=parallel), 2, Plugins())

@@ -70,7 +70,8 @@ def test_tsp_needs_the_boundary_state_and_its_gradient():
 @pytest.mark.parametrize("sections, refused", [
     ({"parallel": {"mesh": {"time": 3}}}, "does not split into 3 equal chunks"),
     ({"model": {"time_steps": 6}}, "model.time_steps = 6 does not split into 4 equal chunks"),
-    ({"parallel": {"mesh": {"tp": 4}}}, "its mesh is {time = P} or {dp = D, time = P}"),
+    ({"parallel": {"mesh": {"tp": 4}}}, "strategy tsp splits over time, 2 ranks or more each, and its mesh {tp = 4} "
+                                        "names no time"),
     ({"memopt": {"level": 1}}, "memopt recomputes forward passes"),
 ])
 def test_what_cannot_be_split_in_time_is_refused_naming_the_key(sections, refused):
@@ -80,7 +81,7 @@ def test_what_cannot_be_split_in_time_is_refused_naming_the_key(sections, refuse
 
 
 def test_tsp_slices_apply_to_the_time_strategies_only():
-    with pytest.raises(PlanError, match="tsp.slices applies only to strategies tsp and fsdp2_tsp"):
+    with pytest.raises(PlanError, match="tsp.slices applies only to a time dimension"):
         prepare(tiny_config("dp", 1, tsp={"slices": 2}), 2, Plugins())
     plan = prepare(tiny_config("tsp", 1, tsp={"slices": 3}), 2, Plugins()).plan
     assert "neurons pass their state on in 3 batch slices" in " ".join(plan.rationale)
@@ -107,8 +108,9 @@ def test_tsp_with_the_inductor_neuron_kernels_matches_none_with_them():
             assert_close(f"rank {rank} step {step} loss", loss, ref)
 
 
-def test_fsdp2_tsp_without_data_parallelism_is_refused_naming_tsp():
-    with pytest.raises(PlanError, match="shards nothing; use strategy tsp"):
+def test_fsdp2_tsp_without_data_parallelism_is_refused():
+    with pytest.raises(PlanError, match="strategy fsdp2_tsp splits over dp_shard and time, 2 ranks or more each, and "
+                                        "its mesh has dp_shard = 1"):
         prepare(tiny_config("fsdp2_tsp", 1, parallel={"mesh": {"time": 2, "dp": 1}}), 2, Plugins())
 
 
@@ -155,7 +157,7 @@ def test_fsdp2_tsp_matches_none_and_shards_the_parameters_over_dp():
     want = run_training(tiny_config("none", 2, train=exact))["losses"]
     split = tiny_config("fsdp2_tsp", 1, train=exact, parallel={"mesh": {"time": 2, "dp": 2}})
     for rank, summary in enumerate(run_on_ranks(split, 4, inspect=held_share, timeout_s=240)):
-        assert summary["plan"]["mesh"] == {"time": 2, "dp": 2}
+        assert summary["plan"]["mesh"] == {"time": 2, "dp_shard": 2} and summary["plan"]["preset"] == "fsdp2_tsp"
         assert 0.45 < summary["inspect"] < 0.6, f"rank {rank} holds {summary['inspect']:.2f} of the parameters"
         for step, (loss, ref) in enumerate(zip(summary["losses"], want), start=1):
             assert_close(f"rank {rank} step {step} loss", loss, ref)

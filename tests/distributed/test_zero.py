@@ -35,7 +35,8 @@ def test_zero_matches_none_and_shards_optimizer_state(tmp_path, strategy, extra)
 
 def test_zero_is_refused_where_it_does_not_compose():
     plugins = Plugins()
-    with pytest.raises(PlanError, match="composes with dp, zero, tsp and composed meshes of replicas only"):
+    with pytest.raises(PlanError, match="parallel.zero shards optimizer state across data-parallel replicas, on meshes "
+                                        "of replicas only"):
         prepare(tiny_config("none", parallel={"zero": True}), 1, plugins)
     with pytest.raises(PlanError, match="fsdp2 shards optimizer state already"):
         prepare(tiny_config("fsdp2", parallel={"zero": True}), 2, plugins)
@@ -66,16 +67,17 @@ def test_zero_shards_the_optimizer_state_of_replicas_split_in_time_and_matches_n
 
 
 def test_zero_refuses_parallel_zero_false():
-    with pytest.raises(PlanError, match="strategy 'zero' cannot run: parallel.zero = false asks for an unsharded optimizer"):
+    with pytest.raises(PlanError, match="strategy zero is {dp_replicate = 2} with parallel.zero = true, and the config "
+                                        "sets parallel.zero = false; remove it"):
         prepare(tiny_config("zero", parallel={"zero": False}), 2, Plugins())
 
 
 def test_auto_with_parallel_zero_keeps_the_candidates_it_composes_with():
-    plan = prepare(tiny_config("auto", microbatches=None, parallel={"zero": True, "prefer": "memory"}), 2, Plugins()).plan
-    assert plan.strategy in ("dp", "zero") and plan.config.parallel.zero is True
-    refused = {line.split()[1].rstrip(":") for line in plan.rationale if "composed meshes of replicas only" in line}
-    assert refused == {"none", "fsdp2", "tp", "pp", "fsdp2_tp", "fsdp2_tsp"}, plan.rationale
-    assert any(line.startswith("candidate mesh: cannot run: under auto, parallel.zero composes with a mesh only")
-               for line in plan.rationale), plan.rationale
+    plan = prepare(tiny_config("auto", microbatches=None, parallel={"zero": True, "prefer": "memory"}), 4, Plugins()).plan
+    assert plan.preset in ("zero", "tsp") and plan.config.parallel.zero is True
+    held = [line for line in plan.rationale if "ranks hold different parts" in line]
+    assert held and all(line.startswith("candidate mesh") for line in held), plan.rationale
+    kept = [line for line in plan.rationale if line.startswith(("candidate zero", "candidate tsp"))]
+    assert kept and not any("cannot run" in line for line in kept), plan.rationale
     plan = prepare(tiny_config("auto", microbatches=None, parallel={"zero": False}), 2, Plugins()).plan
-    assert any(line.startswith("candidate zero: cannot run: parallel.zero = false") for line in plan.rationale)
+    assert plan.config.parallel.zero is False and not any("parallel.zero = True" in line for line in plan.rationale)
