@@ -18,6 +18,7 @@ class's keys to the core's ``[section]`` instead (``config.parallel.zero``).
 from __future__ import annotations
 
 import functools
+import json
 import math
 import re
 import tomllib
@@ -51,11 +52,20 @@ def _mesh(value: Any) -> tuple[tuple[str, int], ...] | None:
     """``{dp = 2, tp = 2}`` -> ``(("dp", 2), ("tp", 2))``; idempotent for attrs.evolve."""
     if value is None or isinstance(value, tuple):
         return value
-    if not isinstance(value, dict) or not all(
-        isinstance(k, str) and isinstance(n, int) and not isinstance(n, bool) and n > 0 for k, n in value.items()
-    ):
+    if not isinstance(value, dict) or not all(isinstance(k, str) for k in value):
         raise ConfigError(f"parallel.mesh must be a table of dimension sizes like {{dp = 2}}, got {shown(value)}")
+    for name, size in value.items():
+        if not isinstance(size, int) or isinstance(size, bool) or size < 1:
+            raise ConfigError(f"parallel.mesh.{name} = {_toml(size)}: a dimension's size is its number of ranks, a "
+                              "whole number 1 or more; set it like {dp = 2, tp = 2}")
     return tuple(value.items())
+
+
+def _toml(value: Any) -> str:
+    """``value`` as TOML writes it (``true``, ``"2"``), cut as :func:`shown` cuts it."""
+    if isinstance(value, bool):
+        return str(value).lower()
+    return shortened(json.dumps(value)) if isinstance(value, str) else shown(value)
 
 
 def _names(key: str):
