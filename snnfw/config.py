@@ -512,14 +512,19 @@ def _rebuild(core: type, additions: tuple[type, ...], values: dict[str, Any]) ->
 
 
 def parse_override(text: str) -> tuple[str, str, Any]:
-    """``"train.lr=0.01"`` -> ``("train", "lr", 0.01)``; values are read as TOML, else as strings."""
+    """``"train.lr=0.01"`` -> ``("train", "lr", 0.01)``; values are read as TOML, else as strings (but a table or
+    an array that is not TOML is refused)."""
     key, sep, raw = text.partition("=")
     section, dot, name = key.strip().partition(".")
     if not sep or not dot or not name:
         raise ConfigError(f"--set expects section.key=value (for example train.steps=10), got {shown(text)}")
     try:
         value = tomllib.loads(f"v = {raw.strip()}")["v"]
-    except tomllib.TOMLDecodeError:
+    except tomllib.TOMLDecodeError as err:
+        if raw.strip().startswith(("{", "[")):
+            reason = re.sub(r" \(at [^)]*\)$", "", str(err))  # its position is in "v = value", not in what was typed
+            raise ConfigError(f"--set {shown(text)} is not a TOML table or array: {reason}; write each key once and "
+                              "close each bracket, or put TOML quotes around a string") from None
         value = raw.strip()
     return section, name, value
 

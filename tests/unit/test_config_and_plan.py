@@ -86,6 +86,15 @@ def test_override_values_are_read_as_toml_else_as_strings():
         parse_override("steps=3")
 
 
+@pytest.mark.parametrize("value, reason", [("{tp=2,tp=4}", "Duplicate inline table key 'tp'"),
+                                           ("{dp = 2, tp = 2", "Unclosed inline table")])
+def test_an_override_table_that_is_not_toml_is_refused_not_read_as_a_string(value, reason):
+    with pytest.raises(ConfigError, match=rf"^--set 'parallel.mesh={re.escape(value)}' is not a TOML table or array: "
+                                          rf"{reason}; write each key once and close each bracket, or put TOML quotes "
+                                          r"around a string$"):
+        load_config("examples/quickstart.toml", [f"parallel.mesh={value}"])
+
+
 def test_missing_config_file_says_so(tmp_path):
     with pytest.raises(ConfigError, match="does not exist"):
         load_config(tmp_path / "nope.toml")
