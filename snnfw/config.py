@@ -17,6 +17,7 @@ class's keys to the core's ``[section]`` instead (``config.parallel.zero``).
 
 from __future__ import annotations
 
+import difflib
 import functools
 import json
 import math
@@ -564,7 +565,8 @@ def build_config(data: dict[str, Any], overrides: list[str] = ()) -> Config:
         if section in left_out:
             raise ConfigError(_left_out(section, left_out[section]))
         if section not in classes:
-            raise ConfigError(f"unknown config section [{section}]; sections are {', '.join(classes)}")
+            raise ConfigError(f"unknown config section [{section}]{_nearest(section, classes, '[{}]')}; sections are "
+                              f"{', '.join(classes)}")
         if not isinstance(table, dict):
             raise ConfigError(f"[{section}] must be a table of keys")
         merged[section] = dict(table)
@@ -573,7 +575,8 @@ def build_config(data: dict[str, Any], overrides: list[str] = ()) -> Config:
         if section in left_out:
             raise ConfigError(_left_out(section, left_out[section]))
         if section not in classes:
-            raise ConfigError(f"unknown config section in --set {shown(text)}; sections are {', '.join(classes)}")
+            raise ConfigError(f"unknown config section in --set {shown(text)}{_nearest(section, classes, '{}')}; "
+                              f"sections are {', '.join(classes)}")
         merged.setdefault(section, {})[name] = value
     explicit = {f"{section}.{key}" for section, table in merged.items() for key in table}
     if listed is not None:  # every key is present; the listed ones and the overrides were set
@@ -589,7 +592,8 @@ def build_config(data: dict[str, Any], overrides: list[str] = ()) -> Config:
             if key not in known:
                 lost = "".join(f"; {_left_out(name, failure)}" for name, failure in left_out.items()
                                if name.startswith(f"{section}."))
-                raise ConfigError(f"unknown config key {shortened(f'{section}.{key}')}; keys of [{section}] are "
+                raise ConfigError(f"unknown config key {shortened(f'{section}.{key}')}"
+                                  f"{_nearest(key, known, f'{section}.{{}}')}; keys of [{section}] are "
                                   f"{', '.join(sorted(known))}{lost}")
             _check_kind(cls, section, key, table[key])
         try:
@@ -618,6 +622,13 @@ def build_config(data: dict[str, Any], overrides: list[str] = ()) -> Config:
         sections["parallel"] = attrs.evolve(sections["parallel"], strategy=COMPOSED)
     own = tuple((name, sections.pop(name)) for name in classes if name not in _SECTION_CLASSES)
     return Config(**sections, explicit=explicit, sections=own)
+
+
+def _nearest(name: str, known, form: str) -> str:
+    """`` (did you mean train.steps?)``: the known name closest to a mistyped ``name``, written as ``form`` writes
+    it; ``""`` where none is close."""
+    close = difflib.get_close_matches(name, sorted(known), n=1)
+    return f" (did you mean {form.format(close[0])}?)" if close else ""
 
 
 def check_log_steps(log: LogConfig, steps: int) -> None:

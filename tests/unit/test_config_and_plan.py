@@ -53,6 +53,18 @@ def test_bad_config_is_refused_by_name(data, message):
 
 
 @pytest.mark.parametrize(
+    "data, overrides, message",
+    [({"train": {"stpes": 3}}, [], r"unknown config key train.stpes \(did you mean train.steps\?\); keys of \[train\] are "),
+     ({"trian": {}}, [], r"unknown config section \[trian\] \(did you mean \[train\]\?\); sections are model, "),
+     ({}, ["trian.steps=3"], r"unknown config section in --set 'trian.steps=3' \(did you mean train\?\); sections are "),
+     ({"train": {"zzz": 3}}, [], r"unknown config key train.zzz; keys of \[train\] are ")],
+)
+def test_a_mistyped_key_or_section_is_refused_with_the_nearest_name(data, overrides, message):
+    with pytest.raises(ConfigError, match=f"^{message}"):
+        build_config(data, overrides)
+
+
+@pytest.mark.parametrize(
     "override, message",
     [('train.lr="fast"', "train.lr must be a number, got 'fast' (str)"),
      ('train.steps="ten"', "train.steps must be an integer, got 'ten' (str)")],
