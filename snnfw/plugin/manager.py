@@ -10,7 +10,9 @@ implementations is a plugin of its own (``strategy:NAME``), called only for a
 plan of its strategy: for hooks that take ``plan``, the other strategies'
 objects are left out. A plugin whose every registered name another plugin
 overrides (``register(..., overrides=True)``) is unloaded. An exception that
-escapes a hook carries a note naming the plugin and distribution it came from.
+escapes a hook carries a note naming the plugin and distribution it came from;
+one that a plugin other than snnfw's own raised ends a command on one line
+naming the plugin and the hook (:func:`plugin_hook`).
 A third-party plugin that fails to import is left out (``Plugins.failed``):
 listed by ``snnfw plugins``, and named where a config asks for a name that is
 not registered.
@@ -252,7 +254,10 @@ class Plugins:
         if culprit is not None and culprit.startswith(STRATEGY_PREFIX):  # a strategy object: the plugin that registered it
             culprit = self.strategies.entry(culprit.removeprefix(STRATEGY_PREFIX)).plugin
         if culprit is not None:
-            err.add_note(f"raised in plugin {self.describe(culprit)}, hook {hook_name}")
+            where = f"plugin {self.describe(culprit)}, hook {hook_name}"
+            err.add_note(f"raised in {where}")
+            if culprit not in self._dists or self._dists[culprit].name != "snnfw":
+                err.snnfw_plugin_hook = where  # the plugin's fault, not snnfw's: see plugin_hook
 
     @property
     def strategies(self) -> Registry:
@@ -425,6 +430,12 @@ class Plugins:
 
     def schedule(self, stages, plan, loss_fn):
         return self.hook.snnfw_schedule(stages=stages, plan=plan, loss_fn=loss_fn, hooks=self.context)
+
+
+def plugin_hook(err: BaseException) -> str:
+    """``"plugin 'name' (distribution version), hook H"`` where a hook of a plugin other than snnfw's own raised
+    ``err`` (:meth:`Plugins.blame`), else ``""``."""
+    return getattr(err, "snnfw_plugin_hook", "")
 
 
 def check_same_plugins_on_all_ranks(plugins: Plugins, group=None) -> None:

@@ -1,0 +1,42 @@
+"""A plugin at fault ends a command with one line naming it, never a traceback."""
+
+import os
+import subprocess
+import sys
+
+TINY = ["train.steps=3", "data.batch_size=8", "data.train_samples=64", "data.test_samples=16"]
+
+
+def snnfw(*args, env=None, timeout=180):
+    cmd = [sys.executable, "-m", "snnfw", *args]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env={**os.environ, **(env or {})})
+
+
+def train(run_dir, env=None):
+    """snnfw train of the quickstart, shortened, on 2 ranks."""
+    return snnfw("train", "examples/quickstart.toml", "--nproc", "2", "--run-dir", str(run_dir),
+                 *(arg for item in TINY for arg in ("--set", item)), env=env)
+
+
+def test_a_plugins_hook_that_raises_in_a_rank_is_named_on_one_line(faults, tmp_path):
+    done = train(tmp_path / "run", env={"SNNFW_TEST_RAISE_AT_STEP": "2"})
+    log = tmp_path / "run" / "error.log"
+    assert done.returncode == 2, done.stderr
+    assert "Traceback" not in done.stderr and done.stderr.count("snnfw: error:") == 1, done.stderr
+    assert done.stderr.splitlines()[-1] == (
+        "snnfw: error: plugin 'snnfw.testing.faults' (registered in-process), hook snnfw_step_start: RuntimeError: "
+        f"test fault: rank 1 raises before step 2; the traceback is in {log}")
+    assert "in snnfw_step_start\n" in log.read_text()
+
+
+def test_a_plugins_hook_that_raises_while_planning_is_named_on_one_line(tmp_path, monkeypatch, capsys):
+    from snnfw.cli import main
+
+    (tmp_path / "raising_planner.py").write_text(
+        "from snnfw import hookimpl\n\n@hookimpl\ndef snnfw_plan(request):\n    raise KeyError('budget')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setenv("SNNFW_PLUGINS", "raising_planner")
+    assert main(["plan", "examples/quickstart.toml", "--world-size", "2"]) == 2
+    assert capsys.readouterr().err == (
+        "snnfw: error: plugin 'raising_planner' (registered in-process), hook snnfw_plan: KeyError: 'budget'; fix or "
+        "uninstall the plugin (snnfw --debug shows the traceback)\n")
