@@ -4,6 +4,9 @@ import os
 import subprocess
 import sys
 
+from snnfw.cli import main
+from snnfw.testing.distribution import install_distribution
+
 TINY = ["train.steps=3", "data.batch_size=8", "data.train_samples=64", "data.test_samples=16"]
 
 
@@ -30,8 +33,6 @@ def test_a_plugins_hook_that_raises_in_a_rank_is_named_on_one_line(faults, tmp_p
 
 
 def test_a_plugins_hook_that_raises_while_planning_is_named_on_one_line(tmp_path, monkeypatch, capsys):
-    from snnfw.cli import main
-
     (tmp_path / "raising_planner.py").write_text(
         "from snnfw import hookimpl\n\n@hookimpl\ndef snnfw_plan(request):\n    raise KeyError('budget')\n")
     monkeypatch.syspath_prepend(str(tmp_path))
@@ -40,3 +41,26 @@ def test_a_plugins_hook_that_raises_while_planning_is_named_on_one_line(tmp_path
     assert capsys.readouterr().err == (
         "snnfw: error: plugin 'raising_planner' (registered in-process), hook snnfw_plan: KeyError: 'budget'; fix or "
         "uninstall the plugin (snnfw --debug shows the traceback)\n")
+
+
+WRONG_SIGNATURE = """
+    from snnfw import hookimpl
+
+    @hookimpl
+    def snnfw_step_start(step, rank, epoch):
+        pass
+"""
+REFUSED = ("snnfw: error: plugin 'wrong' (snnfw_wrong 1.0) implements hook snnfw_step_start as "
+           "snnfw_step_start(step, rank, epoch), which the hook cannot call: epoch is not among its arguments (step, "
+           "rank, hooks); take only those, by name, or uninstall or block the plugin (SNNFW_BLOCK_PLUGINS=wrong)\n")
+
+
+def test_a_hook_implementation_of_the_wrong_signature_is_refused_on_one_line(tmp_path, monkeypatch, capsys):
+    site = install_distribution(tmp_path, monkeypatch, "snnfw_wrong", WRONG_SIGNATURE,
+                                {"snnfw": {"wrong": "snnfw_wrong"}})
+    assert main(["plugins"]) == 2
+    assert capsys.readouterr().err == REFUSED
+    path = os.pathsep.join(filter(None, (str(site), os.environ.get("PYTHONPATH"))))
+    done = train(tmp_path / "run", env={"PYTHONPATH": path})
+    assert (done.returncode, done.stderr) == (2, REFUSED)
+    assert not (tmp_path / "run").exists()  # refused before any rank started
