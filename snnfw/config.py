@@ -31,7 +31,7 @@ import attrs
 from attrs import validators as v
 
 from snnfw import entry_points
-from snnfw.errors import ConfigError, shortened, shown
+from snnfw.errors import ConfigError, PluginError, shortened, shown
 
 _positive = [v.instance_of(int), v.gt(0)]
 SEED_RANGE = 2**32  # what every generator a run seeds takes (numpy's the narrowest)
@@ -453,6 +453,8 @@ def _declared() -> tuple[dict[str, type], dict[str, entry_points.ImportFailure]]
                               f"rename its entry point in [project.entry-points.\"{entry_points.SECTIONS_GROUP}\"]")
         try:
             cls = (not entry_points.is_builtin(ep) and entry_points.failure_of(dist)) or entry_points.load(ep)
+        except PluginError:
+            raise
         except Exception as err:
             raise ConfigError(f"config section [{ep.name}] of {dist} ({ep.value}) failed to import: {err!r}") from None
         if isinstance(cls, entry_points.ImportFailure):

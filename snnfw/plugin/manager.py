@@ -98,6 +98,9 @@ def _named_plugins() -> list[tuple[str, Any]]:
     for name in filter(None, (part.strip() for part in os.environ.get(ENV_PLUGINS, "").split(","))):
         try:
             plugins.append((name, importlib.import_module(name)))
+        except SystemExit as err:
+            raise PluginError(entry_points.exited(f"{ENV_PLUGINS} module {name!r}", err, f"take it out of {ENV_PLUGINS}")
+                              ) from None
         except Exception as err:
             raise PluginError(f"{ENV_PLUGINS} names module {name!r}, which failed to import ({err!r}); "
                               f"fix it or take it out of {ENV_PLUGINS}") from err
@@ -127,6 +130,8 @@ def _load_entry_points(pm: pluggy.PluginManager) -> tuple[dict[str, metadata.Dis
             )
         try:
             plugin = entry_points.load(ep)
+        except PluginError:
+            raise
         except Exception as err:  # a built-in's: a bug of snnfw's
             raise PluginError(f"plugin {ep.name!r} ({ep.value}) failed to import: {err!r}") from err
         if isinstance(plugin, entry_points.ImportFailure):

@@ -64,3 +64,21 @@ def test_a_hook_implementation_of_the_wrong_signature_is_refused_on_one_line(tmp
     done = train(tmp_path / "run", env={"PYTHONPATH": path})
     assert (done.returncode, done.stderr) == (2, REFUSED)
     assert not (tmp_path / "run").exists()  # refused before any rank started
+
+
+EXITS = """
+    import sys
+
+    sys.exit(3)
+"""
+
+
+def test_a_plugin_that_exits_while_imported_is_named_on_one_line(tmp_path, monkeypatch, capsys):
+    install_distribution(tmp_path, monkeypatch, "snnfw_exits", EXITS, {"snnfw": {"exits": "snnfw_exits"}})
+    for command in (["plugins"], ["plan", "examples/quickstart.toml", "--world-size", "2"]):
+        assert main(command) == 2
+        assert capsys.readouterr().err == (
+            "snnfw: error: plugin 'exits' (snnfw_exits 1.0) exited with status 3 while being imported (sys.exit); fix "
+            "it, or uninstall or block the plugin (SNNFW_BLOCK_PLUGINS=exits)\n")
+    monkeypatch.setenv("SNNFW_BLOCK_PLUGINS", "exits")
+    assert main(["plugins"]) == 0
