@@ -188,6 +188,8 @@ def _cmd_train(args) -> int:
     rundir.check_run_dir(run_dir, args.resume, args.overwrite)
     owner = rundir.locked(run_dir) if args.node_rank == 0 else contextlib.nullcontext()  # node 0 holds the shared one
     with owner:
+        if config.checkpoint.every and not args.overwrite:  # --overwrite replaces the folder in rank 0
+            rundir.check_checkpoints_writable(run_dir, config.checkpoint.every)
         plan = run_dir / rundir.PLAN
         if args.node_rank == 0:  # every node's ranks run node 0's plan, written before its rendezvous opens
             planfile.write(plan, prepared.plan, plugins, planfile.config_digest(args.config, args.overrides))
