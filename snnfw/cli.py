@@ -1,8 +1,8 @@
 """The ``snnfw`` command: ``plugins``, ``plan``, ``train``, ``bench``, ``export``, ``eval``, ``predict`` and ``plot``.
 
 A user error (bad config, unknown name, impossible layout), or an error raised
-in the user's own code inside a rank, exits with status 2 and one message on
-stderr; ``--debug`` shows the traceback.
+in the user's own code inside a rank or in a third-party plugin's hook, exits
+with status 2 and one message on stderr; ``--debug`` shows the traceback.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import sys
 import time
 from pathlib import Path
 
-from snnfw.errors import UserError, explain
+from snnfw.errors import UserError, explain, said
 
 
 def _cmd_plugins(args) -> int:
@@ -188,6 +188,8 @@ def _cmd_train(args) -> int:
     rundir.check_run_dir(run_dir, args.resume, args.overwrite)
     owner = rundir.locked(run_dir) if args.node_rank == 0 else contextlib.nullcontext()  # node 0 holds the shared one
     with owner:
+        if config.checkpoint.every and not args.overwrite:  # --overwrite replaces the folder in rank 0
+            rundir.check_checkpoints_writable(run_dir, config.checkpoint.every)
         plan = run_dir / rundir.PLAN
         if args.node_rank == 0:  # every node's ranks run node 0's plan, written before its rendezvous opens
             planfile.write(plan, prepared.plan, plugins, planfile.config_digest(args.config, args.overrides))
@@ -409,6 +411,14 @@ def main(argv: list[str] | None = None) -> int:
         if args.debug:
             raise
         print(f"snnfw: error: {explain(err)}", file=sys.stderr)
+        return 2
+    except Exception as err:
+        from snnfw.plugin.manager import plugin_hook
+
+        if args.debug or not (where := plugin_hook(err)):
+            raise
+        print(f"snnfw: error: {where}: {type(err).__name__}: {said(err)}; fix or uninstall the plugin (snnfw --debug "
+              "shows the traceback)", file=sys.stderr)
         return 2
 
 

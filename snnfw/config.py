@@ -17,7 +17,9 @@ class's keys to the core's ``[section]`` instead (``config.parallel.zero``).
 
 from __future__ import annotations
 
+import difflib
 import functools
+import json
 import math
 import re
 import tomllib
@@ -29,7 +31,7 @@ import attrs
 from attrs import validators as v
 
 from snnfw import entry_points
-from snnfw.errors import ConfigError, shortened, shown
+from snnfw.errors import ConfigError, PluginError, shortened, shown
 
 _positive = [v.instance_of(int), v.gt(0)]
 SEED_RANGE = 2**32  # what every generator a run seeds takes (numpy's the narrowest)
@@ -51,11 +53,20 @@ def _mesh(value: Any) -> tuple[tuple[str, int], ...] | None:
     """``{dp = 2, tp = 2}`` -> ``(("dp", 2), ("tp", 2))``; idempotent for attrs.evolve."""
     if value is None or isinstance(value, tuple):
         return value
-    if not isinstance(value, dict) or not all(
-        isinstance(k, str) and isinstance(n, int) and not isinstance(n, bool) and n > 0 for k, n in value.items()
-    ):
+    if not isinstance(value, dict) or not all(isinstance(k, str) for k in value):
         raise ConfigError(f"parallel.mesh must be a table of dimension sizes like {{dp = 2}}, got {shown(value)}")
+    for name, size in value.items():
+        if not isinstance(size, int) or isinstance(size, bool) or size < 1:
+            raise ConfigError(f"parallel.mesh.{name} = {_toml(size)}: a dimension's size is its number of ranks, a "
+                              "whole number 1 or more; set it like {dp = 2, tp = 2}")
     return tuple(value.items())
+
+
+def _toml(value: Any) -> str:
+    """``value`` as TOML writes it (``true``, ``"2"``), cut as :func:`shown` cuts it."""
+    if isinstance(value, bool):
+        return str(value).lower()
+    return shortened(json.dumps(value)) if isinstance(value, str) else shown(value)
 
 
 def _names(key: str):
@@ -442,6 +453,8 @@ def _declared() -> tuple[dict[str, type], dict[str, entry_points.ImportFailure]]
                               f"rename its entry point in [project.entry-points.\"{entry_points.SECTIONS_GROUP}\"]")
         try:
             cls = (not entry_points.is_builtin(ep) and entry_points.failure_of(dist)) or entry_points.load(ep)
+        except PluginError:
+            raise
         except Exception as err:
             raise ConfigError(f"config section [{ep.name}] of {dist} ({ep.value}) failed to import: {err!r}") from None
         if isinstance(cls, entry_points.ImportFailure):
@@ -502,14 +515,19 @@ def _rebuild(core: type, additions: tuple[type, ...], values: dict[str, Any]) ->
 
 
 def parse_override(text: str) -> tuple[str, str, Any]:
-    """``"train.lr=0.01"`` -> ``("train", "lr", 0.01)``; values are read as TOML, else as strings."""
+    """``"train.lr=0.01"`` -> ``("train", "lr", 0.01)``; values are read as TOML, else as strings (but a table or
+    an array that is not TOML is refused)."""
     key, sep, raw = text.partition("=")
     section, dot, name = key.strip().partition(".")
     if not sep or not dot or not name:
         raise ConfigError(f"--set expects section.key=value (for example train.steps=10), got {shown(text)}")
     try:
         value = tomllib.loads(f"v = {raw.strip()}")["v"]
-    except tomllib.TOMLDecodeError:
+    except tomllib.TOMLDecodeError as err:
+        if raw.strip().startswith(("{", "[")):
+            reason = re.sub(r" \(at [^)]*\)$", "", str(err))  # its position is in "v = value", not in what was typed
+            raise ConfigError(f"--set {shown(text)} is not a TOML table or array: {reason}; write each key once and "
+                              "close each bracket, or put TOML quotes around a string") from None
         value = raw.strip()
     return section, name, value
 
@@ -549,7 +567,8 @@ def build_config(data: dict[str, Any], overrides: list[str] = ()) -> Config:
         if section in left_out:
             raise ConfigError(_left_out(section, left_out[section]))
         if section not in classes:
-            raise ConfigError(f"unknown config section [{section}]; sections are {', '.join(classes)}")
+            raise ConfigError(f"unknown config section [{section}]{_nearest(section, classes, '[{}]')}; sections are "
+                              f"{', '.join(classes)}")
         if not isinstance(table, dict):
             raise ConfigError(f"[{section}] must be a table of keys")
         merged[section] = dict(table)
@@ -558,7 +577,8 @@ def build_config(data: dict[str, Any], overrides: list[str] = ()) -> Config:
         if section in left_out:
             raise ConfigError(_left_out(section, left_out[section]))
         if section not in classes:
-            raise ConfigError(f"unknown config section in --set {shown(text)}; sections are {', '.join(classes)}")
+            raise ConfigError(f"unknown config section in --set {shown(text)}{_nearest(section, classes, '{}')}; "
+                              f"sections are {', '.join(classes)}")
         merged.setdefault(section, {})[name] = value
     explicit = {f"{section}.{key}" for section, table in merged.items() for key in table}
     if listed is not None:  # every key is present; the listed ones and the overrides were set
@@ -574,7 +594,8 @@ def build_config(data: dict[str, Any], overrides: list[str] = ()) -> Config:
             if key not in known:
                 lost = "".join(f"; {_left_out(name, failure)}" for name, failure in left_out.items()
                                if name.startswith(f"{section}."))
-                raise ConfigError(f"unknown config key {shortened(f'{section}.{key}')}; keys of [{section}] are "
+                raise ConfigError(f"unknown config key {shortened(f'{section}.{key}')}"
+                                  f"{_nearest(key, known, f'{section}.{{}}')}; keys of [{section}] are "
                                   f"{', '.join(sorted(known))}{lost}")
             _check_kind(cls, section, key, table[key])
         try:
@@ -603,6 +624,13 @@ def build_config(data: dict[str, Any], overrides: list[str] = ()) -> Config:
         sections["parallel"] = attrs.evolve(sections["parallel"], strategy=COMPOSED)
     own = tuple((name, sections.pop(name)) for name in classes if name not in _SECTION_CLASSES)
     return Config(**sections, explicit=explicit, sections=own)
+
+
+def _nearest(name: str, known, form: str) -> str:
+    """`` (did you mean train.steps?)``: the known name closest to a mistyped ``name``, written as ``form`` writes
+    it; ``""`` where none is close."""
+    close = difflib.get_close_matches(name, sorted(known), n=1)
+    return f" (did you mean {form.format(close[0])}?)" if close else ""
 
 
 def check_log_steps(log: LogConfig, steps: int) -> None:

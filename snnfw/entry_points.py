@@ -5,7 +5,8 @@ Plugins (group ``snnfw``) and the config sections they declare (group
 ones unless ``SNNFW_DISABLE_PLUGIN_AUTOLOAD=1``, and ``SNNFW_BLOCK_PLUGINS``
 names plugins that do not load. A third-party entry point whose import raises
 is left out with one warning line (:func:`load`); the commands that need what
-it would provide are refused, naming it.
+it would provide are refused, naming it. One that calls ``sys.exit`` while
+being imported is refused, naming it.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from typing import Any
 import attrs
 
 from snnfw import rundir
+from snnfw.errors import PluginError, shown
 
 GROUP = "snnfw"
 SECTIONS_GROUP = "snnfw.config"  # a plugin's config section: name = "module:AttrsClass"
@@ -73,12 +75,31 @@ def load(ep: metadata.EntryPoint) -> Any:
     otherwise). A built-in's import error is a bug of snnfw's, and raises."""
     try:
         return ep.load()
+    except SystemExit as err:  # would end the command, silently where its status is not 0
+        raise PluginError(exited(f"{_kind(ep)} {ep.name!r} ({_distribution(ep)})", err, _remedy(ep))) from None
     except Exception as err:
         if is_builtin(ep):
             raise
         failure = ImportFailure(ep.name, _distribution(ep), " ".join(repr(err).split()))
-        _warn(failure, "plugin" if ep.group == GROUP else "config section")
+        _warn(failure, _kind(ep))
         return failure
+
+
+def _kind(ep: metadata.EntryPoint) -> str:
+    return "plugin" if ep.group == GROUP else "config section"
+
+
+def _remedy(ep: metadata.EntryPoint) -> str:
+    if ep.group == GROUP:
+        return f"uninstall or block the plugin ({ENV_BLOCK}={ep.name})"
+    return f"uninstall {ep.dist.name}" if ep.dist is not None else "uninstall it"
+
+
+def exited(what: str, err: SystemExit, remedy: str) -> str:
+    """The refusal of a module that ``what`` names and that called ``sys.exit`` while being imported."""
+    code = 0 if err.code is None else err.code
+    how = f"with status {code}" if isinstance(code, int) else f"saying {shown(code)}"
+    return f"{what} exited {how} while being imported (sys.exit); fix it, or {remedy}"
 
 
 def failure_of(distribution: str) -> ImportFailure | None:

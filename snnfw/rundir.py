@@ -15,6 +15,7 @@ import os
 import shutil
 import socket
 import sys
+import tempfile
 from pathlib import Path
 from typing import Iterator
 
@@ -93,6 +94,19 @@ def check_run_dir(run_dir: Path, resume: bool, overwrite: bool) -> None:
     if (run_dir / METRICS).exists():
         raise CheckpointError(f"{run_dir} holds an earlier run (metrics.jsonl); pass --overwrite to replace it, "
                               "or choose another --run-dir")
+
+
+def check_checkpoints_writable(run_dir: Path, every: int) -> None:
+    """Refuses, in one line, a checkpoints folder that checkpoints (one ``every`` steps) could not be written into;
+    makes it where it is not there yet."""
+    folder = run_dir / CHECKPOINTS
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        os.rmdir(tempfile.mkdtemp(prefix=TEMP_PREFIX, dir=folder))
+    except OSError as err:
+        why = "is a file, not a folder" if folder.is_file() else f"cannot be written ({err.strerror or err})"
+        raise CheckpointError(f"checkpoint.every = {every} writes checkpoints into {folder}, which {why}; make it a "
+                              "folder you can write, or choose another --run-dir") from None
 
 
 def clear_run_dir(run_dir: Path) -> None:

@@ -8,7 +8,8 @@ restarted attempt (``TORCHELASTIC_RESTART_COUNT`` > 0) resumes from the newest
 checkpoint, unless an earlier attempt stopped on a user error, which a
 restart would only repeat. An error raised in the user's own code (a model
 or data set of theirs) ends a rank as a user error does, naming their file
-and line, with the traceback in the run directory's ``error.log``. A rank
+and line (or a third-party plugin's hook, naming the plugin and the hook),
+with the traceback in the run directory's ``error.log``. A rank
 ends when its launcher is gone.
 """
 
@@ -28,7 +29,7 @@ from snnfw import fast_exit, rundir
 from snnfw.config import load_config
 from snnfw.errors import UserError, explain, said, user_line
 from snnfw.plan import planfile
-from snnfw.plugin.manager import Plugins
+from snnfw.plugin.manager import Plugins, plugin_hook
 
 
 def _end_with_the_launcher() -> None:
@@ -95,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
         rundir.mark_stopped(run_dir, explain(err))
         return 2
     except Exception as err:  # reported by the launcher beside the ranks that ended with it
-        if where := user_line(err):
+        if where := user_line(err) or plugin_hook(err):
             return _stopped_in_user_code(err, where, run_dir, rank)
         if rundir.stopped_since(run_dir, started):  # a peer stopped on a user error, and this rank lost it
             return 2

@@ -7,8 +7,8 @@ records of a coarse and a fine label byte and 3072 pixel bytes); the 100 fine la
 ``image_folder``: ImageNet's layout, ``data.root/train/<class>/<image>`` and ``data.root/val/<class>/<image>``,
 classes numbered in the sorted order of their folder names (torchvision's ``ImageFolder``), images read with
 PIL as RGB. A file that is no image by its name (``.jpg``, ``.jpeg``, ``.png``, ``.ppm``, ``.bmp``, ``.pgm``,
-``.tif``, ``.tiff``, ``.webp``) or a class folder without images is refused when the folder is listed, an image
-PIL cannot read when it is read.
+``.tif``, ``.tiff``, ``.webp``), a class folder without images or a split of one class is refused when the
+folder is listed, an image PIL cannot read when it is read.
 
 Both give :class:`snnfw.data.images.DirectEncoded` sets: the test view is the image scaled to cover the model's
 input and its centre cropped; ``data.augment``'s transforms, ``resized_crop`` and ``randaugment`` included, work
@@ -137,6 +137,9 @@ def class_names(root: Path, split: str) -> list[str]:
                         "data.root/val/<class>/ (ImageNet's layout)")
     if not (classes := sorted(p.name for p in folder.iterdir() if p.is_dir())):
         raise DataError(f"{folder} has no class folders: put each class's images in data.root/{FOLDERS[split]}/<class>/")
+    if len(classes) == 1:  # every prediction right, whatever the model learnt
+        raise DataError(f"{folder} has one class folder, {classes[0]}, and a classifier needs two or more; add a folder "
+                        "of images for each other class")
     return classes
 
 

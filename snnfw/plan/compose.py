@@ -213,8 +213,23 @@ def _factors(world: int, count: int) -> list[tuple[int, ...]]:
     """Ordered factorisations of ``world`` into ``count`` factors of 2 or more."""
     if count == 1:
         return [(world,)] if world >= 2 else []
-    return [(first, *rest) for first in range(2, world + 1) if world % first == 0
-            for rest in _factors(world // first, count - 1)]
+    return [(first, *rest) for first in _divisors(world) if first >= 2 for rest in _factors(world // first, count - 1)]
+
+
+def _divisors(number: int) -> list[int]:
+    """The divisors of ``number`` in increasing order, made from its prime factors (found by trial division up to
+    the square root of what is left), not by trying every number up to it."""
+    divisors, prime = [1], 2
+    while number > 1:
+        if prime * prime > number:  # what is left is prime
+            prime = number
+        multiples = divisors
+        while number % prime == 0:
+            number //= prime
+            multiples = [d * prime for d in multiples]
+            divisors = divisors + multiples
+        prime += 1 if prime == 2 else 2
+    return sorted(divisors)
 
 
 def _reduction_line(names, strategies) -> str:

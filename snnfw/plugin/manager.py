@@ -10,7 +10,9 @@ implementations is a plugin of its own (``strategy:NAME``), called only for a
 plan of its strategy: for hooks that take ``plan``, the other strategies'
 objects are left out. A plugin whose every registered name another plugin
 overrides (``register(..., overrides=True)``) is unloaded. An exception that
-escapes a hook carries a note naming the plugin and distribution it came from.
+escapes a hook carries a note naming the plugin and distribution it came from;
+one that a plugin other than snnfw's own raised ends a command on one line
+naming the plugin and the hook (:func:`plugin_hook`).
 A third-party plugin that fails to import is left out (``Plugins.failed``):
 listed by ``snnfw plugins``, and named where a config asks for a name that is
 not registered.
@@ -18,9 +20,11 @@ not registered.
 
 from __future__ import annotations
 
+import ast
 import copy
 import importlib
 import os
+import re
 from importlib import metadata
 from typing import Any
 
@@ -29,7 +33,7 @@ import pluggy
 
 from snnfw import entry_points
 from snnfw.entry_points import GROUP
-from snnfw.errors import PluginError
+from snnfw.errors import PluginError, keys_phrase, said
 from snnfw.plugin import hookspecs
 from snnfw.plugin.context import Context
 from snnfw.plugin.registry import Registry
@@ -66,12 +70,37 @@ def _describe_entry_point(ep: metadata.EntryPoint) -> str:
     return f"{ep.value} ({dist})"
 
 
+def _register(pm: pluggy.PluginManager, plugin: Any, name: str, described: str, remedy: str = "") -> None:
+    """``pm.register``; a hook implementation that its hook cannot call (pluggy's PluginValidationError) is refused
+    on one line naming the plugin (``described``: ``"plugin 'name' (...)"``), the hook and what is wrong, with
+    ``remedy`` beside correcting it."""
+    try:
+        pm.register(plugin, name=name)
+    except pluggy.PluginValidationError as err:
+        text, other = str(err), f", or {remedy}" if remedy else ""
+        hook, definition = re.search(r"hook '(\w+)'", text), re.search(r"hookimpl definition: (.*)", text)
+        unknown = re.search(r"Argument\(s\) (\{.*\}) are declared", text)
+        if hook is None:
+            raise PluginError(f"{described} does not fit a hook it implements: {said(err)}; correct it{other}") from None
+        if unknown:
+            subject, _ = keys_phrase(sorted(ast.literal_eval(unknown[1])))
+            spec = ", ".join(getattr(pm.hook, hook[1]).spec.argnames)
+            what = f"{subject} not among its arguments ({spec}); take only those, by name{other}"
+        else:  # as pluggy says it: a wrapper that is not a generator, ...
+            what = f"{text.splitlines()[-1]}; correct it{other}"
+        raise PluginError(f"{described} implements hook {hook[1]}" + (f" as {definition[1]}" if definition else "")
+                          + f", which the hook cannot call: {what}") from None
+
+
 def _named_plugins() -> list[tuple[str, Any]]:
     """The modules that ``SNNFW_PLUGINS`` names (comma-separated, as ``PYTEST_PLUGINS``), imported as plugins."""
     plugins = []
     for name in filter(None, (part.strip() for part in os.environ.get(ENV_PLUGINS, "").split(","))):
         try:
             plugins.append((name, importlib.import_module(name)))
+        except SystemExit as err:
+            raise PluginError(entry_points.exited(f"{ENV_PLUGINS} module {name!r}", err, f"take it out of {ENV_PLUGINS}")
+                              ) from None
         except Exception as err:
             raise PluginError(f"{ENV_PLUGINS} names module {name!r}, which failed to import ({err!r}); "
                               f"fix it or take it out of {ENV_PLUGINS}") from err
@@ -101,12 +130,16 @@ def _load_entry_points(pm: pluggy.PluginManager) -> tuple[dict[str, metadata.Dis
             )
         try:
             plugin = entry_points.load(ep)
+        except PluginError:
+            raise
         except Exception as err:  # a built-in's: a bug of snnfw's
             raise PluginError(f"plugin {ep.name!r} ({ep.value}) failed to import: {err!r}") from err
         if isinstance(plugin, entry_points.ImportFailure):
             failed[ep.name] = ep, plugin
             continue
-        pm.register(plugin, name=ep.name)
+        dist = f"{ep.dist.name} {ep.dist.version}" if ep.dist is not None else "no distribution"
+        _register(pm, plugin, ep.name, f"plugin {ep.name!r} ({dist})",
+                  f"uninstall or block the plugin ({entry_points.ENV_BLOCK}={ep.name})")
         loaded[ep.name] = ep
     return {name: ep.dist for name, ep in loaded.items()}, {name: failure for name, (_, failure) in failed.items()}
 
@@ -162,8 +195,10 @@ class Plugins:
                 "snnfw's built-in plugins are not registered; install the package "
                 "(bash scripts/install.sh, or pip install -e .) so its entry points exist"
             )
-        for name, plugin in (*_named_plugins(), *extra):
-            self.pm.register(plugin, name=name)
+        for name, plugin in _named_plugins():
+            _register(self.pm, plugin, name, f"plugin {name!r} ({ENV_PLUGINS})", f"take it out of {ENV_PLUGINS}")
+        for name, plugin in extra:
+            _register(self.pm, plugin, name, f"plugin {name!r} (registered in-process)")
         try:
             self.pm.check_pending()
         except pluggy.PluginValidationError as err:
@@ -217,7 +252,8 @@ class Plugins:
             if any(entry.value is other for other in objects.values()):
                 raise PluginError(f"plugin {entry.plugin!r} registers one object for two strategies; each strategy "
                                   f"needs an object of its own (register(..., {type(entry.value).__name__}()))")
-            self.pm.register(entry.value, name=f"{STRATEGY_PREFIX}{entry.name}")
+            _register(self.pm, entry.value, f"{STRATEGY_PREFIX}{entry.name}",
+                      f"strategy object {entry.name!r} of plugin {entry.plugin!r}", f"uninstall plugin {entry.plugin!r}")
             objects[entry.name] = entry.value
         try:
             self.pm.check_pending()
@@ -252,7 +288,10 @@ class Plugins:
         if culprit is not None and culprit.startswith(STRATEGY_PREFIX):  # a strategy object: the plugin that registered it
             culprit = self.strategies.entry(culprit.removeprefix(STRATEGY_PREFIX)).plugin
         if culprit is not None:
-            err.add_note(f"raised in plugin {self.describe(culprit)}, hook {hook_name}")
+            where = f"plugin {self.describe(culprit)}, hook {hook_name}"
+            err.add_note(f"raised in {where}")
+            if culprit not in self._dists or self._dists[culprit].name != "snnfw":
+                err.snnfw_plugin_hook = where  # the plugin's fault, not snnfw's: see plugin_hook
 
     @property
     def strategies(self) -> Registry:
@@ -425,6 +464,12 @@ class Plugins:
 
     def schedule(self, stages, plan, loss_fn):
         return self.hook.snnfw_schedule(stages=stages, plan=plan, loss_fn=loss_fn, hooks=self.context)
+
+
+def plugin_hook(err: BaseException) -> str:
+    """``"plugin 'name' (distribution version), hook H"`` where a hook of a plugin other than snnfw's own raised
+    ``err`` (:meth:`Plugins.blame`), else ``""``."""
+    return getattr(err, "snnfw_plugin_hook", "")
 
 
 def check_same_plugins_on_all_ranks(plugins: Plugins, group=None) -> None:

@@ -5,6 +5,7 @@
   (default 1) exits with status 1, on the launcher's first attempt only
   (``TORCHELASTIC_RESTART_COUNT`` unset or 0).
 - ``SNNFW_TEST_HANG_AT_STEP=k``: before step k, that rank stops answering.
+- ``SNNFW_TEST_RAISE_AT_STEP=k``: before step k, that rank raises RuntimeError from its hook.
 - ``SNNFW_TEST_EXIT_AT_END=N``: after marking itself done, that rank exits
   with status N, or aborts (SIGABRT) with ``abort``; first attempt only.
 - ``SNNFW_TEST_SLOW_RESULTS=s``: rank 0 waits s seconds before writing the
@@ -32,6 +33,8 @@ def snnfw_step_start(step: int, rank: int) -> None:
     if env.get("SNNFW_TEST_CRASH_AT_STEP") == str(step) and _first_attempt():
         print(f"[snnfw] test fault: rank {rank} exits before step {step}", file=sys.stderr, flush=True)
         os._exit(1)
+    if env.get("SNNFW_TEST_RAISE_AT_STEP") == str(step):
+        raise RuntimeError(f"test fault: rank {rank} raises before step {step}")
     if env.get("SNNFW_TEST_HANG_AT_STEP") == str(step):
         print(f"[snnfw] test fault: rank {rank} stops answering before step {step}", file=sys.stderr, flush=True)
         time.sleep(3600)

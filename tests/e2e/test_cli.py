@@ -33,6 +33,17 @@ def test_user_errors_exit_2_with_one_line_and_no_traceback(capsys):
                                               "registered dataset names: asl_dvs, cifar10, ")
 
 
+def test_auto_answers_at_a_billion_ranks_in_seconds():
+    """auto weighs the composed meshes of 2**30 ranks (divisors from its prime factors, not every number tried)."""
+    cmd = [sys.executable, "-m", "snnfw", "plan", "examples/quickstart.toml", "--world-size", str(2**30),
+           "--set", 'parallel.strategy="auto"']
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=120)  # 7 s here under load
+    assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr[-2000:]
+    assert done.stderr.startswith("snnfw: error: auto found no strategy that can run on 1073741824 rank(s): ")
+    assert "mesh: cannot run: dimension tp (tp): features.0 (conv_bn_neuron): its conv has 8 channels, not " \
+           "divisible by tp=536870912" in done.stderr
+
+
 QUICKSTART_ACCURACY = 0.7  # measured 0.842 on this 2-core machine; chance is 0.1
 
 

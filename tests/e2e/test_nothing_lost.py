@@ -171,6 +171,20 @@ def test_a_run_directory_that_is_a_file_is_refused_before_launch(tmp_path, capsy
     assert "is a file, not a folder" in one_error_line(result)
 
 
+def test_a_checkpoints_folder_that_cannot_be_written_is_refused_before_launch(tmp_path, capsys):
+    """/sys refuses a new folder to root as to anyone: a read-only checkpoints folder."""
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / rundir.CHECKPOINTS).symlink_to("/sys")
+    result = in_process(capsys, "train", tiny_toml(tmp_path), "--nproc", 2, "--run-dir", run, "--set",
+                        "checkpoint.every=1", "--set", "checkpoint.async_save=true")
+    assert result.returncode == 2
+    assert one_error_line(result) == (
+        f"snnfw: error: checkpoint.every = 1 writes checkpoints into {run / rundir.CHECKPOINTS}, which cannot be "
+        "written (Operation not permitted); make it a folder you can write, or choose another --run-dir")
+    assert not (run / rundir.PLAN).exists()  # refused before any rank started
+
+
 def test_bench_refuses_zero_timed_steps(tmp_path, capsys):
     result = in_process(capsys, "bench", tiny_toml(tmp_path), "--nproc", 2, "--steps", 0,
                         "--results", tmp_path / "b.jsonl")

@@ -87,7 +87,8 @@ def test_a_third_party_strategy_is_planned_and_trains_as_none_with_its_own_key(b
 
 @pytest.mark.parametrize("sections, strategy, refused", [
     ({"bucketed": {"cap_mb": 0}}, "bucketed", r"invalid value in \[bucketed\]: 'cap_mb' must be > 0"),
-    ({"bucketed": {"cap": 1}}, "bucketed", r"unknown config key bucketed.cap; keys of \[bucketed\] are cap_mb"),
+    ({"bucketed": {"cap": 1}}, "bucketed",
+     r"unknown config key bucketed.cap \(did you mean bucketed.cap_mb\?\); keys of \[bucketed\] are cap_mb"),
     ({"bucketed": {"cap_mb": 1}}, "dp", r"bucketed.cap_mb applies only to strategy bucketed; remove it"),
 ])
 def test_a_third_party_section_is_refused_by_name(bucketed, sections, strategy, refused):

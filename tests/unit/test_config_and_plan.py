@@ -1,5 +1,7 @@
 """Config loading, overrides and plan validation: each bad request raises its named error."""
 
+import re
+
 import pytest
 
 from snnfw.config import ConfigError, build_config, load_config, parse_override
@@ -35,7 +37,7 @@ def test_quickstart_config_loads_with_overrides():
         ({"checkpoint": {"keep": 3}}, "checkpoint.keep applies only when checkpoints are written (checkpoint.every > 0"),
         ({"checkpoint": {"every": 0, "keep": 2}}, "set checkpoint.every, or remove checkpoint.keep"),
         ({"train": {"steps": 0}}, "'steps' must be > 0"),
-        ({"parallel": {"mesh": {"dp": 0}}}, "parallel.mesh must be a table"),
+        ({"parallel": {"mesh": {"dp": 0}}}, "parallel.mesh.dp = 0: a dimension's size is its number of ranks"),
         ({"log": {"profile": {"steps": "3-2"}}}, 'log.profile.steps must be a step or a range of steps counted from 1'),
         ({"log": {"profile": {"steps": 2, "ranks": "some"}}}, 'log.profile.ranks must be "all" or a list of ranks'),
         ({"log": {"profile": {"ranks": [0]}}}, 'log.profile must be a table like {steps = "10-12", ranks = "all"}'),
@@ -48,6 +50,18 @@ def test_bad_config_is_refused_by_name(data, message):
     with pytest.raises(ConfigError) as err:
         build_config(data)
     assert message in str(err.value)
+
+
+@pytest.mark.parametrize(
+    "data, overrides, message",
+    [({"train": {"stpes": 3}}, [], r"unknown config key train.stpes \(did you mean train.steps\?\); keys of \[train\] are "),
+     ({"trian": {}}, [], r"unknown config section \[trian\] \(did you mean \[train\]\?\); sections are model, "),
+     ({}, ["trian.steps=3"], r"unknown config section in --set 'trian.steps=3' \(did you mean train\?\); sections are "),
+     ({"train": {"zzz": 3}}, [], r"unknown config key train.zzz; keys of \[train\] are ")],
+)
+def test_a_mistyped_key_or_section_is_refused_with_the_nearest_name(data, overrides, message):
+    with pytest.raises(ConfigError, match=f"^{message}"):
+        build_config(data, overrides)
 
 
 @pytest.mark.parametrize(
@@ -82,6 +96,15 @@ def test_override_values_are_read_as_toml_else_as_strings():
     assert parse_override("model.flavor=tiny") == ("model", "flavor", "tiny")
     with pytest.raises(ConfigError, match="section.key=value"):
         parse_override("steps=3")
+
+
+@pytest.mark.parametrize("value, reason", [("{tp=2,tp=4}", "Duplicate inline table key 'tp'"),
+                                           ("{dp = 2, tp = 2", "Unclosed inline table")])
+def test_an_override_table_that_is_not_toml_is_refused_not_read_as_a_string(value, reason):
+    with pytest.raises(ConfigError, match=rf"^--set 'parallel.mesh={re.escape(value)}' is not a TOML table or array: "
+                                          rf"{reason}; write each key once and close each bracket, or put TOML quotes "
+                                          r"around a string$"):
+        load_config("examples/quickstart.toml", [f"parallel.mesh={value}"])
 
 
 def test_missing_config_file_says_so(tmp_path):
@@ -185,9 +208,11 @@ def test_a_config_path_that_is_a_folder_is_refused_as_a_folder(tmp_path):
         load_config(tmp_path)
 
 
-def test_a_mesh_size_of_true_is_refused_not_read_as_one():
-    with pytest.raises(ConfigError, match=r"parallel.mesh must be a table of dimension sizes like \{dp = 2\}, got"):
-        build_config({"parallel": {"mesh": {"dp": True}}})
+@pytest.mark.parametrize("size, shown", [(0, "0"), (-2, "-2"), (1.5, "1.5"), ("2", '"2"'), (True, "true")])
+def test_a_mesh_size_that_is_not_a_count_of_ranks_is_refused_naming_the_entry(size, shown):
+    with pytest.raises(ConfigError, match=rf"^parallel.mesh.tp = {re.escape(shown)}: a dimension's size is its number "
+                                          r"of ranks, a whole number 1 or more; set it like \{dp = 2, tp = 2\}$"):
+        build_config({"parallel": {"mesh": {"dp": 2, "tp": size}}})
 
 
 @pytest.mark.parametrize("schedule", [{"lr_schedule": "step", "step_size": 5}, {"lr_schedule": "multistep",

@@ -78,6 +78,14 @@ def test_a_stray_file_an_empty_class_or_an_unreadable_image_is_refused_naming_it
         build_image_folder(data(root), SPEC, split, 0)
 
 
+@pytest.mark.parametrize("split, folder", [("train", "train"), ("test", "val")])
+def test_an_image_folder_of_one_class_is_refused(tmp_path, split, folder):
+    root = write_image_folder(tmp_path, classes=("cat",))
+    with pytest.raises(DataError, match=rf"^{tmp_path / folder} has one class folder, cat, and a classifier needs two or "
+                                        r"more; add a folder of images for each other class$"):
+        build_image_folder(data(root), SPEC, split, 0)
+
+
 def test_mixup_targets_are_two_classes_summing_to_1_paired_by_the_sample_alone(tmp_path):
     dataset = build_cifar100(data(write_cifar100(tmp_path, records=12)), SPEC, "train", 0)
     mixed = augmented(dataset, ["mixup", "cutmix"], mix_prob=0.8)
