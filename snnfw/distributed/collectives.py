@@ -79,14 +79,19 @@ def decided_once(decide: Callable[[], Any], device_type: str, env: RankEnv, time
     Starts the default process group for it (``backend``: ``parallel.backend``), which :func:`process_group` then keeps.
     """
     init_world(collective_backend(device_type, backend), env, timeout_s)
-    outcome = [None]
+    outcome, failure = [None], None
     if env.rank == 0:
         try:
             outcome[0] = ("ok", decide())
         except UserError as err:
             outcome[0] = ("error", err)
+        except Exception as err:  # a bug's traceback stays rank 0's; the others are told, not left waiting
+            outcome[0], failure = ("error", UserError(f"rank 0 failed while deciding for every rank ({type(err).__name__}: "
+                                                      f"{err}); its traceback is rank 0's")), err
     gpu = torch.device("cuda", env.local_rank % torch.cuda.device_count()) if device_type == "cuda" else None
     dist.broadcast_object_list(outcome, src=0, device=gpu)
+    if failure is not None:
+        raise failure
     status, value = outcome[0]
     if status == "error":
         raise value

@@ -287,6 +287,34 @@ class Session:
         gc.collect()  # else over what the session made alone
 
 
+def _planned_once(config: Config, plugins: Plugins, env: RankEnv):
+    """The job's plan made once: rank 0 plans (``auto``'s measurement and choice included) and keeps the model and
+    data sets it built; every other rank receives the plan, checks that it was given rank 0's config, and builds
+    only its model (:func:`from_plan`). Starts the default process group for it, as ``auto``'s agreement does."""
+    from snnfw.plan.layout import Topology
+
+    device_type = Topology.detect(env.world_size, config.parallel.device, backend=config.parallel.backend).device_type
+    kept = {}
+
+    def plan_here() -> Plan:
+        kept["prepared"] = prepare(config, env.world_size, plugins, rank=0)
+        return kept["prepared"].plan
+
+    plan = decided_once(plan_here, device_type, env, config.parallel.timeout_s, config.parallel.backend)
+    digests = [None] * env.world_size
+    dist.all_gather_object(digests, _digest(config))
+    if differing := [rank for rank, digest in enumerate(digests) if digest != digests[0]]:
+        raise PlanError(f"rank(s) {', '.join(map(str, differing))} were given another config than rank 0, which planned "
+                        "the run; give every rank the same config file and --set overrides")
+    return kept["prepared"] if env.rank == 0 else from_plan(plan, plugins, env.rank)
+
+
+def _digest(config: Config) -> str:
+    import hashlib
+
+    return hashlib.sha256(json.dumps(config.to_dict(), sort_keys=True, default=str).encode()).hexdigest()
+
+
 def _agreement(env: RankEnv, config: Config):
     """How ranks that plan for themselves agree on ``auto``'s choice: rank 0's, broadcast (each rank measuring for
     itself could choose another layout and hang or train wrong)."""
@@ -325,9 +353,11 @@ def start(
     names, :func:`snnfw.components.weights.read_weights`) replace the initial ones. Errors in the config are raised before any
     process group work.
 
-    Each rank plans for itself (builds and analyses the model, asks the strategies); ``auto``'s measurement and
-    choice are rank 0's, handed to the others. A ``plan`` made before the ranks started (``snnfw train``'s plan
-    file, :mod:`snnfw.plan.planfile`) replaces the config and that planning: the rank then only builds the model.
+    Rank 0 plans (builds and analyses the model, asks the strategies, ``auto``'s measurement and choice) and hands
+    the plan to the others, which check that they were given its config and only build their model; where the
+    model or data sets are handed over here, each rank plans for itself, with ``auto``'s choice rank 0's. A ``plan``
+    made before the ranks started (``snnfw train``'s plan file, :mod:`snnfw.plan.planfile`) replaces the config and
+    that planning: the rank then only builds the model.
     """
     if plan is not None and (config is not None or model is not None or train_set is not None):
         raise TypeError("a plan holds its config and is made for the config's model and data set; pass the plan alone")
@@ -365,9 +395,13 @@ def _started(config: Config, model, train_set, test_set, run_dir, resume, weight
         raise PlanError(f"the plan is made for {plan.world_size} rank(s) and this job has {env.world_size}; launch "
                         f"{plan.world_size} rank(s), or plan again for {env.world_size}")
     try:
-        prepared = from_plan(plan, plugins, env.rank) if plan is not None else \
-            prepare(config, env.world_size, plugins, model=model, datasets=datasets, agree=_agreement(env, config),
-                    rank=env.rank)
+        if plan is not None:
+            prepared = from_plan(plan, plugins, env.rank)
+        elif env.world_size > 1 and model is None and datasets is None:
+            prepared = _planned_once(config, plugins, env)
+        else:
+            prepared = prepare(config, env.world_size, plugins, model=model, datasets=datasets,
+                               agree=_agreement(env, config), rank=env.rank)
     except PlanError as err:
         if "WORLD_SIZE" in os.environ or config.parallel.strategy == "none":
             raise

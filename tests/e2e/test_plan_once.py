@@ -8,6 +8,8 @@ import subprocess
 import sys
 from collections import Counter
 
+import pytest
+
 from snnfw import train
 
 NETS = '''
@@ -138,3 +140,35 @@ def test_the_launcher_plans_once_and_each_rank_builds_its_model_once(tmp_path, m
                          "again, which plans it anew")
     for module in ("counting", "nets"):  # imported here from this test's folder
         sys.modules.pop(module, None)
+
+
+SCRIPT = '''
+import snnfw
+
+with snnfw.start("own.toml") as run:
+    for step in range(run.start_step, run.config.train.steps):
+        run.step(step)
+'''
+
+
+@pytest.mark.parametrize("command", [["-m", "snnfw.train", "own.toml"], ["own_loop.py"]], ids=["snnfw.train", "start"])
+def test_under_plain_torchrun_rank_0_plans_once_and_the_other_rank_only_builds(tmp_path, command):
+    """No launcher plans for them: rank 0 parses, builds, analyses and plans (auto's measurement included) and hands
+    the plan on; rank 1 parses its config (checked against rank 0's) and builds its model and data sets once."""
+    for name, text in (("nets.py", NETS), ("counting.py", COUNTING), ("sitecustomize.py", SITE), ("own.toml", CONFIG),
+                       ("own_loop.py", SCRIPT)):
+        (tmp_path / name).write_text(text)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")]),
+           "SNNFW_PLUGINS": "counting"}
+    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", *command], cwd=tmp_path,
+                          env=env, capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, done.stderr[-3000:]
+    counts = Counter(tuple(line.split()) for line in (tmp_path / "counts.txt").read_text().splitlines())
+    by_rank = {}
+    for (what, pid), n in counts.items():
+        by_rank.setdefault(pid, {})[what] = n
+    planners = [pid for pid, seen in by_rank.items() if "plan" in seen]
+    assert len(by_rank) == 2 and len(planners) == 1, counts
+    planner = by_rank.pop(planners[0])
+    assert planner.pop("plan") >= 1 and planner == {"config": 1, "model": 1, "data": 1, "analyze": 1}, counts
+    assert list(by_rank.values()) == [{"config": 1, "model": 1, "data": 1}], counts
