@@ -56,13 +56,8 @@ def _composed(sizes: dict, microbatches: int = 1) -> Case:
     return Case(name, "mesh", math.prod(sizes.values()), replicas, microbatches, {"parallel": {"mesh": sizes}})
 
 
-MESH_CASES = (  # every pairing of the five dimensions at size 2, and three-dimensional layouts on 8 ranks
-    _composed({"dp_replicate": 2, "dp_shard": 2}),
+MESH_CASES = (  # the pairings of the five dimensions at size 2 that no preset spells, and three-dimensional layouts
     _composed({"dp_replicate": 2, "tp": 2}),
-    _composed({"dp_replicate": 2, "pp": 2}, 2),
-    _composed({"dp_replicate": 2, "time": 2}),
-    _composed({"dp_shard": 2, "tp": 2}),
-    _composed({"dp_shard": 2, "time": 2}),
     _composed({"tp": 2, "time": 2}),
     _composed({"pp": 2, "dp_shard": 2}, 2),
     _composed({"pp": 2, "tp": 2}, 2),
@@ -91,7 +86,7 @@ CASES = (
     Case("dp-x-tsp", "tsp", 4, 2, 1, {"parallel": {"mesh": {"dp": 2, "time": 2}}}),
     Case("fsdp2-x-tsp", "fsdp2_tsp", 4, 2, 1, {"parallel": {"mesh": {"time": 2, "dp": 2}}}),
     *MESH_CASES,
-)
+)  # the presets are meshes: hsdp, fsdp2_tp, pp-x-dp, dp-x-tsp and fsdp2-x-tsp are the other five pairings
 
 
 def case_config(family: str, case: Case | None, dtype: str, steps: int = 20, train: dict | None = None,

@@ -33,7 +33,7 @@ from snnfw.testing.equivalence import CASES, case_config, reference_config
 FAMILY, STEPS, REL_TOL = "own_sew", 20, 5e-3
 ACTIVATION = {"bf16": "torch.bfloat16", "fp16": "torch.float16"}
 DEFAULT_RUN = {("bf16", "tp")}  # within the suite's time budget (fp16 under fsdp2: the test of skipped steps)
-PRECISION_MESHES = ("mesh-dp_shard2-x-tp2", "mesh-pp2-x-tp2", "mesh-dp_replicate2-x-time2")  # composed meshes
+PRECISION_MESHES = ("fsdp2_tp", "mesh-pp2-x-tp2", "dp-x-tsp")  # composed meshes (two spelled by presets)
 
 
 def precision_seen(trainer):
@@ -88,7 +88,7 @@ def compute_seen(trainer):
 
 def mixed_precision_cases():
     for case in CASES:
-        if case.name in ("fsdp2", "hsdp", "fsdp2_tp", "mesh-dp_shard2-x-tp2", "mesh-pp2-x-dp_shard2"):
+        if case.name in ("fsdp2", "hsdp", "fsdp2_tp", "mesh-pp2-x-dp_shard2"):
             yield pytest.param(case, id=case.name, marks=[] if case.name == "fsdp2" else [pytest.mark.full_matrix])
 
 
