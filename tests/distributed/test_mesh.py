@@ -1,6 +1,6 @@
 """Composed meshes train the model one process would: every pairing of the mesh dimensions at size 2 on 4 ranks that
-no preset spells (the presets' own files train the others: hsdp, fsdp2_tp, pp x dp, dp x tsp, fsdp2_tsp)
-(the VGG tiny family), in float64, within 1e-9 relative of none at every step, neurons firing, the validations
+no preset spells (the VGG tiny family; the presets' own files train the others: hsdp, fsdp2_tp, pp x dp, dp x tsp,
+fsdp2_tsp), in float64, within 1e-9 relative of none at every step, neurons firing, the validations
 and the final state included.
 
 Six steps here, validated at 3 and 6, within the suite's time budget; the guarantee's matrix (``tests/guarantee``,
