@@ -10,7 +10,7 @@ import logging
 
 import pluggy
 
-__version__ = "0.2.0"
+__version__ = "0.3.0"
 
 hookimpl = pluggy.HookimplMarker("snnfw")
 

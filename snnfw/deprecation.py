@@ -1,49 +1,28 @@
-"""The import paths of the last release that moved, kept for one more release with a ``DeprecationWarning``.
-
-0.2.0 grouped the core by its flow (``snnfw.analysis`` became
-``snnfw.model.analysis``, ``snnfw.plan`` a package, ...) and made
-:mod:`snnfw.api` the one public import. A module of 0.1.0's path is a shim
-(``__getattr__ = moved_module(__name__, new)``) whose names are the new
-module's, the same objects; 0.3.0 removes the shims.
-"""
+"""The import paths 0.3.0 removed (0.1.0's, deprecated through 0.2): a plugin that still imports one is told what to
+import instead when it fails to load."""
 
 from __future__ import annotations
 
-import importlib
-import sys
-import warnings
-from typing import Any, Callable
-
 REMOVED_IN = "0.3.0"
+MOVED = {  # 0.1.0's module: where its public names are now (import them from snnfw.api)
+    "snnfw.analysis": "snnfw.model.analysis", "snnfw.families": "snnfw.model.families",
+    "snnfw.modules": "snnfw.model.modules", "snnfw.estimate": "snnfw.plan.estimate",
+    "snnfw.optim": "snnfw.components.optim", "snnfw.losses": "snnfw.components.losses",
+    "snnfw.metrics": "snnfw.components.metrics", "snnfw.step": "snnfw.components.step",
+    "snnfw.pipeline": "snnfw.distributed.pipeline", "snnfw.runtime": "snnfw.run.loop",
+}
+MOVED_NAMES = {  # 0.1.0's names of a module that became a package
+    "snnfw.plan": ("Topology", "PlanRequest", "Proposal", "refuse_others", "Plan"),
+    "snnfw.data": ("InputSpec", "DatasetSpec"),
+}
 
 
-def _message(old: str, new: str, names: str) -> str:
-    return (f"{old} is deprecated since snnfw 0.2.0 and is removed in {REMOVED_IN}: import {names} from snnfw.api "
-            f"(it is now {new}, internal)")
-
-
-def moved_module(old: str, new: str) -> Callable[[str], Any]:
-    """Warns that module ``old`` (being imported) moved to ``new``; returns the ``__getattr__`` that gives ``new``'s
-    names. The warning points at the import of ``old``."""
-    warnings.warn(_message(old, new, "its public names"), DeprecationWarning, stacklevel=3)
-    module = importlib.import_module(new)
-
-    def __getattr__(name: str) -> Any:
-        return getattr(module, name)
-
-    return __getattr__
-
-
-def moved_names(package: str, new: str, names: tuple[str, ...]) -> Callable[[str], Any]:
-    """The ``__getattr__`` of a package that 0.1.0's module of the same path became: ``package.NAME``, for each of
-    ``names``, is ``new``'s, with a warning the first time it is looked up (then it is the package's own)."""
-
-    def __getattr__(name: str) -> Any:
-        if name not in names:
-            raise AttributeError(f"module {package!r} has no attribute {name!r}")
-        warnings.warn(_message(f"{package}.{name}", f"{new}.{name}", name), DeprecationWarning, stacklevel=2)
-        value = getattr(importlib.import_module(new), name)
-        setattr(sys.modules[package], name, value)
-        return value
-
-    return __getattr__
+def removed_import(err: BaseException) -> str | None:
+    """What to import instead, where ``err`` is the failed import of a path 0.3.0 removed; else None."""
+    name = getattr(err, "name", None)
+    if isinstance(err, ModuleNotFoundError) and name in MOVED:
+        return f"{name} was removed in snnfw {REMOVED_IN}: import its public names from snnfw.api"
+    if isinstance(err, ImportError) and name in MOVED_NAMES and \
+            any(f"'{moved}'" in str(err) for moved in MOVED_NAMES[name]):
+        return f"{name}'s names of 0.1.0 were removed in snnfw {REMOVED_IN}: import them from snnfw.api"
+    return None

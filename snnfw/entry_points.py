@@ -20,6 +20,7 @@ from typing import Any
 import attrs
 
 from snnfw import rundir
+from snnfw.deprecation import removed_import
 from snnfw.errors import PluginError, shown
 
 GROUP = "snnfw"
@@ -80,7 +81,8 @@ def load(ep: metadata.EntryPoint) -> Any:
     except Exception as err:
         if is_builtin(ep):
             raise
-        failure = ImportFailure(ep.name, _distribution(ep), " ".join(repr(err).split()))
+        moved = removed_import(err)
+        failure = ImportFailure(ep.name, _distribution(ep), " ".join(repr(err).split()) + (f"; {moved}" if moved else ""))
         _warn(failure, _kind(ep))
         return failure
 

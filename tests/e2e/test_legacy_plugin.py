@@ -1,16 +1,12 @@
 """A family plugin written against 0.1.0's documented imports (``snnfw.analysis``, ``snnfw.families``,
-``snnfw.modules``) loads with a DeprecationWarning naming the new import, is listed, and trains under dp, fsdp2, tp
-and pp as ``none`` does, in float64 within 1e-9."""
+``snnfw.modules``), deprecated through 0.2 and removed in 0.3.0, fails to load and is listed with what to import
+instead; the same plugin importing from ``snnfw.api`` loads and registers its family (the example plugin of the same
+model, examples/spiking_mlp_plugin, trains as none does in the guarantee and tests/e2e/test_third_party.py)."""
 
 import json
-import sys
-
-import pytest
 
 from snnfw.cli import main
 from snnfw.testing.distribution import install_distribution
-from snnfw.testing.equivalence import CASES
-from snnfw.testing.guarantee import check_case
 
 # The example plugin (examples/spiking_mlp_plugin) as 0.1.0's docs had it import, model and family in one module.
 LEGACY = """
@@ -95,27 +91,26 @@ LEGACY = """
             return None
         return [nn.Sequential(TimeMajor(), nn.Flatten(2), model.encoder), *model.blocks, model.head]
 """
-MOVED = {"snnfw.analysis": "snnfw.model.analysis", "snnfw.families": "snnfw.model.families",
-         "snnfw.modules": "snnfw.model.modules"}
-STEPS = 4
+CURRENT = LEGACY.replace("""
+    from snnfw.analysis import AnalysisPart
+    from snnfw.families import Flavor, ModelFamily
+    from snnfw.modules import TimeMajor
+""", """
+    from snnfw.api import AnalysisPart, Flavor, ModelFamily, TimeMajor
+""")
 
 
-@pytest.fixture
-def legacy(tmp_path, monkeypatch):
-    for old in MOVED:  # imported afresh, as in a new process
-        monkeypatch.delitem(sys.modules, old, raising=False)
-    return install_distribution(tmp_path, monkeypatch, "snnfw_legacy_mlp", LEGACY, version="0.1.0")
-
-
-def test_a_plugin_of_the_last_release_warns_is_listed_and_trains_as_none(legacy, capsys):
-    with pytest.warns(DeprecationWarning) as warned:
-        assert main(["plugins", "--json"]) == 0
-    said = "\n".join(str(w.message) for w in warned)
-    for old, new in MOVED.items():
-        assert f"{old} is deprecated since snnfw 0.2.0 and is removed in 0.3.0: import its public names from " \
-               f"snnfw.api (it is now {new}, internal)" in said
-    assert all(w.filename.endswith("snnfw_legacy_mlp.py") for w in warned), "each warning points at the plugin's import"
+def test_a_plugin_of_0_1_0_s_imports_is_listed_as_failed_with_what_to_import_instead(tmp_path, monkeypatch, capsys):
+    install_distribution(tmp_path, monkeypatch, "snnfw_legacy_mlp", LEGACY, version="0.1.0")
+    assert main(["plugins", "--json"]) == 0
     rows = {row["name"]: row for row in json.loads(capsys.readouterr().out)}
-    assert rows["snnfw_legacy_mlp"]["registers"] == {"model family": ["legacy_mlp"]}
-    for case in (c for c in CASES if c.name in ("dp", "fsdp2", "tp", "pp-gpipe")):
-        check_case("legacy_mlp", case, STEPS, eval_every=STEPS, timeout_s=120)
+    assert rows["snnfw_legacy_mlp"]["error"] == (
+        "ModuleNotFoundError(\"No module named 'snnfw.analysis'\"); snnfw.analysis was removed in snnfw 0.3.0: import "
+        "its public names from snnfw.api")
+
+
+def test_the_plugin_importing_from_the_api_is_listed_with_its_family(tmp_path, monkeypatch, capsys):
+    install_distribution(tmp_path, monkeypatch, "snnfw_legacy_mlp", CURRENT, version="0.1.1")
+    assert main(["plugins", "--json"]) == 0
+    rows = {row["name"]: row for row in json.loads(capsys.readouterr().out)}
+    assert rows["snnfw_legacy_mlp"]["registers"] == {"model family": ["legacy_mlp"]} and not rows["snnfw_legacy_mlp"]["error"]
