@@ -54,9 +54,12 @@ def _cmd_plugins(args) -> int:
 
 def _cmd_plan(args) -> int:
     from snnfw.config import load_config
+    from snnfw.errors import ConfigError
     from snnfw.plan.prepare import prepare
     from snnfw.plugin.manager import Plugins
 
+    if args.world_size < 1:
+        raise ConfigError(f"--world-size counts the ranks, 1 or more; got {args.world_size}")
     config = load_config(args.config, args.overrides)
     plugins = Plugins()
     if args.measure is not None:

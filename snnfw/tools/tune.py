@@ -112,8 +112,7 @@ def tune(config_path, world: int, overrides: list[str], budget_s: float, results
          measure: int, probe_now: bool = True) -> int:
     """``snnfw tune``: predicts every candidate, measures the best within ``budget_s``, writes the winner."""
     started = time.monotonic()
-    if budget_s < 0 or measure < 0:
-        raise UserError(f"--budget-s and --measure take 0 or more; got {budget_s} and {measure}")
+    check_arguments(world, budget_s, measure)
     base = [*overrides, "parallel.strategy=auto"]
     config = load_config(config_path, base)
     if config.parallel.tune_results is not None:
@@ -179,6 +178,14 @@ def tune(config_path, world: int, overrides: list[str], budget_s: float, results
     print("\n".join(f"  {line}" for line in cost_model.predict(winner.terms, cluster, corrections).lines))
     print(f"wrote {out}: {winner.name}", file=sys.stderr)
     return 0
+
+
+def check_arguments(world: int, budget_s: float, measure: int) -> None:
+    """Refuses the numbers ``tune`` cannot take, before it probes or profiles anything."""
+    if world < 1:
+        raise UserError(f"--world-size counts the ranks, 1 or more; got {world}")
+    if budget_s < 0 or measure < 0:
+        raise UserError(f"--budget-s and --measure take 0 or more; got {budget_s} and {measure}")
 
 
 def combinations(offered: dict[str, tuple]) -> list[tuple[tuple[str, object], ...]]:

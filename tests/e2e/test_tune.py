@@ -1,14 +1,20 @@
-"""``snnfw tune`` end to end on 2 CPU ranks: it keeps its budget, measures through bench, writes its pick."""
+"""``snnfw tune`` end to end on 2 CPU ranks: it keeps its budget, measures through bench, writes its pick; and
+refuses what it cannot take in one line before it profiles or starts a rank."""
 
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+import pytest
+
+from snnfw.cli import main
 from snnfw.config import load_config
 from snnfw.plan import cost_model
+from snnfw.tools import tune
 
 ROOT = Path(__file__).resolve().parents[2]
+QUICKSTART = ROOT / "examples" / "quickstart.toml"
 BUDGET_S = 60
 
 
@@ -41,3 +47,33 @@ def test_tune_stops_within_its_budget_and_writes_the_fastest_measured_as_a_confi
     records = cost_model.read_records(results)
     assert len(records) >= len(measured)
     assert all(record["predicted"]["ms"] > 0 for record in records), records
+
+
+@pytest.fixture
+def nothing_starts(monkeypatch):
+    """Fails the test where tune probes the links or profiles the model: a refusal comes before both."""
+    def started(*args, **kwargs):
+        raise AssertionError("tune went on to probe or profile")
+
+    monkeypatch.setattr(tune, "cluster_here", started)
+    monkeypatch.setattr(tune, "costed_candidates", started)
+
+
+def refusal(capsys, *args) -> str:
+    """The one line on stderr with which the CLI refuses ``args`` (exit status 2)."""
+    status = main([str(arg) for arg in args])
+    err = capsys.readouterr().err
+    assert status == 2 and err.count("\n") == 1 and err.startswith("snnfw: error: "), err
+    return err.strip()
+
+
+def tune_args(tmp_path, *args):
+    return ["tune", QUICKSTART, "--world-size", 2, "--no-probe", "--out", tmp_path / "tuned.toml", *args]
+
+
+@pytest.mark.parametrize("ranks", [0, -2])
+def test_a_world_of_no_ranks_is_refused_by_tune_and_plan(ranks, tmp_path, capsys, nothing_starts):
+    said = f"--world-size counts the ranks, 1 or more; got {ranks}"
+    assert said in refusal(capsys, "tune", QUICKSTART, "--world-size", ranks, "--out", tmp_path / "tuned.toml")
+    for strategy in ("dp", "auto"):
+        assert said in refusal(capsys, "plan", QUICKSTART, "--world-size", ranks, "--set", f"parallel.strategy={strategy}")
