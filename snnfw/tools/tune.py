@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import math
 import os
 import subprocess
 import sys
@@ -184,8 +185,11 @@ def check_arguments(world: int, budget_s: float, measure: int) -> None:
     """Refuses the numbers ``tune`` cannot take, before it probes or profiles anything."""
     if world < 1:
         raise UserError(f"--world-size counts the ranks, 1 or more; got {world}")
-    if budget_s < 0 or measure < 0:
-        raise UserError(f"--budget-s and --measure take 0 or more; got {budget_s} and {measure}")
+    if not (math.isfinite(budget_s) and budget_s > 0):
+        raise UserError(f"--budget-s is the seconds tune may take, a finite number above 0; got {budget_s:g} (the "
+                        "default is 300)")
+    if measure < 0:
+        raise UserError(f"--measure counts the candidates to measure, 0 or more; got {measure}")
 
 
 def combinations(offered: dict[str, tuple]) -> list[tuple[tuple[str, object], ...]]:

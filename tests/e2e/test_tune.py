@@ -77,3 +77,9 @@ def test_a_world_of_no_ranks_is_refused_by_tune_and_plan(ranks, tmp_path, capsys
     assert said in refusal(capsys, "tune", QUICKSTART, "--world-size", ranks, "--out", tmp_path / "tuned.toml")
     for strategy in ("dp", "auto"):
         assert said in refusal(capsys, "plan", QUICKSTART, "--world-size", ranks, "--set", f"parallel.strategy={strategy}")
+
+
+@pytest.mark.parametrize("budget", ["nan", "inf", "0", "-5"])
+def test_a_budget_that_is_no_finite_time_is_refused(budget, tmp_path, capsys, nothing_starts):
+    said = refusal(capsys, *tune_args(tmp_path, "--budget-s", budget))
+    assert f"--budget-s is the seconds tune may take, a finite number above 0; got {float(budget):g}" in said
