@@ -38,6 +38,7 @@ from snnfw.plan import cost_model
 from snnfw.plan.cost_model import Cluster, Corrections, StepTerms, Traffic
 from snnfw.plan.prepare import costed_candidates, tune_settings
 from snnfw.plugin.manager import Plugins
+from snnfw.rundir import check_writable
 
 RECORDS = "bench.jsonl"
 PROBE, CORRECTIONS = cost_model.PROBE, cost_model.CORRECTIONS
@@ -68,7 +69,7 @@ def cluster_here(folder: Path, world: int, device_type: str, probe_now: bool) ->
 
     cluster = probe(world, device_type)
     path = folder / PROBE
-    stored = json.loads(path.read_text()) if path.exists() else {}
+    stored = cost_model.read_kept(path, cost_model.REPROBE)
     stored[cost_model.probe_key(device_type, world)] = cluster.to_dict()
     folder.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(stored, indent=2) + "\n")
@@ -114,6 +115,7 @@ def tune(config_path, world: int, overrides: list[str], budget_s: float, results
     """``snnfw tune``: predicts every candidate, measures the best within ``budget_s``, writes the winner."""
     started = time.monotonic()
     check_arguments(world, budget_s, measure)
+    check_writable(results, "--results")
     base = [*overrides, "parallel.strategy=auto"]
     config = load_config(config_path, base)
     if config.parallel.tune_results is not None:
@@ -121,7 +123,11 @@ def tune(config_path, world: int, overrides: list[str], budget_s: float, results
                         "writes configs of named strategies, which refuse it: tune a copy without the key")
     device_type = _device_type(config, world)
     folder = results.parent
-    cluster = cluster_here(folder, world, device_type, probe_now)
+    # the records and what tune keeps beside them are read first: a damaged file is refused before anything runs
+    device = Cluster.here(device_type, world).device
+    cost_model.read_corrections(folder / CORRECTIONS, device)
+    corrections = cost_model.learned_corrections(results, device)
+    cluster = cluster_here(folder, world, device_type, probe_now)  # probe.json read before the links are probed
     plugins = Plugins()
     ranked, _, cost = costed_candidates(config, world, plugins)
     tuned = []
@@ -153,7 +159,6 @@ def tune(config_path, world: int, overrides: list[str], budget_s: float, results
     tuned = [t for t in tuned if t.memory_bytes <= limit]
     if not tuned:
         raise UserError(f"no candidate fits {world} rank(s) here; see snnfw plan --dry-run")
-    corrections = cost_model.learned_corrections(results, cluster.device)
     tuned = _predicted(tuned, cluster, corrections)
     measured = 0
     for index, candidate in enumerate(tuned[:measure], start=1):

@@ -52,10 +52,12 @@ def test_tune_stops_within_its_budget_and_writes_the_fastest_measured_as_a_confi
 @pytest.fixture
 def nothing_starts(monkeypatch):
     """Fails the test where tune probes the links or profiles the model: a refusal comes before both."""
+    from snnfw.tools import probe
+
     def started(*args, **kwargs):
         raise AssertionError("tune went on to probe or profile")
 
-    monkeypatch.setattr(tune, "cluster_here", started)
+    monkeypatch.setattr(probe, "probe", started)
     monkeypatch.setattr(tune, "costed_candidates", started)
 
 
@@ -83,3 +85,22 @@ def test_a_world_of_no_ranks_is_refused_by_tune_and_plan(ranks, tmp_path, capsys
 def test_a_budget_that_is_no_finite_time_is_refused(budget, tmp_path, capsys, nothing_starts):
     said = refusal(capsys, *tune_args(tmp_path, "--budget-s", budget))
     assert f"--budget-s is the seconds tune may take, a finite number above 0; got {float(budget):g}" in said
+
+
+@pytest.mark.parametrize("name, text, said", [
+    ("bench.jsonl", None, "--results {path} is a folder; name the file to write in it"),
+    ("bench.jsonl", '{"step_ms": 1.0, "devi\n', "{path} line 1 is not a JSON record (Unterminated string"),
+    ("bench.jsonl", '{"step_ms": 1.0}\n', "{path} line 1 is not an snnfw bench record (it lacks step_ms, device,"),
+    ("corrections.json", "{oops", "{path} is not snnfw's corrections file (Expecting property name"),
+    ("corrections.json", '{"cpu": {"records": "x", "scale": 2}}', "{path} is not snnfw's corrections file ("),
+    ("probe.json", "[1, 2]", "{path} is not snnfw's probe file (it holds no JSON object); delete it, and snnfw tune "
+                             "probes the links again"),
+], ids=["results-folder", "damaged-record", "foreign-record", "damaged-corrections", "foreign-corrections", "probe"])
+def test_damaged_or_unwritable_results_are_refused_before_anything_runs(name, text, said, tmp_path, capsys,
+                                                                         nothing_starts):
+    """--results and what tune keeps beside it (probe.json, corrections.json) are read before the model is profiled."""
+    path = tmp_path / "results" / name
+    path.parent.mkdir()
+    path.mkdir() if text is None else path.write_text(text)
+    results = path if name == "bench.jsonl" else path.parent / "bench.jsonl"
+    assert said.format(path=path) in refusal(capsys, *tune_args(tmp_path, "--results", results))
