@@ -115,6 +115,7 @@ def tune(config_path, world: int, overrides: list[str], budget_s: float, results
     """``snnfw tune``: predicts every candidate, measures the best within ``budget_s``, writes the winner."""
     started = time.monotonic()
     check_arguments(world, budget_s, measure)
+    check_writable(out, "--out")
     check_writable(results, "--results")
     base = [*overrides, "parallel.strategy=auto"]
     config = load_config(config_path, base)

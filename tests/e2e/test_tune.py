@@ -70,7 +70,8 @@ def refusal(capsys, *args) -> str:
 
 
 def tune_args(tmp_path, *args):
-    return ["tune", QUICKSTART, "--world-size", 2, "--no-probe", "--out", tmp_path / "tuned.toml", *args]
+    return ["tune", QUICKSTART, "--world-size", 2, "--no-probe", "--out", tmp_path / "tuned.toml", "--results",
+            tmp_path / "bench.jsonl", *args]
 
 
 @pytest.mark.parametrize("ranks", [0, -2])
@@ -104,3 +105,14 @@ def test_damaged_or_unwritable_results_are_refused_before_anything_runs(name, te
     path.mkdir() if text is None else path.write_text(text)
     results = path if name == "bench.jsonl" else path.parent / "bench.jsonl"
     assert said.format(path=path) in refusal(capsys, *tune_args(tmp_path, "--results", results))
+
+
+UNWRITABLE = Path("/proc/snnfw-cannot-write-here")  # refused to root as to anyone
+
+
+@pytest.mark.parametrize("out, said", [
+    (UNWRITABLE / "tuned.toml", f"--out {UNWRITABLE}/tuned.toml cannot be written"),
+    (UNWRITABLE.parent, f"--out {UNWRITABLE.parent} is a folder; name the file to write in it"),
+], ids=["unwritable", "folder"])
+def test_an_out_that_cannot_be_written_is_refused_before_anything_runs(out, said, tmp_path, capsys, nothing_starts):
+    assert said in refusal(capsys, *tune_args(tmp_path, "--out", out))
