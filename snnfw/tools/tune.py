@@ -12,9 +12,10 @@ measurement, learned from every ``snnfw bench`` record.
 3. Predictions, with the corrections fitted from the records (``corrections.json``).
 4. The most promising are measured (``snnfw bench``, a record each) while ``--budget-s`` lasts; the
    corrections are refitted from all the records and everything predicted again.
-5. The winner (the fastest measured, else the fastest predicted) is written as a config file, with a table:
-   candidate, predicted ms, measured ms, memory per rank; and the winner's prediction, each figure with where it
-   came from.
+5. The winner (the fastest measured, else the fastest predicted whose run did not fail) is written as a config
+   file, with a table: candidate, predicted ms, measured ms, memory per rank; the winner's prediction, each figure
+   with where it came from; and a last line: how many candidates were measured, and where the winner or one
+   predicted faster was not, why and how to have it measured.
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ from snnfw.rundir import check_writable
 RECORDS = "bench.jsonl"
 PROBE, CORRECTIONS = cost_model.PROBE, cost_model.CORRECTIONS
 WARMUP, STEPS = 2, 4  # a measured candidate's steps
+BUDGET_RAN_OUT = "the budget ran out"  # why a candidate has no measurement, the other being that its run failed
 
 
 @attrs.frozen
@@ -161,30 +163,57 @@ def tune(config_path, world: int, overrides: list[str], budget_s: float, results
     if not tuned:
         raise UserError(f"no candidate fits {world} rank(s) here; see snnfw plan --dry-run")
     tuned = _predicted(tuned, cluster, corrections)
-    measured = 0
+    why_not = {}  # a candidate's name: why it has no measurement
     for index, candidate in enumerate(tuned[:measure], start=1):
         left = budget_s - (time.monotonic() - started)
         if left < 5:
             print(f"budget spent: {len(tuned[:measure]) - index + 1} candidate(s) not measured", file=sys.stderr)
+            why_not.update(dict.fromkeys((t.name for t in tuned[index - 1:measure]), BUDGET_RAN_OUT))
             break
         _progress(index, min(measure, len(tuned)), f"measuring {candidate.name} ({left:.0f} s left)")
-        step_ms = _bench(config_path, world, [*overrides, *candidate.overrides], results, left)
-        if step_ms is not None:
+        step_ms, why = _bench(config_path, world, [*overrides, *candidate.overrides], results, left)
+        if step_ms is None:
+            why_not[candidate.name] = why
+        else:
             tuned[tuned.index(candidate)] = attrs.evolve(candidate, measured_ms=step_ms)
-            measured += 1
     print(file=sys.stderr)
-    if measured:
+    if any(t.measured_ms is not None for t in tuned):
         corrections = cost_model.fit(cost_model.read_records(results), cluster.device)
         cost_model.write_corrections(folder / CORRECTIONS, corrections)
         tuned = _predicted(tuned, cluster, corrections)
-    timed = [t for t in tuned if t.measured_ms is not None]
-    winner = min(timed, key=lambda t: t.measured_ms) if timed else tuned[0]
+        winner = min((t for t in tuned if t.measured_ms is not None), key=lambda t: t.measured_ms)
+    else:  # the fastest predicted whose run did not fail
+        winner = next((t for t in tuned if why_not.get(t.name, BUDGET_RAN_OUT) == BUDGET_RAN_OUT), None)
+        if winner is None:
+            raise UserError("every candidate failed to run (the errors above); correct what they say and tune again")
     write_config(config_path, [*overrides, *winner.overrides], out, winner)
     print("\n".join(table(tuned, winner, corrections)))
     print(f"\n{winner.name}'s prediction, each figure with where it came from:")
     print("\n".join(f"  {line}" for line in cost_model.predict(winner.terms, cluster, corrections).lines))
-    print(f"wrote {out}: {winner.name}", file=sys.stderr)
+    print(verdict(tuned, winner, out, why_not, budget_s, measure))
     return 0
+
+
+def verdict(tuned: list[Tuned], winner: Tuned, out: Path, why_not: dict[str, str], budget_s: float,
+            measure: int) -> str:
+    """tune's last line: the config written, how many candidates were measured, and where the pick or a candidate
+    predicted faster than it has no measurement, why and how to have it measured."""
+    def unmeasured(candidate: Tuned) -> str:
+        why = why_not.get(candidate.name, f"--measure is {measure}; raise it to measure it")
+        return f"{why}; give tune more --budget-s (it had {budget_s:g}) to measure it" if why == BUDGET_RAN_OUT else why
+
+    count = f"{sum(t.measured_ms is not None for t in tuned)} of {len(tuned)} candidates measured"
+    if winner.measured_ms is not None:
+        line = f"wrote {out}: {winner.name}, the fastest measured ({winner.measured_ms:.1f} ms a step; {count})"
+    else:
+        line = (f"wrote {out}: {winner.name}, the fastest predicted ({winner.predicted_ms:.1f} ms a step), not "
+                f"measured ({count}): {unmeasured(winner)}")
+    faster = [t for t in tuned if t.measured_ms is None and t.predicted_ms < winner.predicted_ms]
+    if faster:
+        more = f" (and {len(faster) - 1} more)" if len(faster) > 1 else ""
+        line += (f"; {faster[0].name} is predicted faster ({faster[0].predicted_ms:.1f} ms){more} but was not "
+                 f"measured: {unmeasured(faster[0])}")
+    return line
 
 
 def check_arguments(world: int, budget_s: float, measure: int) -> None:
@@ -249,9 +278,9 @@ def _predicted(tuned: list[Tuned], cluster: Cluster, corrections: Corrections) -
     return sorted(again, key=lambda t: t.predicted_ms)
 
 
-def _bench(config_path, world: int, overrides: list[str], results: Path, left_s: float) -> float | None:
-    """A candidate's median step ms by ``snnfw bench`` (its record appended to ``results``), in a process of its
-    own that the budget ends; None where it failed or ran out of time."""
+def _bench(config_path, world: int, overrides: list[str], results: Path, left_s: float) -> tuple[float | None, str]:
+    """``(median step ms, "")`` of a candidate by ``snnfw bench`` (its record appended to ``results``), in a process
+    of its own that the budget ends; ``(None, why)`` where there is no measurement."""
     command = [sys.executable, "-m", "snnfw", "bench", str(config_path), "--nproc", str(world), "--warmup", str(WARMUP),
                "--steps", str(STEPS), "--results", str(results), "--label", "tune",
                *(arg for override in overrides for arg in ("--set", override))]
@@ -263,13 +292,14 @@ def _bench(config_path, world: int, overrides: list[str], results: Path, left_s:
     except subprocess.TimeoutExpired:
         os.killpg(process.pid, 9)
         process.wait()
-        print("\n  stopped: the budget ran out", file=sys.stderr)
-        return None
+        print(f"\n  stopped: {BUDGET_RAN_OUT}", file=sys.stderr)
+        return None, BUDGET_RAN_OUT
     if process.returncode:
-        print(f"\n  failed: {errors.strip().splitlines()[-1] if errors.strip() else process.returncode}", file=sys.stderr)
-        return None
+        said = errors.strip().splitlines()[-1] if errors.strip() else f"exit status {process.returncode}"
+        print(f"\n  failed: {said}", file=sys.stderr)
+        return None, f"its run failed ({said})"
     records = cost_model.read_records(results)
-    return records[-1]["step_ms"] if len(records) > before else None
+    return (records[-1]["step_ms"], "") if len(records) > before else (None, "its run wrote no record")
 
 
 def _name(candidate) -> str:

@@ -1,6 +1,7 @@
 """``snnfw tune`` end to end on 2 CPU ranks: it keeps its budget, measures through bench, writes its pick; and
 refuses what it cannot take in one line before it profiles or starts a rank."""
 
+import json
 import subprocess
 import sys
 import time
@@ -116,3 +117,58 @@ UNWRITABLE = Path("/proc/snnfw-cannot-write-here")  # refused to root as to anyo
 ], ids=["unwritable", "folder"])
 def test_an_out_that_cannot_be_written_is_refused_before_anything_runs(out, said, tmp_path, capsys, nothing_starts):
     assert said in refusal(capsys, *tune_args(tmp_path, "--out", out))
+
+
+NO_SETTINGS = ["--set", "model.neuron_backend=torch", "--set", "train.precision=fp32", "--set", "memopt.level=0"]
+
+
+def last_line_of_tune(tmp_path, capsys, monkeypatch, measurements, *args, budget_s=30) -> tuple[list[str], str]:
+    """tune in this process with ``snnfw bench`` replaced by ``measurements``, one ``(step ms or None, why not)``
+    a candidate in the order tune measures them (a measured one appends a bench record, as bench does): the rows of
+    its table and its last line."""
+    runs = iter(measurements)
+
+    def bench(config_path, world, overrides, results, left_s):
+        step_ms, why = next(runs)
+        if step_ms is not None:
+            record = {"step_ms": step_ms, "device": "cpu", "nproc": world, "plan": {"strategy": "planted"}}
+            results.write_text((results.read_text() if results.exists() else "") + json.dumps(record) + "\n")
+        return step_ms, why
+
+    monkeypatch.setattr(tune, "_bench", bench)
+    assert main([str(arg) for arg in tune_args(tmp_path, "--budget-s", budget_s, *NO_SETTINGS, *args)]) == 0
+    out = capsys.readouterr().out.strip()
+    return out.split("\n\n")[0].splitlines()[2:], out.splitlines()[-1]  # the table's rows, under its two heads
+
+
+def test_the_pick_is_the_fastest_measured_and_the_last_line_names_a_faster_predicted_one_left_unmeasured(
+        tmp_path, capsys, monkeypatch):
+    """The budget stops the best predicted candidate's run and the next measures slow: tune picks the measured one
+    and its last line says how many it measured and that a faster-predicted one was not, and why."""
+    stopped = (None, tune.BUDGET_RAN_OUT)
+    rows, last = last_line_of_tune(tmp_path, capsys, monkeypatch, [stopped, (500.0, "")], "--measure", 2)
+    fastest_predicted, chosen = rows[0], next(row for row in rows if row.endswith("<- chosen"))
+    first, picked = fastest_predicted.split(")")[0] + ")", chosen.split(")")[0] + ")"
+    assert "  500.0 " in chosen and first != picked, rows
+    assert last.startswith(f"wrote {tmp_path / 'tuned.toml'}: {picked}, the fastest measured (500.0 ms a step; 1 of "
+                           f"{len(rows)} candidates measured); {first} is predicted faster ("), last
+    assert last.endswith("but was not measured: the budget ran out; give tune more --budget-s (it had 30) to "
+                         "measure it"), last
+
+
+def test_a_pick_by_prediction_alone_says_so_in_the_last_line(tmp_path, capsys, monkeypatch):
+    rows, last = last_line_of_tune(tmp_path, capsys, monkeypatch, [], "--measure", 0, budget_s=10)
+    chosen = rows[0]
+    assert chosen.endswith("<- chosen"), rows
+    assert last.startswith(f"wrote {tmp_path / 'tuned.toml'}: {chosen.split(')')[0]}), the fastest predicted ("), last
+    assert last.endswith(f"ms a step), not measured (0 of {len(rows)} candidates measured): --measure is 0; raise it "
+                         "to measure it"), last
+
+
+def test_when_every_measured_candidate_fails_tune_refuses_rather_than_pick_one(tmp_path, capsys, monkeypatch):
+    runs = iter([(None, "its run failed (ValueError: planted)")] * 99)
+    monkeypatch.setattr(tune, "_bench", lambda *args: next(runs))
+    assert main([str(arg) for arg in tune_args(tmp_path, "--budget-s", 30, "--measure", 99, *NO_SETTINGS)]) == 2
+    assert capsys.readouterr().err.splitlines()[-1] == ("snnfw: error: every candidate failed to run (the errors "
+                                                        "above); correct what they say and tune again")
+    assert not (tmp_path / "tuned.toml").exists()
