@@ -112,12 +112,14 @@ def predicted_parts(config_path, overrides: list[str], world: int, results: Path
     return {**cost_model.predict(terms, cluster).parts(), "cluster": cluster.links["all_reduce"].bandwidth.source}
 
 
-def tune(config_path, world: int, overrides: list[str], budget_s: float, results: Path, out: Path,
+def tune(config_path, world: int, overrides: list[str], budget_s: float, results: Path | None, out: Path,
          measure: int, probe_now: bool = True) -> int:
-    """``snnfw tune``: predicts every candidate, measures the best within ``budget_s``, writes the winner."""
+    """``snnfw tune``: predicts every candidate, measures the best within ``budget_s``, writes the winner to ``out``
+    and the bench records to ``results`` (``bench.jsonl`` beside ``out`` where None)."""
     started = time.monotonic()
     check_arguments(world, budget_s, measure)
     check_writable(out, "--out")
+    results = results or out.with_name(RECORDS)
     check_writable(results, "--results")
     base = [*overrides, "parallel.strategy=auto"]
     config = load_config(config_path, base)

@@ -20,34 +20,50 @@ BUDGET_S = 60
 
 
 def test_tune_stops_within_its_budget_and_writes_the_fastest_measured_as_a_config(tmp_path):
-    results, out = tmp_path / "bench.jsonl", tmp_path / "tuned.toml"
-    cmd = [sys.executable, "-m", "snnfw", "tune", "examples/quickstart.toml", "--world-size", "2", "--budget-s",
-           str(BUDGET_S), "--measure", "12", "--no-probe", "--results", str(results), "--out", str(out),
+    """In a folder of its own: the records, and what tune learns from them, go beside --out, nothing into the
+    folder it runs in."""
+    work, out = tmp_path / "work", tmp_path / "out" / "tuned.toml"
+    work.mkdir()
+    cmd = [sys.executable, "-m", "snnfw", "tune", str(QUICKSTART), "--world-size", "2", "--budget-s", str(BUDGET_S),
+           "--measure", "12", "--no-probe", "--out", str(out),
            "--set", "data.batch_size=8", "--set", "data.train_samples=64", "--set", "data.test_samples=16",
            # the inductor backend, predicted fastest, compiles for longer than this budget leaves to measure it
            "--set", "model.neuron_backend=torch"]
     started = time.monotonic()
-    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=BUDGET_S + 240)
+    done = subprocess.run(cmd, cwd=work, capture_output=True, text=True, timeout=BUDGET_S + 240)
     wall = time.monotonic() - started
     assert done.returncode == 0, done.stderr[-3000:]
     assert wall < BUDGET_S + 45, wall  # the budget, and the interpreter's start and the table's print around it
     assert "budget spent" in done.stderr or "stopped: the budget ran out" in done.stderr, done.stderr[-2000:]
     table, explained = done.stdout.split("\n\n", 1)
-    rows = [line for line in table.splitlines() if "(" in line and not line.startswith("predictions")]
-    column = {line: line.split()[-2 if "<-" not in line else -4] for line in rows}  # the measured ms, or "-"
-    measured = {line.split(")")[0] + ")": float(value) for line, value in column.items() if value != "-"}
-    chosen = next(line for line in rows if line.endswith("<- chosen"))
+    rows, chosen = table_rows(table)
+    measured = {name: ms for name, _, ms in rows if ms is not None}
     assert measured and len(measured) < len(rows), done.stdout  # some measured before the budget ran out, not all
     fastest = min(measured, key=measured.get)
-    assert chosen.startswith(fastest), done.stdout
+    assert chosen == fastest, done.stdout
     assert explained.startswith(f"{fastest}'s prediction, each figure with where it came from"), explained
     assert "(profile" in explained and "(dry run)" in explained, explained
+    assert explained.splitlines()[-1].startswith(
+        f"wrote {out}: {fastest}, the fastest measured ({measured[fastest]:.1f} ms a step; {len(measured)} of "
+        f"{len(rows)} candidates measured)"), explained
     tuned = load_config(out)
     assert tuned.parallel.strategy == fastest.split()[0]
     assert tuned.data.batch_size == 8  # the user's own keys kept
-    records = cost_model.read_records(results)
+    records = cost_model.read_records(out.parent / tune.RECORDS)
     assert len(records) >= len(measured)
     assert all(record["predicted"]["ms"] > 0 for record in records), records
+    assert (out.parent / tune.CORRECTIONS).is_file() and not list(work.iterdir())
+
+
+def table_rows(table: str) -> tuple[list[tuple[str, float, float | None]], str]:
+    """The rows of tune's table (below its two heads), each (candidate, predicted ms, measured ms or None), and the
+    chosen candidate."""
+    rows, chosen = [], None
+    for line in table.splitlines()[2:]:
+        name, predicted, measured, _ = line.removesuffix("  <- chosen").rsplit(maxsplit=3)
+        rows.append((name, float(predicted), None if measured == "-" else float(measured)))
+        chosen = name if line.endswith("<- chosen") else chosen
+    return rows, chosen
 
 
 @pytest.fixture
@@ -122,10 +138,10 @@ def test_an_out_that_cannot_be_written_is_refused_before_anything_runs(out, said
 NO_SETTINGS = ["--set", "model.neuron_backend=torch", "--set", "train.precision=fp32", "--set", "memopt.level=0"]
 
 
-def last_line_of_tune(tmp_path, capsys, monkeypatch, measurements, *args, budget_s=30) -> tuple[list[str], str]:
+def last_line_of_tune(tmp_path, capsys, monkeypatch, measurements, *args, budget_s=30):
     """tune in this process with ``snnfw bench`` replaced by ``measurements``, one ``(step ms or None, why not)``
     a candidate in the order tune measures them (a measured one appends a bench record, as bench does): the rows of
-    its table and its last line."""
+    its table and the chosen candidate (:func:`table_rows`), and its last line."""
     runs = iter(measurements)
 
     def bench(config_path, world, overrides, results, left_s):
@@ -138,7 +154,7 @@ def last_line_of_tune(tmp_path, capsys, monkeypatch, measurements, *args, budget
     monkeypatch.setattr(tune, "_bench", bench)
     assert main([str(arg) for arg in tune_args(tmp_path, "--budget-s", budget_s, *NO_SETTINGS, *args)]) == 0
     out = capsys.readouterr().out.strip()
-    return out.split("\n\n")[0].splitlines()[2:], out.splitlines()[-1]  # the table's rows, under its two heads
+    return *table_rows(out.split("\n\n")[0]), out.splitlines()[-1]
 
 
 def test_the_pick_is_the_fastest_measured_and_the_last_line_names_a_faster_predicted_one_left_unmeasured(
@@ -146,23 +162,20 @@ def test_the_pick_is_the_fastest_measured_and_the_last_line_names_a_faster_predi
     """The budget stops the best predicted candidate's run and the next measures slow: tune picks the measured one
     and its last line says how many it measured and that a faster-predicted one was not, and why."""
     stopped = (None, tune.BUDGET_RAN_OUT)
-    rows, last = last_line_of_tune(tmp_path, capsys, monkeypatch, [stopped, (500.0, "")], "--measure", 2)
-    fastest_predicted, chosen = rows[0], next(row for row in rows if row.endswith("<- chosen"))
-    first, picked = fastest_predicted.split(")")[0] + ")", chosen.split(")")[0] + ")"
-    assert "  500.0 " in chosen and first != picked, rows
-    assert last.startswith(f"wrote {tmp_path / 'tuned.toml'}: {picked}, the fastest measured (500.0 ms a step; 1 of "
-                           f"{len(rows)} candidates measured); {first} is predicted faster ("), last
+    rows, chosen, last = last_line_of_tune(tmp_path, capsys, monkeypatch, [stopped, (500.0, "")], "--measure", 2)
+    first = rows[0][0]  # the fastest predicted
+    assert [(name, ms) for name, _, ms in rows if ms is not None] == [(chosen, 500.0)] and first != chosen, rows
+    assert last.startswith(f"wrote {tmp_path / 'tuned.toml'}: {chosen}, the fastest measured (500.0 ms a step; 1 of "
+                           f"{len(rows)} candidates measured); {first} is predicted faster ({rows[0][1]:.1f} ms"), last
     assert last.endswith("but was not measured: the budget ran out; give tune more --budget-s (it had 30) to "
                          "measure it"), last
 
 
 def test_a_pick_by_prediction_alone_says_so_in_the_last_line(tmp_path, capsys, monkeypatch):
-    rows, last = last_line_of_tune(tmp_path, capsys, monkeypatch, [], "--measure", 0, budget_s=10)
-    chosen = rows[0]
-    assert chosen.endswith("<- chosen"), rows
-    assert last.startswith(f"wrote {tmp_path / 'tuned.toml'}: {chosen.split(')')[0]}), the fastest predicted ("), last
-    assert last.endswith(f"ms a step), not measured (0 of {len(rows)} candidates measured): --measure is 0; raise it "
-                         "to measure it"), last
+    rows, chosen, last = last_line_of_tune(tmp_path, capsys, monkeypatch, [], "--measure", 0, budget_s=10)
+    assert chosen == rows[0][0], rows
+    assert last == (f"wrote {tmp_path / 'tuned.toml'}: {chosen}, the fastest predicted ({rows[0][1]:.1f} ms a step), "
+                    f"not measured (0 of {len(rows)} candidates measured): --measure is 0; raise it to measure it")
 
 
 def test_when_every_measured_candidate_fails_tune_refuses_rather_than_pick_one(tmp_path, capsys, monkeypatch):
