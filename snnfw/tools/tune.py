@@ -199,7 +199,8 @@ def tune(config_path, world: int, overrides: list[str], budget_s: float, results
 def verdict(tuned: list[Tuned], winner: Tuned, out: Path, why_not: dict[str, str], budget_s: float,
             measure: int) -> str:
     """tune's last line: the config written, how many candidates were measured, and where the pick or a candidate
-    predicted faster than it has no measurement, why and how to have it measured."""
+    predicted faster than it (than its measured step, where it has one) has no measurement, why and how to have it
+    measured."""
     def unmeasured(candidate: Tuned) -> str:
         why = why_not.get(candidate.name, f"--measure is {measure}; raise it to measure it")
         return f"{why}; give tune more --budget-s (it had {budget_s:g}) to measure it" if why == BUDGET_RAN_OUT else why
@@ -210,7 +211,8 @@ def verdict(tuned: list[Tuned], winner: Tuned, out: Path, why_not: dict[str, str
     else:
         line = (f"wrote {out}: {winner.name}, the fastest predicted ({winner.predicted_ms:.1f} ms a step), not "
                 f"measured ({count}): {unmeasured(winner)}")
-    faster = [t for t in tuned if t.measured_ms is None and t.predicted_ms < winner.predicted_ms]
+    step_ms = winner.predicted_ms if winner.measured_ms is None else winner.measured_ms
+    faster = [t for t in tuned if t.measured_ms is None and t.predicted_ms < step_ms]
     if faster:
         more = f" (and {len(faster) - 1} more)" if len(faster) > 1 else ""
         line += (f"; {faster[0].name} is predicted faster ({faster[0].predicted_ms:.1f} ms){more} but was not "

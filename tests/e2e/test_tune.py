@@ -95,8 +95,9 @@ def tune_args(tmp_path, *args):
 def test_a_world_of_no_ranks_is_refused_by_tune_and_plan(ranks, tmp_path, capsys, nothing_starts):
     said = f"--world-size counts the ranks, 1 or more; got {ranks}"
     assert said in refusal(capsys, "tune", QUICKSTART, "--world-size", ranks, "--out", tmp_path / "tuned.toml")
-    for strategy in ("dp", "auto"):
-        assert said in refusal(capsys, "plan", QUICKSTART, "--world-size", ranks, "--set", f"parallel.strategy={strategy}")
+    for strategy in ("dp", "auto"):  # dp's refusal named --nproc, auto divided by zero
+        assert said in refusal(capsys, "plan", QUICKSTART, "--world-size", ranks, "--set",
+                               f"parallel.strategy={strategy}")
 
 
 @pytest.mark.parametrize("budget", ["nan", "inf", "0", "-5"])
@@ -157,18 +158,23 @@ def last_line_of_tune(tmp_path, capsys, monkeypatch, measurements, *args, budget
     return *table_rows(out.split("\n\n")[0]), out.splitlines()[-1]
 
 
-def test_the_pick_is_the_fastest_measured_and_the_last_line_names_a_faster_predicted_one_left_unmeasured(
-        tmp_path, capsys, monkeypatch):
-    """The budget stops the best predicted candidate's run and the next measures slow: tune picks the measured one
-    and its last line says how many it measured and that a faster-predicted one was not, and why."""
-    stopped = (None, tune.BUDGET_RAN_OUT)
-    rows, chosen, last = last_line_of_tune(tmp_path, capsys, monkeypatch, [stopped, (500.0, "")], "--measure", 2)
-    first = rows[0][0]  # the fastest predicted
-    assert [(name, ms) for name, _, ms in rows if ms is not None] == [(chosen, 500.0)] and first != chosen, rows
-    assert last.startswith(f"wrote {tmp_path / 'tuned.toml'}: {chosen}, the fastest measured (500.0 ms a step; 1 of "
-                           f"{len(rows)} candidates measured); {first} is predicted faster ({rows[0][1]:.1f} ms"), last
-    assert last.endswith("but was not measured: the budget ran out; give tune more --budget-s (it had 30) to "
-                         "measure it"), last
+@pytest.mark.parametrize("measurements, measure, why", [
+    ([(None, tune.BUDGET_RAN_OUT), (500.0, "")], 2,
+     "the budget ran out; give tune more --budget-s (it had 30) to measure it"),
+    ([(500.0, "")], 1, "--measure is 1; raise it to measure it"),
+], ids=["budget", "measure"])
+def test_the_pick_is_the_fastest_measured_and_the_last_line_names_one_predicted_faster_left_unmeasured(
+        measurements, measure, why, tmp_path, capsys, monkeypatch):
+    """The budget stops the best predicted candidate's run and the next measures slow, or --measure leaves the others
+    out: tune picks the measured one, and its last line says how many it measured, and that one predicted faster
+    than the pick's measured step was not measured, why and how to have it measured."""
+    rows, chosen, last = last_line_of_tune(tmp_path, capsys, monkeypatch, measurements, "--measure", measure)
+    assert [(name, ms) for name, _, ms in rows if ms is not None] == [(chosen, 500.0)], rows
+    faster = [(name, predicted) for name, predicted, ms in rows if ms is None and predicted < 500.0]
+    more = f" (and {len(faster) - 1} more)" if len(faster) > 1 else ""
+    assert last == (f"wrote {tmp_path / 'tuned.toml'}: {chosen}, the fastest measured (500.0 ms a step; 1 of "
+                    f"{len(rows)} candidates measured); {faster[0][0]} is predicted faster ({faster[0][1]:.1f} ms)"
+                    f"{more} but was not measured: {why}")
 
 
 def test_a_pick_by_prediction_alone_says_so_in_the_last_line(tmp_path, capsys, monkeypatch):
