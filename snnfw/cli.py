@@ -54,9 +54,12 @@ def _cmd_plugins(args) -> int:
 
 def _cmd_plan(args) -> int:
     from snnfw.config import load_config
+    from snnfw.errors import ConfigError
     from snnfw.plan.prepare import prepare
     from snnfw.plugin.manager import Plugins
 
+    if args.world_size < 1:
+        raise ConfigError(f"--world-size counts the ranks, 1 or more; got {args.world_size}")
     config = load_config(args.config, args.overrides)
     plugins = Plugins()
     if args.measure is not None:
@@ -219,8 +222,8 @@ def _cmd_bench(args) -> int:
 def _cmd_tune(args) -> int:
     from snnfw.tools.tune import tune
 
-    return tune(args.config, args.world_size, args.overrides, args.budget_s, Path(args.results), Path(args.out),
-                args.measure, probe_now=not args.no_probe)
+    return tune(args.config, args.world_size, args.overrides, args.budget_s, args.results and Path(args.results),
+                Path(args.out), args.measure, probe_now=not args.no_probe)
 
 
 def _cmd_export(args) -> int:
@@ -367,8 +370,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--world-size", type=int, required=True, help="ranks to tune for (measured here when this host runs them)")
     p.add_argument("--budget-s", type=float, default=300.0, help="seconds for the whole search (default 300)")
     p.add_argument("--measure", type=int, default=3, help="candidates to measure, best predicted first (default 3; 0: none)")
-    p.add_argument("--results", default="benchmark/results/bench.jsonl",
-                   help="bench records to learn from and add to; probe.json and corrections.json live beside it")
+    p.add_argument("--results", help="bench records to learn from and add to (default: bench.jsonl beside --out); "
+                   "probe.json and corrections.json live beside it")
     p.add_argument("--out", default="tuned.toml", help="where the winner's config is written (default tuned.toml)")
     p.add_argument("--no-probe", action="store_true", help="assume the links' figures rather than probe them")
     p.add_argument("--set", **overrides)

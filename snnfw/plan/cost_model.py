@@ -299,18 +299,33 @@ def read_records(path: Path) -> list[dict]:
     return records
 
 
+REFIT, REPROBE = "snnfw tune refits it from the records", "snnfw tune probes the links again"  # after a damaged file
+
+
+def read_kept(path: Path, remedy: str) -> dict:
+    """The JSON object ``snnfw tune`` keeps at ``path`` (``probe.json``, ``corrections.json``), ``{}`` where there
+    is none; a damaged file is refused in one line, ending in what deleting it does (``remedy``)."""
+    if not Path(path).exists():
+        return {}
+    try:
+        kept = json.loads(Path(path).read_text(encoding="utf-8"))
+    except ValueError as err:
+        raise UserError(f"{path} is not snnfw's {Path(path).stem} file ({err}); delete it, and {remedy}") from None
+    if not isinstance(kept, dict):
+        raise UserError(f"{path} is not snnfw's {Path(path).stem} file (it holds no JSON object); delete it, and "
+                        f"{remedy}")
+    return kept
+
+
 def read_corrections(path: Path, device: str) -> Corrections:
     """The corrections stored at ``path`` for ``device``; the identity where none are."""
-    if not Path(path).exists():
+    stored = read_kept(path, REFIT)
+    if device not in stored:
         return Corrections(device)
     try:
-        stored = json.loads(Path(path).read_text(encoding="utf-8"))[device]
-        return Corrections(**stored)
-    except KeyError:
-        return Corrections(device)
-    except (ValueError, TypeError) as err:
-        raise UserError(f"{path} is not snnfw's corrections file ({err}); delete it, and snnfw tune refits it from "
-                        f"the records") from None
+        return Corrections(**stored[device])
+    except TypeError as err:
+        raise UserError(f"{path} is not snnfw's corrections file ({err}); delete it, and {REFIT}") from None
 
 
 def probe_key(device_type: str, world_size: int) -> str:
@@ -323,9 +338,13 @@ def probe_key(device_type: str, world_size: int) -> str:
 def stored_cluster(folder: Path, device_type: str, world_size: int) -> Cluster | None:
     """The probe ``folder`` keeps for this host, device type and world size; None where there is none."""
     path = Path(folder) / PROBE
-    stored = json.loads(path.read_text(encoding="utf-8")) if path.exists() else {}
+    stored = read_kept(path, REPROBE)
     key = probe_key(device_type, world_size)
-    return Cluster.from_dict(stored[key]) if key in stored else None
+    try:
+        return Cluster.from_dict(stored[key]) if key in stored else None
+    except (KeyError, TypeError, AttributeError) as err:
+        raise UserError(f"{path} is not snnfw's probe file ({type(err).__name__}: {err} in {key}); delete it, and "
+                        f"{REPROBE}") from None
 
 
 def learned(results: Path, device_type: str, world_size: int) -> tuple[Cluster, Corrections]:
@@ -347,6 +366,6 @@ def learned_corrections(results: Path, device: str) -> Corrections:
 
 def write_corrections(path: Path, corrections: Corrections) -> None:
     """Stores ``corrections`` at ``path`` beside those of other devices."""
-    stored = json.loads(Path(path).read_text(encoding="utf-8")) if Path(path).exists() else {}
+    stored = read_kept(path, REFIT)
     stored[corrections.device] = corrections.to_dict()
     Path(path).write_text(json.dumps(stored, indent=2) + "\n", encoding="utf-8")

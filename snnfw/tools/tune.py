@@ -12,15 +12,17 @@ measurement, learned from every ``snnfw bench`` record.
 3. Predictions, with the corrections fitted from the records (``corrections.json``).
 4. The most promising are measured (``snnfw bench``, a record each) while ``--budget-s`` lasts; the
    corrections are refitted from all the records and everything predicted again.
-5. The winner (the fastest measured, else the fastest predicted) is written as a config file, with a table:
-   candidate, predicted ms, measured ms, memory per rank; and the winner's prediction, each figure with where it
-   came from.
+5. The winner (the fastest measured, else the fastest predicted whose run did not fail) is written as a config
+   file, with a table: candidate, predicted ms, measured ms, memory per rank; the winner's prediction, each figure
+   with where it came from; and a last line: how many candidates were measured, and where the winner or one
+   predicted faster was not, why and how to have it measured.
 """
 
 from __future__ import annotations
 
 import itertools
 import json
+import math
 import os
 import subprocess
 import sys
@@ -37,10 +39,12 @@ from snnfw.plan import cost_model
 from snnfw.plan.cost_model import Cluster, Corrections, StepTerms, Traffic
 from snnfw.plan.prepare import costed_candidates, tune_settings
 from snnfw.plugin.manager import Plugins
+from snnfw.rundir import check_writable
 
 RECORDS = "bench.jsonl"
 PROBE, CORRECTIONS = cost_model.PROBE, cost_model.CORRECTIONS
 WARMUP, STEPS = 2, 4  # a measured candidate's steps
+BUDGET_RAN_OUT = "the budget ran out"  # why a candidate has no measurement, the other being that its run failed
 
 
 @attrs.frozen
@@ -67,7 +71,7 @@ def cluster_here(folder: Path, world: int, device_type: str, probe_now: bool) ->
 
     cluster = probe(world, device_type)
     path = folder / PROBE
-    stored = json.loads(path.read_text()) if path.exists() else {}
+    stored = cost_model.read_kept(path, cost_model.REPROBE)
     stored[cost_model.probe_key(device_type, world)] = cluster.to_dict()
     folder.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(stored, indent=2) + "\n")
@@ -108,12 +112,15 @@ def predicted_parts(config_path, overrides: list[str], world: int, results: Path
     return {**cost_model.predict(terms, cluster).parts(), "cluster": cluster.links["all_reduce"].bandwidth.source}
 
 
-def tune(config_path, world: int, overrides: list[str], budget_s: float, results: Path, out: Path,
+def tune(config_path, world: int, overrides: list[str], budget_s: float, results: Path | None, out: Path,
          measure: int, probe_now: bool = True) -> int:
-    """``snnfw tune``: predicts every candidate, measures the best within ``budget_s``, writes the winner."""
+    """``snnfw tune``: predicts every candidate, measures the best within ``budget_s``, writes the winner to ``out``
+    and the bench records to ``results`` (``bench.jsonl`` beside ``out`` where None)."""
     started = time.monotonic()
-    if budget_s < 0 or measure < 0:
-        raise UserError(f"--budget-s and --measure take 0 or more; got {budget_s} and {measure}")
+    check_arguments(world, budget_s, measure)
+    check_writable(out, "--out")
+    results = results or out.with_name(RECORDS)
+    check_writable(results, "--results")
     base = [*overrides, "parallel.strategy=auto"]
     config = load_config(config_path, base)
     if config.parallel.tune_results is not None:
@@ -121,7 +128,11 @@ def tune(config_path, world: int, overrides: list[str], budget_s: float, results
                         "writes configs of named strategies, which refuse it: tune a copy without the key")
     device_type = _device_type(config, world)
     folder = results.parent
-    cluster = cluster_here(folder, world, device_type, probe_now)
+    # the records and what tune keeps beside them are read first: a damaged file is refused before anything runs
+    device = Cluster.here(device_type, world).device
+    cost_model.read_corrections(folder / CORRECTIONS, device)
+    corrections = cost_model.learned_corrections(results, device)
+    cluster = cluster_here(folder, world, device_type, probe_now)  # probe.json read before the links are probed
     plugins = Plugins()
     ranked, _, cost = costed_candidates(config, world, plugins)
     tuned = []
@@ -153,32 +164,71 @@ def tune(config_path, world: int, overrides: list[str], budget_s: float, results
     tuned = [t for t in tuned if t.memory_bytes <= limit]
     if not tuned:
         raise UserError(f"no candidate fits {world} rank(s) here; see snnfw plan --dry-run")
-    corrections = cost_model.learned_corrections(results, cluster.device)
     tuned = _predicted(tuned, cluster, corrections)
-    measured = 0
+    why_not = {}  # a candidate's name: why it has no measurement
     for index, candidate in enumerate(tuned[:measure], start=1):
         left = budget_s - (time.monotonic() - started)
         if left < 5:
             print(f"budget spent: {len(tuned[:measure]) - index + 1} candidate(s) not measured", file=sys.stderr)
+            why_not.update(dict.fromkeys((t.name for t in tuned[index - 1:measure]), BUDGET_RAN_OUT))
             break
         _progress(index, min(measure, len(tuned)), f"measuring {candidate.name} ({left:.0f} s left)")
-        step_ms = _bench(config_path, world, [*overrides, *candidate.overrides], results, left)
-        if step_ms is not None:
+        step_ms, why = _bench(config_path, world, [*overrides, *candidate.overrides], results, left)
+        if step_ms is None:
+            why_not[candidate.name] = why
+        else:
             tuned[tuned.index(candidate)] = attrs.evolve(candidate, measured_ms=step_ms)
-            measured += 1
     print(file=sys.stderr)
-    if measured:
+    if any(t.measured_ms is not None for t in tuned):
         corrections = cost_model.fit(cost_model.read_records(results), cluster.device)
         cost_model.write_corrections(folder / CORRECTIONS, corrections)
         tuned = _predicted(tuned, cluster, corrections)
-    timed = [t for t in tuned if t.measured_ms is not None]
-    winner = min(timed, key=lambda t: t.measured_ms) if timed else tuned[0]
+        winner = min((t for t in tuned if t.measured_ms is not None), key=lambda t: t.measured_ms)
+    else:  # the fastest predicted whose run did not fail
+        winner = next((t for t in tuned if why_not.get(t.name, BUDGET_RAN_OUT) == BUDGET_RAN_OUT), None)
+        if winner is None:
+            raise UserError("every candidate failed to run (the errors above); correct what they say and tune again")
     write_config(config_path, [*overrides, *winner.overrides], out, winner)
     print("\n".join(table(tuned, winner, corrections)))
     print(f"\n{winner.name}'s prediction, each figure with where it came from:")
     print("\n".join(f"  {line}" for line in cost_model.predict(winner.terms, cluster, corrections).lines))
-    print(f"wrote {out}: {winner.name}", file=sys.stderr)
+    print(verdict(tuned, winner, out, why_not, budget_s, measure))
     return 0
+
+
+def verdict(tuned: list[Tuned], winner: Tuned, out: Path, why_not: dict[str, str], budget_s: float,
+            measure: int) -> str:
+    """tune's last line: the config written, how many candidates were measured, and where the pick or a candidate
+    predicted faster than it (than its measured step, where it has one) has no measurement, why and how to have it
+    measured."""
+    def unmeasured(candidate: Tuned) -> str:
+        why = why_not.get(candidate.name, f"--measure is {measure}; raise it to measure it")
+        return f"{why}; give tune more --budget-s (it had {budget_s:g}) to measure it" if why == BUDGET_RAN_OUT else why
+
+    count = f"{sum(t.measured_ms is not None for t in tuned)} of {len(tuned)} candidates measured"
+    if winner.measured_ms is not None:
+        line = f"wrote {out}: {winner.name}, the fastest measured ({winner.measured_ms:.1f} ms a step; {count})"
+    else:
+        line = (f"wrote {out}: {winner.name}, the fastest predicted ({winner.predicted_ms:.1f} ms a step), not "
+                f"measured ({count}): {unmeasured(winner)}")
+    step_ms = winner.predicted_ms if winner.measured_ms is None else winner.measured_ms
+    faster = [t for t in tuned if t.measured_ms is None and t.predicted_ms < step_ms]
+    if faster:
+        more = f" (and {len(faster) - 1} more)" if len(faster) > 1 else ""
+        line += (f"; {faster[0].name} is predicted faster ({faster[0].predicted_ms:.1f} ms){more} but was not "
+                 f"measured: {unmeasured(faster[0])}")
+    return line
+
+
+def check_arguments(world: int, budget_s: float, measure: int) -> None:
+    """Refuses the numbers ``tune`` cannot take, before it probes or profiles anything."""
+    if world < 1:
+        raise UserError(f"--world-size counts the ranks, 1 or more; got {world}")
+    if not (math.isfinite(budget_s) and budget_s > 0):
+        raise UserError(f"--budget-s is the seconds tune may take, a finite number above 0; got {budget_s:g} (the "
+                        "default is 300)")
+    if measure < 0:
+        raise UserError(f"--measure counts the candidates to measure, 0 or more; got {measure}")
 
 
 def combinations(offered: dict[str, tuple]) -> list[tuple[tuple[str, object], ...]]:
@@ -232,9 +282,9 @@ def _predicted(tuned: list[Tuned], cluster: Cluster, corrections: Corrections) -
     return sorted(again, key=lambda t: t.predicted_ms)
 
 
-def _bench(config_path, world: int, overrides: list[str], results: Path, left_s: float) -> float | None:
-    """A candidate's median step ms by ``snnfw bench`` (its record appended to ``results``), in a process of its
-    own that the budget ends; None where it failed or ran out of time."""
+def _bench(config_path, world: int, overrides: list[str], results: Path, left_s: float) -> tuple[float | None, str]:
+    """``(median step ms, "")`` of a candidate by ``snnfw bench`` (its record appended to ``results``), in a process
+    of its own that the budget ends; ``(None, why)`` where there is no measurement."""
     command = [sys.executable, "-m", "snnfw", "bench", str(config_path), "--nproc", str(world), "--warmup", str(WARMUP),
                "--steps", str(STEPS), "--results", str(results), "--label", "tune",
                *(arg for override in overrides for arg in ("--set", override))]
@@ -246,13 +296,14 @@ def _bench(config_path, world: int, overrides: list[str], results: Path, left_s:
     except subprocess.TimeoutExpired:
         os.killpg(process.pid, 9)
         process.wait()
-        print("\n  stopped: the budget ran out", file=sys.stderr)
-        return None
+        print(f"\n  stopped: {BUDGET_RAN_OUT}", file=sys.stderr)
+        return None, BUDGET_RAN_OUT
     if process.returncode:
-        print(f"\n  failed: {errors.strip().splitlines()[-1] if errors.strip() else process.returncode}", file=sys.stderr)
-        return None
+        said = errors.strip().splitlines()[-1] if errors.strip() else f"exit status {process.returncode}"
+        print(f"\n  failed: {said}", file=sys.stderr)
+        return None, f"its run failed ({said})"
     records = cost_model.read_records(results)
-    return records[-1]["step_ms"] if len(records) > before else None
+    return (records[-1]["step_ms"], "") if len(records) > before else (None, "its run wrote no record")
 
 
 def _name(candidate) -> str:
