@@ -26,9 +26,9 @@ import math
 
 import attrs
 
+from snnfw.config import with_settings
 from snnfw.errors import PluginError
 from snnfw.plan.estimate import ddp_buckets, estimate, ring_bytes
-from snnfw.config import with_settings
 from snnfw.plan.layout import AUTO, COMPOSED, Mesh, PlanRequest, Proposal
 from snnfw.plugin.strategy import DATA, IN_PLACE, REPLICATED, SHARDED, SPLIT, STAGES, Strategy
 
