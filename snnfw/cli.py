@@ -259,9 +259,8 @@ def _export_nir(args) -> int:
     load_weights(prepared.model, read_weights(weights))
     test_set = build_datasets(config, prepared.spec, plugins)[1]
     frames, _ = datalib.load(test_set, torch.arange(min(4, len(test_set))), torch.device("cpu"))
-    graph, spikes = nir_export.export(prepared.model, frames, out)
-    print(f"exported {weights} as NIR: {len(graph.nodes)} nodes, {len(frames)} test samples simulated from it give "
-          f"the model's {spikes:,} spikes -> {out}")
+    graph, checked = nir_export.export(prepared.model, frames, out)
+    print(f"exported {weights} as NIR: {len(graph.nodes)} nodes; {checked.line()} -> {out}")
     return 0
 
 
