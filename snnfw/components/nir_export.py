@@ -23,6 +23,7 @@ on which every neuron layer fires.
 
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 
 import attrs
@@ -262,7 +263,7 @@ def export(model: nn.Module, test_frames: torch.Tensor, out: str | Path) -> tupl
     refuses, in one line naming the layer, what the graph cannot give as the model computes it."""
     import nir
 
-    model = model.double().eval()
+    model = copy.deepcopy(model).double().eval()  # the caller's model left as it is
     test_frames = test_frames.double()
     chain = layers(model)
     graph, sources = _graph(chain, tuple(test_frames.shape[2:]))

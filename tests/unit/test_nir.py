@@ -268,3 +268,61 @@ def test_inputs_are_searched_until_every_layer_fires(tmp_path):
     graph, checked = export(net, torch.zeros(2, T, 2, 4, 4), tmp_path / "m.nir")
     assert checked.test == 2 and checked.samples > 2 and checked.scale >= 4 and checked.spikes > 0
     assert checked.layers == 6 and nir.read(str(tmp_path / "m.nir")).metadata["dt"] == 1e-4
+
+
+def test_snntorch_reads_the_quickstart_export_as_snnfw_runs_it(tmp_path, capsys):
+    """snntorch's importer (``snntorch.import_nir.import_from_nir``) builds the quickstart's network from its NIR
+    export: fed one sample at a time (its Flatten folds a batch away), one time step a call, it gives snnfw's logits
+    within 1e-6 and every spike of every neuron layer, on the first test samples, on which every layer fires."""
+    import snntorch.utils
+    from snntorch.import_nir import import_from_nir
+
+    from snnfw.components.nir_export import _neuron_kind, export
+    from snnfw.config import load_config
+    from snnfw.data import batches as datalib
+    from snnfw.plan.prepare import build_datasets, build_model
+
+    config = load_config(ROOT / "examples" / "quickstart.toml")
+    model, spec = build_model(config, Plugins())
+    model = trained_like(model).float()
+    frames = datalib.load(build_datasets(config, spec, Plugins())[1], torch.arange(4), torch.device("cpu"))[0]
+    export(model, frames, tmp_path / "q.nir")
+    imported = import_from_nir(nir.read(str(tmp_path / "q.nir")))  # prints its threshold scaling: r*dt/tau = 1/tau
+    capsys.readouterr()
+
+    chain = [name for name, _ in layers(model)]
+    neurons = [name for name, module in layers(model) if _neuron_kind(module)]
+    want, outputs = nir_forward.run(model, frames, chain, set(chain))
+    recorded = {}
+    for name in neurons:
+        imported.get_submodule(name.replace(".", "_")).register_forward_hook(
+            lambda module, args, out, name=name: recorded[name].append(out))
+    logits, spikes = [], {name: [] for name in neurons}
+    for sample in frames:
+        snntorch.utils.reset(imported)
+        recorded.update({name: [] for name in neurons})
+        with torch.no_grad():
+            logits.append(torch.stack([imported(frame)[0] for frame in sample]).mean(0))
+        for name in neurons:
+            spikes[name].append(torch.stack(recorded[name]))
+    assert len(neurons) == 8
+    for name in neurons:
+        assert outputs[name].sum() > 0, f"layer {name} does not fire: its spikes compare nothing"
+        assert torch.equal(torch.stack(spikes[name], 1), outputs[name]), name
+    assert (torch.stack(logits) - want.mean(0)).abs().max() <= 1e-6
+
+
+def test_r_is_folded_into_the_synapse_and_dt_is_in_the_metadata(tmp_path):
+    """Readers that take a neuron's r as 1 (norse) lose nothing: every neuron of the VGG follows a Conv or Linear,
+    which carries its r; the time step is the graph's metadata["dt"]; the graph still gives the model's spikes."""
+    model = trained_like(family("cifar10dvs_vgg"))
+    nir.write(str(tmp_path / "m.nir"), to_nir(model, (2, 32, 32)))
+    graph = nir.read(str(tmp_path / "m.nir"))
+    neurons = {name: node for name, node in graph.nodes.items() if isinstance(node, (nir.LIF, nir.IF))}
+    assert len(neurons) == 8 and all((node.r == 1).all() for node in neurons.values())
+    assert graph.metadata["dt"] == 1e-4 and all((node.tau == 1.333 * 1e-4).all() for node in neurons.values())
+    frames = (torch.rand(2, T, 2, 32, 32, generator=torch.Generator().manual_seed(0)) < 0.3).double()
+    chain = [name for name, _ in layers(model)]
+    outputs = nir_forward.run(model, frames, chain, set(chain))[1]
+    simulated = simulate(graph, frames.transpose(0, 1))[1]
+    assert all(outputs[name].any() and torch.equal(simulated[name], outputs[name]) for name in neurons)
