@@ -108,9 +108,12 @@ def test_a_layer_nir_cannot_express_is_refused_by_name(tmp_path, capsys):
     assert "layer 2 (MaxPool2d) cannot be expressed in NIR" in err and not (tmp_path / "m.nir").exists()
 
 
-def test_nir_export_needs_the_config(tmp_path, capsys):
-    status = main(["export", str(tmp_path), "--format", "nir", "--out", str(tmp_path / "m.nir")])
-    assert status == 2 and "--config" in capsys.readouterr().err
+def test_weights_of_no_recorded_run_need_the_config(tmp_path, capsys):
+    torch.save(trained_like(family("cifar10dvs_vgg")).float().state_dict(), tmp_path / "w.pt")
+    status = main(["export", str(tmp_path / "w.pt"), "--format", "nir", "--out", str(tmp_path / "m.nir")])
+    assert status == 2 and capsys.readouterr().err.splitlines() == [
+        f"snnfw: error: {tmp_path} holds neither summary.json nor plan.json, which record the config of the run that "
+        "wrote the weights; pass its config with --config CONFIG"]
 
 
 class Residual(nn.Module):
