@@ -66,13 +66,13 @@ def layers(model: nn.Module, prefix: str = "") -> list[tuple[str, nn.Module]]:
     chain = []
     for name, child in model.named_children():
         full = f"{prefix}{name}"
-        known = isinstance(child, (*SYNAPSES, *NORMS, nn.Flatten, nn.AvgPool2d)) or _neuron_kind(child) not in (
-            None, "other")
+        kind = _neuron_kind(child)
+        known = isinstance(child, (*SYNAPSES, *NORMS, nn.Flatten, nn.AvgPool2d)) or kind in ("lif", "if")
         if isinstance(child, _SKIPPED) or type(child).__name__ == "Dropout":  # SpikingJelly's Dropout is its own
             continue
         if known:
             chain.append((full, child))
-        elif _neuron_kind(child) == "other":
+        elif kind == "other":
             raise _refuse(full, child, "NIR has SpikingJelly's LIFNode, ParametricLIFNode and IFNode, not this one")
         elif any(True for _ in child.children()):
             chain += layers(child, f"{full}.")
