@@ -232,41 +232,41 @@ def _cmd_export(args) -> int:
 
     if args.format == "nir":
         return _export_nir(args)
-    if args.config:
-        raise ConfigError("--config builds the network for --format nir; a state dict needs none: remove --config")
+    for given, flag in ((args.config, "--config"), (args.overrides, "--set")):
+        if given:
+            raise ConfigError(f"{flag} changes the config that builds the network for --format nir; a state dict "
+                              f"is exported without one: remove {flag}")
     print(export(args.source, args.out).line())
     return 0
 
 
 def _export_nir(args) -> int:
-    """``snnfw export --format nir``: the config's network with the weights of SOURCE as a NIR graph, checked
-    against the model's spikes on the first test samples."""
+    """``snnfw export --format nir``: the network of the run's own config (or ``--config``), with ``--set``, and the
+    weights SOURCE names, as a NIR graph, checked against the model on the first test samples and inputs on which
+    every layer fires. One process, whatever strategy trained it: nothing is planned."""
     import torch
 
-    from snnfw.components import extras, nir_export
+    from snnfw.components import export, extras, nir_export
     from snnfw.components.weights import load_weights, read_weights
     from snnfw.config import load_config
     from snnfw.data import batches as datalib
-    from snnfw.errors import ConfigError
-    from snnfw.plan.prepare import build_datasets, prepare
+    from snnfw.plan.prepare import build_datasets, model_alone
     from snnfw.plugin.manager import Plugins
     from snnfw.rundir import check_writable
 
-    if not args.config:
-        raise ConfigError("--format nir builds the network from its training config; pass --config CONFIG")
     extras.require("nir", "--format nir", "nir")
-    config, plugins = load_config(args.config), Plugins()
-    prepared = prepare(config, 1, plugins)
-    nir_export.layers(prepared.model)  # a layer NIR cannot express, refused before the weights are read
+    weights = export.weights_of(args.source)[0]  # a run without weights refused before anything is built
+    config = load_config(args.config, args.overrides) if args.config else export.run_config(weights, args.overrides)
+    plugins = Plugins()
+    config, model, spec = model_alone(config, plugins)
+    nir_export.layers(model)  # a layer NIR cannot express, refused before the weights are read
     out = Path(args.out)
     check_writable(out, "--out")
-    weights = _scored_weights(Path(args.source))
-    load_weights(prepared.model, read_weights(weights))
-    test_set = build_datasets(config, prepared.spec, plugins)[1]
+    load_weights(model, read_weights(weights))
+    test_set = build_datasets(config, spec, plugins)[1]
     frames, _ = datalib.load(test_set, torch.arange(min(4, len(test_set))), torch.device("cpu"))
-    graph, spikes = nir_export.export(prepared.model, frames, out)
-    print(f"exported {weights} as NIR: {len(graph.nodes)} nodes, {len(frames)} test samples simulated from it give "
-          f"the model's {spikes:,} spikes -> {out}")
+    graph, checked = nir_export.export(model, frames, out)
+    print(f"exported {weights} as NIR: {len(graph.nodes)} nodes; {checked.line()} -> {out}")
     return 0
 
 
@@ -297,14 +297,12 @@ def _cmd_eval(args) -> int:
 
 
 def _scored_weights(weights: Path) -> Path:
-    """The file or checkpoint folder ``--weights`` names: itself, a run directory's ``final_model.pt``, else the run
-    directory's newest complete checkpoint."""
-    from snnfw import rundir
+    """The file or checkpoint folder ``--weights`` names: itself, or a run directory's newest weights, its newest
+    complete checkpoint unless its final_model.pt is newer (:func:`snnfw.components.export.weights_of`, as
+    ``snnfw export`` reads it)."""
     from snnfw.components import export
 
-    if weights.is_dir() and (weights / rundir.FINAL_MODEL).is_file():
-        return weights / rundir.FINAL_MODEL
-    return export.find(weights)[0] if weights.is_dir() else weights
+    return export.weights_of(weights)[0]
 
 
 def _cmd_plot(args) -> int:
@@ -377,13 +375,17 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--set", **overrides)
     p.set_defaults(run=_cmd_tune)
 
-    p = sub.add_parser("export", help="write a checkpoint's model state as a plain state dict (torch.save or .safetensors)")
-    p.add_argument("source", metavar="RUN_DIR_OR_CHECKPOINT",
-                   help="a run directory (its newest complete checkpoint) or a checkpoints/step-K folder")
+    p = sub.add_parser("export", help="write a run's model as a plain state dict (torch.save or .safetensors) or NIR")
+    p.add_argument("source", metavar="SOURCE",
+                   help="a run directory (its newest complete checkpoint, or its final_model.pt where that is "
+                        "newer), a checkpoints/step-K folder, or a weights file (best_model.pt, say)")
     p.add_argument("--out", required=True, metavar="FILE", help="where to write; a .safetensors name writes that format")
     p.add_argument("--format", choices=("state_dict", "nir"), default="state_dict",
-                   help="nir: the network as a Neuromorphic Intermediate Representation graph (needs --config)")
-    p.add_argument("--config", help="with --format nir: the training config, which builds the network")
+                   help="nir: the network as a Neuromorphic Intermediate Representation graph, in one process "
+                        "whatever strategy trained it")
+    p.add_argument("--config", help="with --format nir: the config that builds the network (default: the one the "
+                                    "run recorded, in its summary.json or plan.json)")
+    p.add_argument("--set", **overrides)  # with --format nir
     p.set_defaults(run=_cmd_export)
 
     for name, text in (("eval", "score weights on the test split under the config's strategy (eval.json in --run-dir)"),
@@ -391,7 +393,8 @@ def parser() -> argparse.ArgumentParser:
         p = sub.add_parser(name, help=text)
         p.add_argument("config")
         p.add_argument("--weights", required=True, metavar="PATH",
-                       help="a run directory (its final_model.pt, else newest checkpoint), a checkpoint, or a .pt file")
+                       help="a run directory (its newest checkpoint, or final_model.pt where newer), a checkpoint, "
+                            "or a .pt file")
         p.add_argument("--nproc", type=int, default=1, help="ranks to start (default 1)")
         p.add_argument("--run-dir", help="where eval.json goes (default: beside the weights, in their run directory)")
         p.add_argument("--set", **overrides)

@@ -1,28 +1,33 @@
-"""``snnfw export``: a plain state dict (the model's own names -> whole tensors) from a checkpoint.
+"""``snnfw export``: a plain state dict (the model's own names -> whole tensors) from a run's weights.
 
-A checkpoint already holds the model whole, by the model's parameter and
-buffer names, whatever the strategy and world size that wrote it (tensor
-parallel slices and FSDP2 shards gathered, pipeline stages by model names).
-Export reads only those entries (and the optimizer's parameter names, to count
-parameters), in one process without a process group, through the checkpoint's
-safe loading, once every file of the checkpoint is checked against its
-digest, and writes them with ``torch.save`` (or as safetensors), with their
-SHA-256 beside them (``OUT.sha256``, as ``sha256sum`` writes it), which
-``snnfw eval`` and ``predict`` check.
+The weights a source names (:func:`weights_of`, which ``snnfw export`` in either format, ``eval`` and
+``predict`` share): a file (``final_model.pt``, ``best_model.pt``, an earlier export), a checkpoint folder,
+or a run directory's newest, its newest whole checkpoint unless its ``final_model.pt`` is newer (the run
+ended after its last checkpoint, or wrote none). A checkpoint already holds the model whole, by the model's parameter and
+buffer names, whatever the strategy and world size that wrote it (tensor parallel slices and FSDP2 shards
+gathered, pipeline stages by model names). Export reads only those entries (and the optimizer's parameter
+names, to count parameters), in one process without a process group, through the checkpoint's safe loading,
+once every file of the checkpoint is checked against its digest, and writes them with ``torch.save`` (or as
+safetensors), with their SHA-256 beside them (``OUT.sha256``, as ``sha256sum`` writes it), which ``snnfw
+eval`` and ``predict`` check. :func:`run_config` reads the config a run recorded, which builds the network
+for ``--format nir``.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
+import json
+
 import attrs
 import torch
 
 from snnfw.components import checkpoint as ckpt
 from snnfw.components import integrity
-from snnfw.errors import CheckpointError
-from snnfw.rundir import (BEST_MODEL, CHECKPOINTS, FINAL_MODEL, STEP, STEP_META, TEMP_PREFIX, check_writable, write_text,
-                          written_whole)
+from snnfw.config import Config, build_config
+from snnfw.errors import CheckpointError, ConfigError
+from snnfw.rundir import (BEST_MODEL, CHECKPOINTS, FINAL_MODEL, PLAN, STEP, STEP_META, SUMMARY, TEMP_PREFIX,
+                          check_writable, checkpoint_step, complete_checkpoints, write_text, written_whole)
 
 SAFETENSORS = ".safetensors"
 DIGEST = ".sha256"  # beside an export: its SHA-256 and name, as sha256sum writes them
@@ -32,13 +37,13 @@ DIGEST = ".sha256"  # beside an export: its SHA-256 and name, as sha256sum write
 class Exported:
     """What :func:`export` wrote."""
 
-    checkpoint: Path
+    source: Path  # the checkpoint folder or weights file read
     out: Path
-    step: int
+    step: int | None  # None for a weights file of no run
     meta: dict
     tensors: int
     values: int
-    parameters: int | None  # elements of the optimizer's parameters; None when the checkpoint does not name them
+    parameters: int | None  # elements of the optimizer's parameters; None when the source does not name them
 
     def line(self) -> str:
         origin = ""
@@ -47,7 +52,59 @@ class Exported:
         count = f"{self.parameters:,} parameters" if self.parameters is not None else f"{self.values:,} values"
         if self.parameters is not None and self.values != self.parameters:
             count += f" and {self.values - self.parameters:,} buffer values"
-        return f"exported step {self.step} of {self.checkpoint}{origin}: {self.tensors} tensors, {count} -> {self.out}"
+        what = f"step {self.step} of {self.source}" if self.step is not None else str(self.source)
+        return f"exported {what}{origin}: {self.tensors} tensors, {count} -> {self.out}"
+
+
+def _is_checkpoint(folder: Path) -> bool:
+    return folder.name.startswith(STEP) or any((folder / name).exists() for name in (STEP_META, ".metadata"))
+
+
+def weights_of(source: str | Path) -> tuple[Path, dict | None]:
+    """The weights ``source`` names, and for a checkpoint its ``meta.json`` once checked whole (:func:`find`): a
+    file or a checkpoint folder itself; of a run directory its newest, its newest whole checkpoint (whose files are
+    checked against their digests) unless its ``final_model.pt`` is newer (the run ended after its last checkpoint,
+    or wrote none). Refuses a source that holds neither, naming what was looked for."""
+    source = Path(source)
+    if source.is_file():
+        return source, None
+    newest, ended = complete_checkpoints(source / CHECKPOINTS), _summary(source).get("steps")  # final_model.pt's step
+    if (source / FINAL_MODEL).is_file() and (not newest or isinstance(ended, int) and ended > checkpoint_step(newest[-1])):
+        return source / FINAL_MODEL, None
+    return find(source)
+
+
+def _summary(run_dir: Path) -> dict:
+    """The run's ``summary.json`` ({} when it has none, or one that cannot be read)."""
+    try:
+        summary = json.loads((run_dir / SUMMARY).read_text())
+    except (OSError, ValueError):
+        return {}
+    return summary if isinstance(summary, dict) else {}
+
+
+def run_of(source: str | Path) -> Path:
+    """The run directory that holds ``source``: a run directory itself, a checkpoint's run, a weights file's folder."""
+    source = Path(source)
+    if source.is_file():
+        return source.parent
+    if _is_checkpoint(source):
+        return source.parent.parent if source.parent.name == CHECKPOINTS else source.parent
+    return source.parent if source.name == CHECKPOINTS else source
+
+
+def run_config(source: str | Path, overrides: list[str] = ()) -> Config:
+    """The config the run holding ``source`` recorded (its ``summary.json``, else the ``plan.json`` that snnfw
+    train wrote), with ``overrides`` (``--set``) applied."""
+    run = run_of(source)
+    recorded = _summary(run).get("config")
+    if recorded is None:
+        try:
+            recorded = json.loads((run / PLAN).read_text())["plan"]["config"]
+        except (OSError, ValueError, KeyError, TypeError):
+            raise ConfigError(f"{run} holds neither {SUMMARY} nor {PLAN}, which record the config of the run that "
+                              "wrote the weights; pass its config with --config CONFIG") from None
+    return build_config(recorded, list(overrides))
 
 
 def find(source: str | Path) -> tuple[Path, dict]:
@@ -55,20 +112,21 @@ def find(source: str | Path) -> tuple[Path, dict]:
     whole one of a run directory (newer ones damaged or not completed passed over with a note)."""
     source = Path(source)
     if not source.exists():
-        raise CheckpointError(f"{source} does not exist; name a run directory or one of its checkpoints/step-K folders")
+        raise CheckpointError(f"{source} does not exist; name a run directory, one of its checkpoints/step-K folders "
+                              "or a weights file")
     if source.name.startswith(TEMP_PREFIX):
         raise CheckpointError(f"{source} is not a complete checkpoint (it has no {STEP_META}); export a complete one")
-    if source.name.startswith(STEP) or any((source / name).exists() for name in (STEP_META, ".metadata")):
+    if _is_checkpoint(source):
         found = source, integrity.verify(source)
     else:
         root = source if source.name == CHECKPOINTS else source / CHECKPOINTS
         found = integrity.newest_whole(root, integrity.note)
         if found is None:
-            plain = [name for name in (FINAL_MODEL, BEST_MODEL) if (source / name).is_file()]
+            best = source / BEST_MODEL
             raise CheckpointError(
-                f"{source} holds no complete checkpoint: looked for {root}/{STEP}K folders with {STEP_META} "
-                "(written with checkpoint.every = N and --run-dir)"
-                + (f"; its {' and '.join(plain)} are plain state dicts already, to load as they are" if plain else "")
+                f"{source} holds no {FINAL_MODEL} (written when a run ends) and no complete checkpoint: looked for "
+                f"{root}/{STEP}K folders with {STEP_META} (written with checkpoint.every = N and --run-dir)"
+                + (f"; name {best}, the best validation's weights, to export them" if best.is_file() else "")
             )
     if integrity.DIGESTS not in found[1]:
         integrity.note(integrity.unsealed_note(found[0]))
@@ -110,12 +168,15 @@ def _writer(out: Path):
 
 
 def export(source: str | Path, out: str | Path) -> Exported:
-    """Writes the model state of checkpoint or run directory ``source`` to ``out``; loadable with
+    """Writes the model state of the weights ``source`` names (:func:`weights_of`) to ``out``; loadable with
     ``module.load_state_dict(torch.load(out, weights_only=True))``."""
-    (path, meta), out = find(source), Path(out)
+    (path, meta), out = weights_of(source), Path(out)
     check_writable(out, "--out")
     write = _writer(out)
-    state, names = model_state(path)
+    if meta is None:
+        state, names, (step, meta) = read_file(path), None, _origin(path)
+    else:
+        step, (state, names) = meta["step"], model_state(path)
     try:
         with written_whole(out) as temp:
             write(state, temp)
@@ -126,7 +187,46 @@ def export(source: str | Path, out: str | Path) -> Exported:
                               "place") from None
     tensors = [value for value in state.values() if torch.is_tensor(value)]
     parameters = sum(state[name].numel() for name in names if name in state) if names is not None else None
-    return Exported(path, out, meta["step"], meta, len(tensors), sum(t.numel() for t in tensors), parameters)
+    return Exported(path, out, step, meta, len(tensors), sum(t.numel() for t in tensors), parameters)
+
+
+def _origin(weights: Path) -> tuple[int | None, dict]:
+    """The step and the strategy and world size of a run's ``final_model.pt``, by its summary; (None, {}) for another
+    file."""
+    plan = _summary(weights.parent).get("plan") if weights.name == FINAL_MODEL else None
+    if not isinstance(plan, dict) or "strategy" not in plan:
+        return None, {}
+    return _summary(weights.parent).get("steps"), {"strategy": plan["strategy"], "world_size": plan["world_size"]}
+
+
+def read_file(source: Path) -> dict[str, torch.Tensor]:
+    """The state dict in the ``.pt`` or ``.safetensors`` file ``source``, checked against a digest beside it; read
+    without running code from it (``weights_only``)."""
+    check_digest(source)
+    try:
+        if source.name.endswith(SAFETENSORS):
+            from safetensors.torch import load_file
+
+            weights = load_file(source)
+        else:
+            weights = torch.load(source, weights_only=True, map_location="cpu")
+    except Exception as err:  # truncated, empty, not a torch file, or holding what weights_only refuses
+        raise CheckpointError(f"{source} cannot be read as a state dict ({_unreadable(err)}); give a file that "
+                              "torch.save or snnfw export wrote, a run directory or a checkpoint") from None
+    if not isinstance(weights, dict) or not all(isinstance(k, str) and isinstance(t, torch.Tensor) for k, t in weights.items()):
+        raise CheckpointError(f"{source} holds {type(weights).__name__}, not a state dict of parameter names to tensors; "
+                              "give what model.state_dict() or snnfw export wrote")
+    return weights
+
+
+def _unreadable(err: Exception) -> str:
+    """Why torch.load refused a file, without torch's advice to load it unsafely (``weights_only=False``)."""
+    text = str(err)
+    found = [line.strip() for line in text.splitlines() if "Unsupported global: GLOBAL " in line]
+    if found:
+        return f"it holds {found[0].split('GLOBAL ')[-1].split()[0]}, not only tensors, and snnfw does not unpickle code"
+    first = "" if "Weights only load failed" in text or not text.strip() else text.strip().splitlines()[0][:200]
+    return f"not a torch file, or cut short: {type(err).__name__}" + (f" {first}" if first else "")
 
 
 def digest_of(path: Path) -> Path:

@@ -117,6 +117,8 @@ def _check_sealed(folder: Path, meta: dict) -> None:
         raise Damaged(folder, f"{where} is step {meta.get('step')}'s, not this folder's (moved from another "
                               "checkpoint)")
     listed = meta[DIGESTS]
+    if ".metadata" not in listed:  # every checkpoint has its index: a record of none would check nothing
+        raise Damaged(folder, f"{where} records no digest of .metadata, the checkpoint's index, so it checks nothing")
     present = {p.name for p in folder.glob("*.distcp")} | ({".metadata"} & {p.name for p in folder.iterdir()})
     missing, extra = sorted(listed.keys() - present), sorted(present - listed.keys())
     if missing:

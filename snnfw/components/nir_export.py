@@ -9,26 +9,35 @@ The network is read as the chain of its layers in the order they are registered 
 - ``Flatten`` -> ``nir.Flatten``, and one before a ``Linear`` that receives a feature map (the model's
   ``torch.flatten``); ``AvgPool2d`` -> ``nir.AvgPool2d``; ``Dropout`` and ``Identity`` left out.
 
-Anything else is refused naming the layer. Neurons: SpikingJelly's discrete step with ``tau`` is
+Anything else is refused naming the layer, and so is what the forward computes beside the layers (a residual add:
+:mod:`snnfw.components.nir_forward`). Neurons: SpikingJelly's discrete step with ``tau`` is
 ``v += (x - (v - v_reset)) / tau`` (``decay_input``) or ``v += x - (v - v_reset) / tau``, NIR's LIF is
 ``tau_nir dv/dt = (v_leak - v) + r x``: with ``tau_nir = tau * DT``, ``v_leak = v_reset`` and ``r = 1``
-(``decay_input``) or ``tau``, its Euler step of ``DT`` is SpikingJelly's step; an IF's ``r = 1 / DT``. A neuron
-spikes where ``v >= v_threshold`` and is then set to ``v_reset``. :func:`simulate` runs a graph so, and
-:func:`export` refuses a graph whose simulation does not give the model's spikes on an example batch.
+(``decay_input``) or ``tau``, its Euler step of ``DT`` is SpikingJelly's step; an IF's ``r = 1 / DT``. Where the
+synapse before a neuron is a ``Linear`` or ``Conv``, ``r`` is folded into its weight and bias and the neuron's
+``r`` is 1 (what readers that take ``r`` as 1 read); ``DT`` is the graph's ``metadata["dt"]``. A neuron spikes
+where ``v >= v_threshold`` and is then set to ``v_reset``. :func:`simulate` runs a graph so, and :func:`export`
+writes a graph only once its simulation gives the output of every layer of the model, and every spike, on inputs
+on which every neuron layer fires.
 """
 
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 
+import attrs
 import numpy as np
 import torch
 from torch import nn
 from torch.nn import functional as F
 
+from snnfw.components import nir_forward
 from snnfw.errors import CheckpointError
 
 DT = 1e-4  # seconds a time step, as SpikingJelly's own NIR exchange
+SYNAPSES = (nn.Linear, nn.Conv1d, nn.Conv2d)
+NORMS = (nn.BatchNorm1d, nn.BatchNorm2d)
 _SKIPPED = (nn.Dropout, nn.Identity)
 
 
@@ -42,10 +51,12 @@ def _refuse(name: str, module: nn.Module, why: str) -> CheckpointError:
 
 
 def _neuron_kind(module: nn.Module) -> str | None:
+    """``lif`` or ``if`` for the neurons NIR maps (their own classes: a subclass steps otherwise), ``other`` for
+    another SpikingJelly neuron, None for anything else."""
     from spikingjelly.activation_based import neuron
 
     for kind, classes in (("lif", (neuron.LIFNode, neuron.ParametricLIFNode)), ("if", (neuron.IFNode,))):
-        if isinstance(module, classes):
+        if type(module) in classes:
             return kind
     return "other" if isinstance(module, neuron.BaseNode) else None
 
@@ -55,14 +66,14 @@ def layers(model: nn.Module, prefix: str = "") -> list[tuple[str, nn.Module]]:
     chain = []
     for name, child in model.named_children():
         full = f"{prefix}{name}"
-        known = isinstance(child, (nn.Linear, nn.Conv1d, nn.Conv2d, nn.BatchNorm1d, nn.BatchNorm2d, nn.Flatten,
-                                   nn.AvgPool2d)) or _neuron_kind(child) not in (None, "other")
+        kind = _neuron_kind(child)
+        known = isinstance(child, (*SYNAPSES, *NORMS, nn.Flatten, nn.AvgPool2d)) or kind in ("lif", "if")
         if isinstance(child, _SKIPPED) or type(child).__name__ == "Dropout":  # SpikingJelly's Dropout is its own
             continue
         if known:
             chain.append((full, child))
-        elif _neuron_kind(child) == "other":
-            raise _refuse(full, child, "NIR has LIF and IF neurons")
+        elif kind == "other":
+            raise _refuse(full, child, "NIR has SpikingJelly's LIFNode, ParametricLIFNode and IFNode, not this one")
         elif any(True for _ in child.children()):
             chain += layers(child, f"{full}.")
         else:
@@ -70,21 +81,27 @@ def layers(model: nn.Module, prefix: str = "") -> list[tuple[str, nn.Module]]:
     return chain
 
 
-def _folded(layer: nn.Module, norm: nn.Module | None) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """The weight and bias of ``layer`` with the batch norm ``norm`` after it folded in."""
+def _folded(layer: nn.Module, named_norm: tuple[str, nn.Module] | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The weight and bias of ``layer`` with the batch norm ``named_norm`` (name, module) after it folded in."""
     weight, bias = layer.weight.detach().double(), None if layer.bias is None else layer.bias.detach().double()
-    if norm is None:
+    if named_norm is None:
         return weight, bias
-    scale = norm.weight.detach().double() / torch.sqrt(norm.running_var.double() + norm.eps)
-    shift = norm.bias.detach().double() - norm.running_mean.double() * scale
+    name, norm = named_norm
+    if norm.running_mean is None:
+        raise _refuse(name, norm, "without running statistics (track_running_stats=False) it normalises by each batch")
+    scale = torch.rsqrt(norm.running_var.double() + norm.eps)
+    scale = scale if norm.weight is None else norm.weight.detach().double() * scale
+    shift = -norm.running_mean.double() * scale + (0 if norm.bias is None else norm.bias.detach().double())
     weight = weight * scale.view(-1, *[1] * (weight.dim() - 1))
     return weight, shift if bias is None else bias * scale + shift
 
 
-def _synapse(name: str, layer: nn.Module, norm: nn.Module | None, shape: tuple[int, ...]):
+def _synapse(name: str, layer: nn.Module, norm: tuple[str, nn.Module] | None, shape: tuple[int, ...], gain: float):
+    """The NIR node of ``layer`` with ``norm`` folded in, its weight and bias times ``gain``."""
     import nir
 
     weight, bias = _folded(layer, norm)
+    weight, bias = weight * gain, None if bias is None else bias * gain
     if isinstance(layer, nn.Linear):
         return nir.Linear(_numpy(weight)) if bias is None else nir.Affine(_numpy(weight), _numpy(bias))
     if layer.padding_mode != "zeros" or isinstance(layer.padding, str):
@@ -97,40 +114,58 @@ def _synapse(name: str, layer: nn.Module, norm: nn.Module | None, shape: tuple[i
                 padding=pick(layer.padding), dilation=pick(layer.dilation), groups=layer.groups, bias=bias)
 
 
-def _neuron(name: str, module: nn.Module, shape: tuple[int, ...]):
+def _resistance(module: nn.Module) -> float:
+    """NIR's ``r`` of a SpikingJelly neuron: ``1 / DT`` (IF), 1 (LIF with ``decay_input``) or ``tau``."""
+    if _neuron_kind(module) == "if":
+        return 1 / DT
+    return 1.0 if module.decay_input else _tau(module)
+
+
+def _tau(module: nn.Module) -> float:
+    return 1 / module.w.sigmoid().item() if hasattr(module, "w") else float(module.tau)
+
+
+def _neuron(name: str, module: nn.Module, shape: tuple[int, ...], r: float):
     import nir
 
     if module.v_reset is None:
         raise _refuse(name, module, "a soft reset (v_reset = None); NIR's neurons reset to v_reset")
+    if not getattr(module.surrogate_function, "spiking", True):
+        raise _refuse(name, module, "its surrogate function has spiking=False, so it emits analog values, not spikes")
     full = lambda value: np.full(shape, float(value))  # noqa: E731
     if _neuron_kind(module) == "if":
-        return nir.IF(r=full(1 / DT), v_threshold=full(module.v_threshold), v_reset=full(module.v_reset))
-    tau = 1 / module.w.sigmoid().item() if hasattr(module, "w") else module.tau
-    return nir.LIF(tau=full(tau * DT), r=full(1.0 if module.decay_input else tau), v_leak=full(module.v_reset),
+        return nir.IF(r=full(r), v_threshold=full(module.v_threshold), v_reset=full(module.v_reset))
+    return nir.LIF(tau=full(_tau(module) * DT), r=full(r), v_leak=full(module.v_reset),
                    v_threshold=full(module.v_threshold), v_reset=full(module.v_reset))
 
 
 def to_nir(model: nn.Module, shape: tuple[int, ...]) -> "nir.NIRGraph":
     """The NIR graph of ``model`` (in eval mode) for one sample's frame of ``shape`` a time step."""
+    return _graph(layers(model), tuple(shape))[0]
+
+
+def _graph(chain: list[tuple[str, nn.Module]], shape: tuple[int, ...]
+           ) -> tuple["nir.NIRGraph", dict[str, tuple[str, float]]]:
+    """The NIR graph of the layers ``chain``, and for each node that stands for a layer the layer whose output it
+    gives (a batch norm folded into the node before it: the batch norm) and the gain folded into it."""
     import nir
 
-    chain, nodes, order = layers(model), {}, []
-    shape = tuple(shape)
-    nodes["input"] = nir.Input(input_type=np.array(shape))
-    order.append("input")
+    nodes, order, sources = {"input": nir.Input(input_type=np.array(shape))}, ["input"], {}
     i = 0
     while i < len(chain):
         name, module = chain[i]
-        following = chain[i + 1][1] if i + 1 < len(chain) else None
-        if isinstance(module, (nn.BatchNorm1d, nn.BatchNorm2d)):
+        if isinstance(module, NORMS):
             raise _refuse(name, module, "a BatchNorm is exported folded into the Linear or Conv before it, and none is")
         if isinstance(module, nn.Linear) and len(shape) > 1:
             nodes[f"{name}.flatten"] = nir.Flatten(input_type=np.array(shape), start_dim=0, end_dim=-1)
             order.append(f"{name}.flatten")
             shape = (int(np.prod(shape)),)
-        if isinstance(module, (nn.Linear, nn.Conv1d, nn.Conv2d)):
-            norm = following if isinstance(following, (nn.BatchNorm1d, nn.BatchNorm2d)) else None
-            nodes[name] = _synapse(name, module, norm, shape)
+        if isinstance(module, SYNAPSES):
+            norm = chain[i + 1] if i + 1 < len(chain) and isinstance(chain[i + 1][1], NORMS) else None
+            after = chain[i + 1 + (norm is not None)][1] if i + 1 + (norm is not None) < len(chain) else None
+            gain = _resistance(after) if _neuron_kind(after) in ("lif", "if") else 1.0
+            nodes[name] = _synapse(name, module, norm, shape, gain)
+            sources[name] = (norm[0] if norm else name, gain)
             i += norm is not None
         elif isinstance(module, nn.Flatten):
             offset = 1 if hasattr(module, "step_mode") else 2  # SpikingJelly's sees [N, ...], a plain one [T, N, ...]
@@ -142,14 +177,16 @@ def to_nir(model: nn.Module, shape: tuple[int, ...]) -> "nir.NIRGraph":
             pair = lambda value: (value, value) if isinstance(value, int) else tuple(value)  # noqa: E731
             nodes[name] = nir.AvgPool2d(kernel_size=np.array(pair(module.kernel_size)),
                                         stride=np.array(pair(module.stride)), padding=np.array(pair(module.padding)))
-        else:
-            nodes[name] = _neuron(name, module, shape)
+        else:  # a neuron: r folded into the synapse right before it
+            folded = isinstance(chain[i - 1][1], (*SYNAPSES, *NORMS)) if i else False
+            nodes[name] = _neuron(name, module, shape, 1.0 if folded else _resistance(module))
+        sources.setdefault(name, (name, 1.0))
         order.append(name)
         shape = tuple(_step(nodes[name], torch.zeros(1, *shape, dtype=torch.float64), {}).shape[1:])
         i += 1
     nodes["output"] = nir.Output(output_type=np.array(shape))
     order.append("output")
-    return nir.NIRGraph(nodes=nodes, edges=list(zip(order, order[1:])))
+    return nir.NIRGraph(nodes=nodes, edges=list(zip(order, order[1:])), metadata={"dt": DT}), sources
 
 
 def _step(node, x: torch.Tensor, state: dict) -> torch.Tensor:
@@ -186,7 +223,7 @@ def _step(node, x: torch.Tensor, state: dict) -> torch.Tensor:
 
 def simulate(graph, frames: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Runs a chain ``graph`` over ``frames`` ``[T, N, ...]`` one time step at a time: its output ``[T, N, ...]``
-    and every neuron node's spikes ``[T, N, ...]`` by node name."""
+    and every node's output ``[T, N, ...]`` by node name."""
     import nir
 
     following = dict(graph.edges)
@@ -194,54 +231,70 @@ def simulate(graph, frames: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch
     while name is not None:
         order.append(name)
         name = following.get(name)
-    states = {name: {} for name in order}
-    outputs, spikes = [], {name: [] for name in order if isinstance(graph.nodes[name], (nir.LIF, nir.IF))}
+    states, outputs = {name: {} for name in order}, {name: [] for name in order}
     for frame in frames:
         x = frame
         for name in order:
             x = _step(graph.nodes[name], x, states[name])
-            if name in spikes:
-                spikes[name].append(x)
-        outputs.append(x)
-    return torch.stack(outputs), {name: torch.stack(steps) for name, steps in spikes.items()}
+            outputs[name].append(x)
+    return torch.stack(outputs[order[-1]]), {name: torch.stack(steps) for name, steps in outputs.items()}
 
 
-def model_spikes(model: nn.Module, frames: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """``model``'s output on ``frames`` ``[N, T, ...]`` and every NIR-mapped neuron's spikes ``[T, N, ...]``."""
-    from spikingjelly.activation_based import functional
+@attrs.frozen
+class Checked:
+    """What :func:`export` compared: the samples simulated (``test`` of them test samples, the others random frames
+    scaled up to ``scale`` times), the layers whose outputs were compared and the spikes, all equal."""
 
-    recorded, handles = {}, []
-    for name, module in layers(model):
-        if _neuron_kind(module) is not None:
-            handles.append(module.register_forward_hook(lambda m, args, out, name=name: recorded.__setitem__(name, out)))
-    functional.reset_net(model)
-    try:
-        with torch.no_grad():
-            out = model(frames)
-    finally:
-        for handle in handles:
-            handle.remove()
-        functional.reset_net(model)
-    return out, recorded
+    samples: int
+    test: int
+    scale: int
+    layers: int
+    spikes: int
+
+    def line(self) -> str:
+        random = f" and {self.samples - self.test} random frames scaled up to {self.scale} times" if self.scale else ""
+        return (f"checked on {self.test} test samples{random}, on which every neuron layer fires: simulated, the graph "
+                f"gives the output of each of the model's {self.layers} layers and its {self.spikes:,} spikes")
 
 
-def export(model: nn.Module, frames: torch.Tensor, out: str | Path) -> tuple["nir.NIRGraph", int]:
-    """Writes ``model``'s NIR graph to ``out`` once its simulation gives the model's spikes on ``frames``
-    ``[N, T, ...]`` (float64); returns the graph and the spikes compared."""
+def export(model: nn.Module, test_frames: torch.Tensor, out: str | Path) -> tuple["nir.NIRGraph", Checked]:
+    """Writes ``model``'s NIR graph to ``out`` once its simulation gives the output of every layer of the model and
+    every spike (float64) on ``test_frames`` ``[N, T, ...]`` and random frames that make every neuron layer fire;
+    refuses, in one line naming the layer, what the graph cannot give as the model computes it."""
     import nir
 
-    model = model.double().eval()
-    frames = frames.double()
-    graph = to_nir(model, tuple(frames.shape[2:]))
-    want, spikes = model_spikes(model, frames)
+    model = copy.deepcopy(model).double().eval()  # the caller's model left as it is
+    test_frames = test_frames.double()
+    chain = layers(model)
+    graph, sources = _graph(chain, tuple(test_frames.shape[2:]))
+    names = [name for name, _ in chain]
+    leaves = {name for name, module in model.named_modules() if name in names or isinstance(module, _SKIPPED)
+              or type(module).__name__ == "Dropout"}
+    neurons = [name for name, module in chain if _neuron_kind(module)]
+    frames, scale = nir_forward.firing_frames(model, test_frames, names, leaves, neurons)
+    want, outputs = nir_forward.run(model, frames, names, leaves)
     got, simulated = simulate(graph, frames.transpose(0, 1))
-    for name, value in spikes.items():
-        if not torch.equal(simulated[name], value):
-            raise CheckpointError(f"the NIR graph does not reproduce the spikes of layer {name}: the model's forward "
-                                  "is not the chain of its layers (a residual, a reshape in forward); export it as a "
-                                  "state dict (without --format nir)")
-    if not torch.allclose(got, want, rtol=1e-9, atol=1e-12):
-        raise CheckpointError("the NIR graph does not reproduce the model's output: its forward is not the chain of "
-                              "its layers; export it as a state dict (without --format nir)")
+    for node, (name, gain) in sources.items():
+        if not _matches(simulated[node], outputs[name], gain, name in neurons):
+            raise CheckpointError(f"the NIR graph does not give the output of layer {name} "
+                                  f"({type(model.get_submodule(name)).__name__}) on inputs on which every layer fires: "
+                                  f"the model's forward is not the chain of its layers (a reshape or reordering in "
+                                  f"forward); {nir_forward.AS_STATE_DICT}")
+    if not _matches(got, want, 1.0, False):
+        raise CheckpointError("the NIR graph does not give the model's output on inputs on which every layer fires: its "
+                              f"forward is not the chain of its layers; {nir_forward.AS_STATE_DICT}")
     nir.write(str(out), graph)
-    return graph, int(sum(value.sum().item() for value in spikes.values()))
+    spikes = int(sum(outputs[name].sum().item() for name in neurons))
+    return graph, Checked(len(frames), len(test_frames), scale, len(sources), spikes)
+
+
+def _matches(simulated: torch.Tensor, recorded: torch.Tensor, gain: float, spikes: bool) -> bool:
+    """Whether a node's output ``[T, N, ...]`` is a layer's (``[T, N, ...]`` or ``[T * N, ...]``) times ``gain``:
+    spikes equal, other values within float64 rounding of the layer's largest."""
+    if simulated.numel() != recorded.numel():
+        return False
+    expected = recorded.reshape(simulated.shape) * gain
+    if spikes:
+        return torch.equal(simulated, expected)
+    largest = float(expected.abs().max()) if expected.numel() else 0.0
+    return torch.allclose(simulated, expected, rtol=1e-9, atol=1e-12 * max(largest, 1.0))

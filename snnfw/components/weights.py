@@ -7,44 +7,17 @@ from pathlib import Path
 import torch
 
 from snnfw.errors import CheckpointError
-from snnfw.rundir import FINAL_MODEL
 
 
 def read_weights(source: str | Path) -> dict[str, torch.Tensor]:
-    """A state dict by the model's own names from ``source``: a ``.pt`` or ``.safetensors`` file,
-    a run directory (its ``final_model.pt``, else its newest checkpoint) or a checkpoint folder."""
+    """A state dict by the model's own names from ``source``: a ``.pt`` or ``.safetensors`` file, a run directory
+    (its newest weights: :func:`snnfw.components.export.weights_of`) or a checkpoint folder."""
     from snnfw.components import export
 
-    source = Path(source)
-    if source.is_dir() and (source / FINAL_MODEL).is_file():
-        source = source / FINAL_MODEL
-    if not source.is_file():
-        return export.model_state(export.find(source)[0])[0]
-    export.check_digest(source)
-    try:
-        if source.name.endswith(export.SAFETENSORS):
-            from safetensors.torch import load_file
-
-            weights = load_file(source)
-        else:
-            weights = torch.load(source, weights_only=True, map_location="cpu")
-    except Exception as err:  # truncated, empty, not a torch file, or holding what weights_only refuses
-        raise CheckpointError(f"{source} cannot be read as a state dict ({_unreadable(err)}); give a file that "
-                              "torch.save or snnfw export wrote, a run directory or a checkpoint") from None
-    if not isinstance(weights, dict) or not all(isinstance(k, str) and isinstance(t, torch.Tensor) for k, t in weights.items()):
-        raise CheckpointError(f"{source} holds {type(weights).__name__}, not a state dict of parameter names to tensors; "
-                              "give what model.state_dict() or snnfw export wrote")
-    return weights
-
-
-def _unreadable(err: Exception) -> str:
-    """Why torch.load refused a file, without torch's advice to load it unsafely (``weights_only=False``)."""
-    text = str(err)
-    found = [line.strip() for line in text.splitlines() if "Unsupported global: GLOBAL " in line]
-    if found:
-        return f"it holds {found[0].split('GLOBAL ')[-1].split()[0]}, not only tensors, and snnfw does not unpickle code"
-    first = "" if "Weights only load failed" in text or not text.strip() else text.strip().splitlines()[0][:200]
-    return f"not a torch file, or cut short: {type(err).__name__}" + (f" {first}" if first else "")
+    source, checkpoint = export.weights_of(source)
+    if checkpoint is not None:
+        return export.model_state(source)[0]
+    return export.read_file(source)
 
 
 def load_weights(model: torch.nn.Module, weights: dict[str, torch.Tensor]) -> None:

@@ -42,6 +42,16 @@ def build_model(config: Config, plugins: Plugins, given=None):
     return _build(config, source)[1], source.spec
 
 
+def model_alone(config: Config, plugins: Plugins) -> tuple[Config, torch.nn.Module, datalib.InputSpec]:
+    """The configured model as one process outside a run builds it (``snnfw export --format nir``): the data set's
+    classes followed, built with the run's seed; nothing planned, so whatever strategy the config names."""
+    check_data(config, plugins, False)
+    config = follow_data(config, plugins)[0]
+    source = models.source(config, plugins)
+    config, model, _ = _build(config, source)
+    return config, model, source.spec
+
+
 def _built(config: Config, source: models.Source) -> torch.nn.Module:
     """The model, built with the run's seed."""
     torch.manual_seed(config.train.seed)

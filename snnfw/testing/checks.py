@@ -13,7 +13,7 @@ SPIKE_RATE = (0.02, 0.5)
 
 
 def assert_same_losses(reference, summary, tol=1e-5):
-    assert len(summary["losses"]) == len(reference["losses"]) == 3
+    assert len(summary["losses"]) == len(reference["losses"]) == len(summary["spike_rates"]) == 3
     for step, (ref, got) in enumerate(zip(reference["losses"], summary["losses"]), start=1):
         assert abs(ref - got) <= tol, f"step {step}: loss {got} differs from reference {ref}"
     for rate in summary["spike_rates"]:
@@ -38,6 +38,7 @@ def assert_dp_matches_none(make_config, tmp_path):
         for name, tensor in reference["inspect"]["buffers"].items():
             assert torch.allclose(buffers[name], tensor, rtol=1e-5, atol=1e-7), f"buffer {name} differs from none's"
     params = [s["inspect"]["parameters"] for s in summaries]
+    assert params[0] and params[0].keys() == params[1].keys(), "the replicas hold no parameters, or different ones"
     for name, tensor in params[0].items():
         assert torch.equal(tensor, params[1][name]), f"replicas differ in {name}"
 
@@ -56,9 +57,12 @@ def assert_close(name, got, want, rel_tol=1e-9):
 
 
 def assert_steps_close(rank: int, got: dict, want: dict, series: tuple[str, ...], steps: int) -> None:
-    """Rank ``rank``'s summary ``got`` has ``steps`` steps, and each of its ``series`` (``"losses"``,
-    ``"grad_norms"``, ...) is ``want``'s within :func:`assert_close` at every step."""
-    assert len(got["losses"]) == steps, f"rank {rank}: {len(got['losses'])} steps, expected {steps}"
+    """Rank ``rank``'s summary ``got`` has ``steps`` steps (1 or more), and each of its ``series`` (``"losses"``,
+    ``"grad_norms"``, ...) is ``want``'s within :func:`assert_close` at every step, both as long."""
+    assert steps >= 1, "a comparison of 0 steps compares nothing"
+    for key in dict.fromkeys(("losses", *series)):
+        lengths = len(got[key]), len(want[key])
+        assert lengths == (steps, steps), f"rank {rank}: {lengths[0]} {key} against {lengths[1]}, expected {steps}"
     for key in series:
         for step, (value, ref) in enumerate(zip(got[key], want[key]), start=1):
             assert_close(f"rank {rank} step {step} {key}", value, ref)

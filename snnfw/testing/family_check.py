@@ -50,7 +50,8 @@ def check_family(family: str, strategies: Iterable[str] | None = None, *, ranks:
 
     Raises AssertionError naming the strategy and the step at the first difference from ``none``
     (``"strategy tp: rank 0 step 2 losses: differs from none by 3.1e-05 (scale 2.3)"``), or the rank's error
-    when a rank fails; ValueError for a name that is neither a strategy nor a layout.
+    when a rank fails, and with the report when every layout was skipped (nothing checked); ValueError for a name
+    that is neither a strategy nor a layout.
     """
     cases, skipped = _layouts(strategies, ranks)
     checked = []
@@ -69,7 +70,11 @@ def check_family(family: str, strategies: Iterable[str] | None = None, *, ranks:
         except (AssertionError, RankFailure, TimeoutError) as err:
             raise AssertionError(f"strategy {case.name}: {err}") from err
         checked.append(case.name)
-    return FamilyReport(family, tuple(checked), skipped)
+    report = FamilyReport(family, tuple(checked), skipped)
+    if not checked:  # a check of nothing would pass whatever the family does
+        raise AssertionError(f"{report}\nnothing was checked: name strategies the family's analysis allows, or pass "
+                             "ranks= for layouts that need more")
+    return report
 
 
 def _layouts(names: Iterable[str] | None, ranks: int) -> tuple[list[Case], dict[str, str]]:

@@ -32,7 +32,9 @@ def reference(family: str, microbatches: int, steps: int, eval_every: int, paral
 
 
 def assert_same_validations(rank, got, want, steps: int, eval_every: int):
-    assert [e["step"] for e in got] == [e["step"] for e in want] == list(range(eval_every, steps + 1, eval_every))
+    due = list(range(eval_every, steps + 1, eval_every))
+    assert due, f"eval_every {eval_every} is past the last of {steps} steps: no validation to compare"
+    assert [e["step"] for e in got] == [e["step"] for e in want] == due
     for mine, ref in zip(got, want):
         step = mine["step"]
         assert (mine["eval_acc"], mine["eval_acc5"]) == (ref["eval_acc"], ref["eval_acc5"]), f"rank {rank} step {step}"

@@ -90,9 +90,9 @@ def one_line(text: str) -> str:
 @pytest.mark.parametrize("broken", BREAKS)
 def test_a_broken_checkpoint_is_refused_by_name_and_the_newest_whole_one_used_instead(run_dir, tmp_path, capsys,
                                                                                         broken):
-    """Exporting or evaluating the broken step is refused in one line naming its file; exporting or resuming the run
-    directory (the newest checkpoint) uses step 1, saying in one line why; with no whole one left, resuming is
-    refused."""
+    """Exporting or evaluating the broken step is refused in one line naming its file; exporting (a run that stopped
+    before its final model) or resuming the run directory (the newest checkpoint) uses step 1, saying in one line why;
+    with no whole one left, resuming is refused."""
     damage, file = BREAKS[broken]
     folder = run_dir / "checkpoints" / "step-2"
     damage(folder)
@@ -105,6 +105,7 @@ def test_a_broken_checkpoint_is_refused_by_name_and_the_newest_whole_one_used_in
     with pytest.raises(CheckpointError, match=rf"^checkpoint step 2 is damaged: {folder / file} "):
         read_weights(folder)  # what snnfw eval and predict read, before launch and on every rank
 
+    (run_dir / "final_model.pt").unlink()  # a run stopped after step 2's save: its newest weights are checkpoints
     assert main(["export", str(run_dir), "--out", str(out)]) == 0
     stdout, stderr = capsys.readouterr()
     assert stdout.startswith(f"exported step 1 of {run_dir / 'checkpoints' / 'step-1'} ")
@@ -164,6 +165,7 @@ def test_a_checkpoint_written_before_digests_loads_with_one_note(run_dir, tmp_pa
 
 def test_an_export_that_passes_over_an_incomplete_step_says_so(run_dir, tmp_path, capsys):
     (run_dir / "checkpoints" / "step-2").rename(run_dir / "checkpoints" / ".tmp-step-2")
+    (run_dir / "final_model.pt").unlink()  # a run stopped while saving step 2: its newest weights are checkpoints
     assert main(["export", str(run_dir), "--out", str(tmp_path / "x.pt")]) == 0
     assert one_line(capsys.readouterr().err) == (
         f"[snnfw] note: step 2 was not completed ({run_dir / 'checkpoints' / '.tmp-step-2'} was being written when its "

@@ -2,8 +2,10 @@
 
 import json
 import math
+import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -18,6 +20,7 @@ from snnfw.testing import run_on_ranks
 from snnfw.testing.checks import final_state
 
 STEPS = 3
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def config(strategy, microbatches=1, every=STEPS, mesh=None):
@@ -125,8 +128,8 @@ def test_a_folder_without_checkpoints_is_refused_naming_what_was_looked_for(tmp_
     stdout, stderr = capsys.readouterr()
     assert status == 2 and stdout == ""
     assert stderr.splitlines() == [
-        f"snnfw: error: {tmp_path} holds no complete checkpoint: looked for {tmp_path / 'checkpoints'}/step-K folders "
-        "with meta.json (written with checkpoint.every = N and --run-dir)"
+        f"snnfw: error: {tmp_path} holds no final_model.pt (written when a run ends) and no complete checkpoint: looked "
+        f"for {tmp_path / 'checkpoints'}/step-K folders with meta.json (written with checkpoint.every = N and --run-dir)"
     ]
     assert not (tmp_path / "x.pt").exists()
 
@@ -165,9 +168,61 @@ def test_the_families_state_maps_onto_spikingjelly_zoo_classes():
     Spikformer(**TINY).load_state_dict({k.removeprefix("net."): v for k, v in former.items()}, strict=True)
 
 
-def test_a_finished_run_without_checkpoints_is_told_its_models_are_plain_state_dicts(tmp_path, capsys):
-    torch.save({"w": torch.zeros(1)}, tmp_path / "final_model.pt")
+def test_a_run_with_only_its_best_model_is_told_to_name_it(tmp_path, capsys):
     torch.save({"w": torch.zeros(1)}, tmp_path / "best_model.pt")
     assert main(["export", str(tmp_path), "--out", str(tmp_path / "x.pt")]) == 2
     assert capsys.readouterr().err.rstrip().endswith(
-        "; its final_model.pt and best_model.pt are plain state dicts already, to load as they are")
+        f"; name {tmp_path / 'best_model.pt'}, the best validation's weights, to export them")
+    assert main(["export", str(tmp_path / "best_model.pt"), "--out", str(tmp_path / "x.pt")]) == 0
+    assert capsys.readouterr().out == f"exported {tmp_path / 'best_model.pt'}: 1 tensors, 1 values -> {tmp_path / 'x.pt'}\n"
+
+
+def test_the_final_model_is_exported_where_it_is_newer_than_the_last_checkpoint(tp_run, tmp_path, capsys):
+    """A run that ended after its last checkpoint (summary at step 4, checkpoint at step 3): its final_model.pt is
+    its newest weights, in both formats; at the same step the checkpoint, whose files have digests, is read."""
+    run_dir = tmp_path / "run"
+    shutil.copytree(tp_run[0], run_dir)
+    summary = json.loads((run_dir / "summary.json").read_text())
+    (run_dir / "summary.json").write_text(json.dumps({**summary, "steps": STEPS + 1}))
+    assert main(["export", str(run_dir), "--out", str(tmp_path / "x.pt")]) == 0
+    assert capsys.readouterr().out.startswith(f"exported step {STEPS + 1} of {run_dir / 'final_model.pt'} (tp on 2 ")
+
+
+@pytest.fixture(scope="module")
+def quickstart_run(tmp_path_factory):
+    """The quickstart (strategy dp, no checkpoints) trained by snnfw train on 2 ranks for 20 small steps: enough
+    for every neuron layer of the tiny VGG to fire in eval mode (after 3, its batch norms' running statistics
+    leave features.5 silent)."""
+    run_dir = tmp_path_factory.mktemp("quickstart")
+    small = ["train.steps=20", "train.log_every=20", "data.train_samples=64", "data.test_samples=8", "data.batch_size=8"]
+    done = subprocess.run([sys.executable, "-m", "snnfw", "train", "examples/quickstart.toml", "--nproc", "2",
+                           "--run-dir", str(run_dir), "--overwrite", *(f"--set={item}" for item in small)],
+                          capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert done.returncode == 0, done.stderr
+    return run_dir
+
+
+def test_nir_export_of_a_dp_run_reads_its_config_and_runs_in_one_process(quickstart_run, tmp_path):
+    """snnfw export RUN --format nir: the run's own config (strategy dp, 2 ranks) from its directory, no --config,
+    in one process; --set applied (2 test samples checked); the file reads back with nir.read."""
+    nir = pytest.importorskip("nir")
+    out = tmp_path / "net.nir"
+    done = subprocess.run([sys.executable, "-m", "snnfw", "export", str(quickstart_run), "--format", "nir", "--out",
+                           str(out), "--set", "data.test_samples=2"], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith(f"exported {quickstart_run / 'final_model.pt'} as NIR: 24 nodes; checked on 2 test "
+                                  "samples, on which every neuron layer fires")
+    graph = nir.read(str(out))
+    kinds = [type(node).__name__ for node in graph.nodes.values()]
+    assert kinds.count("LIF") == 8 and kinds.count("Conv2d") == 8 and graph.metadata["dt"] == 1e-4
+
+
+def test_a_run_without_checkpoints_exports_its_final_model_in_both_formats(quickstart_run, tmp_path, capsys):
+    """The plain export reads what --format nir reads: a run's final_model.pt, its step and strategy from the
+    run's summary."""
+    out = tmp_path / "net.pt"
+    assert main(["export", str(quickstart_run), "--out", str(out)]) == 0
+    final = quickstart_run / "final_model.pt"
+    assert capsys.readouterr().out.startswith(f"exported step 20 of {final} (dp on 2 rank(s)): ")
+    exported, trained = torch.load(out, weights_only=True), torch.load(final, weights_only=True)
+    assert exported.keys() == trained.keys() and all(torch.equal(exported[k], trained[k]) for k in trained)

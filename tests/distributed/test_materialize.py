@@ -102,7 +102,7 @@ def test_fsdp2_ranks_hold_a_quarter_of_the_model_and_start_from_none_weights():
         assert got.keys() == initial.keys()
         for name, tensor in initial.items():
             assert torch.equal(got[name], tensor), f"rank {rank}: initial {name} differs from none's"
-        for step, (want, loss) in enumerate(zip(reference["losses"], summary["losses"]), start=1):
+        for step, (want, loss) in enumerate(zip(reference["losses"], summary["losses"], strict=True), start=1):
             assert abs(loss - want) <= 1e-9 * abs(want), f"rank {rank}, step {step}: loss {loss}, none's {want}"
 
 
@@ -118,7 +118,7 @@ def test_a_build_a_replay_could_get_wrong_is_sent_by_rank_0_and_starts_from_none
     for rank, summary in enumerate(summaries):
         for name, tensor in initial.items():
             assert torch.equal(summary["inspect"]["initial"][name], tensor), f"rank {rank}: initial {name} differs"
-        for step, (want, loss) in enumerate(zip(reference["losses"], summary["losses"]), start=1):
+        for step, (want, loss) in enumerate(zip(reference["losses"], summary["losses"], strict=True), start=1):
             assert abs(loss - want) <= 1e-9 * abs(want), f"rank {rank}, step {step}: loss {loss}, none's {want}"
 
 
@@ -142,7 +142,7 @@ def test_pp_ranks_hold_their_stages_plus_one_unit_and_start_from_none_weights(st
             assert torch.equal(tensor, initial[name]), f"rank {rank}: initial {name} differs from none's"
     assert set().union(*(s["inspect"]["initial"] for s in summaries)) == initial.keys()
     last = summaries[-1]
-    for step, (want, loss) in enumerate(zip(reference["losses"], last["losses"]), start=1):
+    for step, (want, loss) in enumerate(zip(reference["losses"], last["losses"], strict=True), start=1):
         assert abs(loss - want) <= 1e-9 * abs(want), f"step {step}: loss {loss}, none's {want}"
 
 
@@ -179,7 +179,7 @@ def test_pp_runs_a_model_reading_a_weight_outside_its_module_with_those_modules_
     for rank, summary in enumerate(summaries):
         for name, tensor in summary["inspect"]["initial"].items():
             assert torch.equal(tensor, initial[name]), f"rank {rank}: initial {name} differs from none's"
-    for step, (want, loss) in enumerate(zip(reference["losses"], summaries[-1]["losses"]), start=1):
+    for step, (want, loss) in enumerate(zip(reference["losses"], summaries[-1]["losses"], strict=True), start=1):
         assert abs(loss - want) <= 1e-9 * abs(want), f"step {step}: loss {loss}, none's {want}"
 
 
@@ -188,5 +188,5 @@ def test_pp_materializes_a_buffer_the_state_dict_leaves_out_under_the_model_s_na
     stage rank materializes it and trains as none."""
     reference = run_training(config("none", "mlp_with_a_non_persistent_buffer"))
     summaries = run_on_ranks(config("pp", "mlp_with_a_non_persistent_buffer"), RANKS, timeout_s=180)
-    for step, (want, loss) in enumerate(zip(reference["losses"], summaries[-1]["losses"]), start=1):
+    for step, (want, loss) in enumerate(zip(reference["losses"], summaries[-1]["losses"], strict=True), start=1):
         assert abs(loss - want) <= 1e-9 * abs(want), f"step {step}: loss {loss}, none's {want}"

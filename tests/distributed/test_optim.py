@@ -67,7 +67,7 @@ def curve(plugins, **keys):
 )
 def test_lr_curve(plugins, keys, expected):
     lrs = curve(plugins, **keys)
-    for step, (got, want) in enumerate(zip(lrs, expected)):
+    for step, (got, want) in enumerate(zip(lrs, expected, strict=True)):
         if want is not None:
             assert got == pytest.approx(want, rel=1e-12), f"step {step}: lr {got}, expected {want}"
 
@@ -201,7 +201,7 @@ def test_the_fused_kernel_trains_as_the_loop_over_parameters():
     fused, loop = [run_training(tiny_config(train={"steps": 10, "dtype": "float64", "optimizer_impl": impl}),
                                 on_finish=state_and_kernel) for impl in ("auto", "for_loop")]
     assert fused["inspect"]["fused"] and not loop["inspect"]["fused"]
-    for step, (got, want) in enumerate(zip(fused["losses"], loop["losses"]), start=1):
+    for step, (got, want) in enumerate(zip(fused["losses"], loop["losses"], strict=True), start=1):
         assert_close(f"step {step} loss", got, want)
     for name, tensor in fused["inspect"]["state"].items():
         assert_close(name, tensor, loop["inspect"]["state"][name])

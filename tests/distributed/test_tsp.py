@@ -53,7 +53,7 @@ def test_tsp_matches_none(ranks):
     """At P = 2 the guarantee's tsp case checks 20 steps by default; P = 4 here, in 4."""
     want = reference()
     for rank, summary in enumerate(run_on_ranks(config(parallel={"mesh": {"time": ranks}}), ranks, timeout_s=240)):
-        for step, (loss, ref) in enumerate(zip(summary["losses"], want), start=1):
+        for step, (loss, ref) in enumerate(zip(summary["losses"], want, strict=True), start=1):
             assert_close(f"rank {rank} step {step} loss", loss, ref)
 
 
@@ -93,7 +93,7 @@ def test_tsp_matches_none_whatever_the_batch_slices(slices):
     want = reference()
     for rank, summary in enumerate(run_on_ranks(config(parallel={"mesh": {"time": 2}}, tsp={"slices": slices}), 2,
                                                 timeout_s=240)):
-        for step, (loss, ref) in enumerate(zip(summary["losses"], want), start=1):
+        for step, (loss, ref) in enumerate(zip(summary["losses"], want, strict=True), start=1):
             assert_close(f"rank {rank} step {step} loss", loss, ref)
 
 
@@ -104,7 +104,7 @@ def test_tsp_with_the_inductor_neuron_kernels_matches_none_with_them():
     want = run_training(config("none", **kernels))["losses"]
     summaries = run_on_ranks(config(parallel={"mesh": {"time": 2}}, tsp={"slices": 2}, **kernels), 2, timeout_s=360)
     for rank, summary in enumerate(summaries):
-        for step, (loss, ref) in enumerate(zip(summary["losses"], want), start=1):
+        for step, (loss, ref) in enumerate(zip(summary["losses"], want, strict=True), start=1):
             assert_close(f"rank {rank} step {step} loss", loss, ref)
 
 
@@ -133,9 +133,9 @@ def test_tets_per_step_loss_and_the_firing_rates_are_none_s(tmp_path):
     want = run_training(tiny_config("none", 1, **tet))
     timed = tiny_config("tsp", 1, **tet, log={"phase_times": True})
     for rank, got in enumerate(run_on_ranks(timed, 2, tmp_path, timeout_s=240)):
-        for step, (loss, ref) in enumerate(zip(got["losses"], want["losses"]), start=1):
+        for step, (loss, ref) in enumerate(zip(got["losses"], want["losses"], strict=True), start=1):
             assert_close(f"rank {rank} step {step} loss", loss, ref)
-        for step, (rate, ref) in enumerate(zip(got["spike_rates"], want["spike_rates"]), start=1):
+        for step, (rate, ref) in enumerate(zip(got["spike_rates"], want["spike_rates"], strict=True), start=1):
             assert_close(f"rank {rank} step {step} spike rate", rate, ref)
     records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert all(0 < record["tsp_exchange_ms"] < record["forward_backward_ms"] for record in records), records
@@ -159,7 +159,7 @@ def test_fsdp2_tsp_matches_none_and_shards_the_parameters_over_dp():
     for rank, summary in enumerate(run_on_ranks(split, 4, inspect=held_share, timeout_s=240)):
         assert summary["plan"]["mesh"] == {"time": 2, "dp_shard": 2} and summary["plan"]["preset"] == "fsdp2_tsp"
         assert 0.45 < summary["inspect"] < 0.6, f"rank {rank} holds {summary['inspect']:.2f} of the parameters"
-        for step, (loss, ref) in enumerate(zip(summary["losses"], want), start=1):
+        for step, (loss, ref) in enumerate(zip(summary["losses"], want, strict=True), start=1):
             assert_close(f"rank {rank} step {step} loss", loss, ref)
 
 
@@ -189,5 +189,5 @@ def test_each_rank_loads_only_its_time_chunk(tmp_path, raw):
         assert torch.equal(torch.cat(chunks), torch.tensor(whole["inspect"][split]))
     assert all(rank["inspect"]["sliced"] == raw for rank in ranks)
     for rank in ranks:
-        for step, (got, want) in enumerate(zip(rank["losses"], whole["losses"])):
+        for step, (got, want) in enumerate(zip(rank["losses"], whole["losses"], strict=True)):
             assert_close(f"step {step + 1}", got, want)

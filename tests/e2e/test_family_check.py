@@ -87,11 +87,13 @@ def test_the_example_family_trains_as_none_under_tp_and_pp(installed):
 
 
 def test_a_neuron_that_ignores_its_sharding_fails_naming_strategy_and_step(gain_mlp):
-    bare = check_family("gain_mlp_bare", ["tp", "fsdp2_tp", "pp"], ranks=4)  # planned only: nothing runs
-    assert bare.checked == ()
-    assert set(bare.skipped) == {"tp", "fsdp2_tp", "pp-gpipe"}
-    assert "declares no tp_plan" in bare.skipped["tp"] and "declares no tp_plan" in bare.skipped["fsdp2_tp"]
-    assert "declares no stage_units" in bare.skipped["pp-gpipe"]
+    with pytest.raises(AssertionError) as nothing:  # planned only: nothing runs, and a check of nothing fails
+        check_family("gain_mlp_bare", ["tp", "fsdp2_tp", "pp"], ranks=4)
+    lines = str(nothing.value).splitlines()
+    assert lines[0] == "model family 'gain_mlp_bare': trains as none does under nothing"
+    assert [line.split(":")[0] for line in lines[1:4]] == ["  skipped tp", "  skipped fsdp2_tp", "  skipped pp-gpipe"]
+    assert "declares no tp_plan" in lines[1] and "declares no tp_plan" in lines[2]
+    assert "declares no stage_units" in lines[3] and lines[4].startswith("nothing was checked")
     with pytest.raises(AssertionError) as failed:
         check_family("gain_mlp", ["pp", "tp"])
     # step 1's loss is computed before any update; the partial gradient of the gain shows at step 2

@@ -127,3 +127,15 @@ def test_cut_checkpoints_written_before_digests_are_read_exactly_or_refused(writ
             (folder / name).write_bytes(data)
     print(f"checkpoint fuzz without digests: {UNSEALED_TRIES} cut or grown checkpoints, {outcomes}")
     assert outcomes["refused"] > 0.6 * UNSEALED_TRIES  # a grown file or another file beside them reads exactly
+
+
+def test_a_sealed_record_of_no_files_is_refused(tmp_path, written):
+    """meta.json sealed anew over an empty list of digests, alone in its folder: nothing would be checked, and it is
+    refused rather than passed."""
+    folder = tmp_path / "step-1"
+    folder.mkdir()
+    meta = json.loads(written[1]["meta.json"])
+    body = {key: value for key, value in meta.items() if key != integrity.SEALED} | {integrity.DIGESTS: {}}
+    (folder / "meta.json").write_text(json.dumps({**body, integrity.SEALED: integrity.seal_of(body)}))
+    with pytest.raises(CheckpointError, match="records no digest of .metadata"):
+        integrity.verify(folder)
