@@ -41,7 +41,8 @@ from snnfw.components.records import Record, StepFigures
 from snnfw.config import Config, build_config, load_config
 from snnfw.distributed import cpu_allocator
 from snnfw.distributed.chunks import gather_whole
-from snnfw.distributed.collectives import RankEnv, decided_once, device_for, process_group, set_cpu_threads
+from snnfw.distributed.collectives import (RankEnv, collective_errors_in_one_line, decided_once, device_for,
+                                           process_group, set_cpu_threads)
 from snnfw.errors import ConfigError, PlanError, keys_phrase
 from snnfw.plan.auto import Decision
 from snnfw.plan.layout import Plan
@@ -115,10 +116,11 @@ class Session:
     def step(self, step: int) -> Record:
         """Trains optimizer step ``step`` (from 0) on its global batch; returns its record, the same on every rank.
 
-        The figures computed on the device (loss, accuracy, spike rate, gradient norm, peak memory) join the record
-        on a step that logs (every ``train.log_every`` steps and the last): they are reduced over the ranks and read
-        in one host synchronisation then, with those of the steps before that did not log, so that those steps
-        wait for nothing (:class:`~snnfw.components.records.Record`; asking one for them earlier is a collective).
+        The figures computed on the device (loss, accuracy, spike rate, gradient norm, peak memory) start their
+        reduction over the ranks at the end of the step, waiting for nothing, and join the record on a step that logs
+        (every ``train.log_every`` steps and the last): they are read in one host synchronisation then, with those of
+        the steps before that did not log, so that those steps wait for nothing. Asking a record for one earlier
+        reads them at once, on any rank alone (:class:`~snnfw.components.records.Record`).
         ``step_ms`` is the host's time in the step: on a GPU, where kernels run after the host has queued them, a
         step that logs also waits for the ones before.
 
@@ -164,15 +166,16 @@ class Session:
         return step % self.config.train.log_every == 0 or step == self.config.train.steps
 
     def diverged(self) -> Record | None:
-        """The first record read whose loss is not finite, among those not yet written (reads nothing)."""
-        return next((r for r in self.unwritten if r.complete and not math.isfinite(r["loss"])), None)
+        """The first record whose loss is not finite among those not yet written whose figures every rank has read
+        (reads nothing; the same on every rank, whatever one rank asked its records for)."""
+        return next((r for r in self.unwritten if r.settled and not math.isfinite(r["loss"])), None)
 
     def evaluate(self, ops: bool | None = None) -> dict:
         """``eval_loss``, ``eval_acc`` (``eval_acc5`` with more than 5 classes) and ``eval_spike_rate``
         on the test split, every sample scored once over the replicas (a collective); with ``ops`` (default
         ``eval.ops``) the synaptic operations and energy too (:meth:`Trainer.evaluate`). Right after a step the
         ``eval_*`` figures join that step's record and :attr:`evaluations`; the figures of the steps before are read
-        first, so that a rank may read its records alone afterwards."""
+        first."""
         self.figures.read()
         result = self.trainer.evaluate(self.config.eval.ops if ops is None else ops)
         scores = {key: value for key, value in result.items() if key.startswith("eval_")}
@@ -205,10 +208,11 @@ class Session:
 
     def write_record(self, read: bool = True) -> None:
         """Writes the records not written yet to the metrics (with a run directory, a progress line on rank 0 for a
-        step that logs), reading their figures first (a collective); with ``read`` False only those read."""
+        step that logs), reading their figures first; with ``read`` False only those that every rank has read (at a
+        step that logs, a checkpoint or a validation), so that each rank writes the same records at the same step."""
         if read:
             self.figures.read()
-        while self.unwritten and self.unwritten[0].complete:
+        while self.unwritten and self.unwritten[0].settled:
             record = self.unwritten.pop(0)
             show = self.env.rank == 0 and self.run_dir is not None and self.logs(record["step"])
             self.log.write(dict(record.items()), show=show)
@@ -323,7 +327,8 @@ def start(
     ``resume`` the session starts from its newest checkpoint
     (``Session.start_step``). ``weights`` (a state dict by the model's own
     names, :func:`snnfw.components.weights.read_weights`) replace the initial ones. Errors in the config are raised before any
-    process group work.
+    process group work. A collective that times out or loses a rank in the ``with`` block ends it with a
+    :class:`~snnfw.errors.CollectiveError`: a ``SystemExit`` whose one line says what happened and what to do.
 
     Each rank plans for itself (builds and analyses the model, asks the strategies); ``auto``'s measurement and
     choice are rank 0's, handed to the others. A ``plan`` made before the ranks started (``snnfw train``'s plan
@@ -380,7 +385,8 @@ def _started(config: Config, model, train_set, test_set, run_dir, resume, weight
         raise
     config = prepared.plan.config  # as resolved: auto's choice, the preference's defaults
     device = device_for(prepared.plan.layout, env)  # a GPU rank's device is set before its process group starts
-    with process_group(prepared.plan.layout, env, config.parallel.timeout_s) as mesh:
+    with process_group(prepared.plan.layout, env, config.parallel.timeout_s) as mesh, \
+            collective_errors_in_one_line(env.rank, config.parallel):
         if mesh is not None:
             check_same_plugins_on_all_ranks(plugins)
         if device.type == "cpu":
