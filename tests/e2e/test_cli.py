@@ -52,6 +52,16 @@ def test_the_quickstart_trains_to_its_stated_accuracy(tmp_path):
     assert progress[-1].startswith("[snnfw] step 150/150 ") and max(map(len, progress)) <= 100, progress
 
 
+def test_the_quickstart_on_2_ranks_prints_progress_and_no_warning(tmp_path):
+    """Every rank gathers BatchNorm statistics at every step: through torch's current collective, which warns nothing."""
+    cmd = [sys.executable, "-m", "snnfw", "train", "examples/quickstart.toml", "--nproc", "2", "--run-dir", str(tmp_path),
+           "--overwrite", "--set", "train.steps=4", "--set", "train.log_every=2", "--set", "data.test_samples=32"]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=180)
+    assert done.returncode == 0, done.stderr
+    assert not [line for line in done.stdout.splitlines() + done.stderr.splitlines() if "Warning" in line], done.stderr
+    assert [line.split()[2] for line in done.stdout.splitlines() if line.startswith("[snnfw] step ")] == ["2/4", "4/4"]
+
+
 def test_plain_torchrun_runs_the_worker_entry(tmp_path):
     run_dir = tmp_path / "run"
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m", "snnfw.train",
