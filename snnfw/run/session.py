@@ -36,6 +36,7 @@ import torch
 import torch.distributed as dist
 
 from snnfw.components.checkpoint import Checkpoints
+from snnfw.components.flops import device_peak_tflops
 from snnfw.components.metrics import MetricsLog, peak_memory_mb
 from snnfw.components.records import Record, StepFigures
 from snnfw.config import Config, build_config, load_config
@@ -78,6 +79,9 @@ class Session:
         self.start_step, self.resumed_loss = start_step, resumed_loss
         self.config, self.plan, self.device = trainer.config, trainer.plan, trainer.device
         self.first_step_done = self.heap_frozen = self.summary_written = False
+        per_sample = trainer.flops_per_sample
+        self.flops_per_step = None if per_sample is None else per_sample * self.plan.global_batch  # the whole job's
+        self.peak_tflops = device_peak_tflops(self.config, self.device)  # a device's; None: unknown (a CPU), no MFU
         self.figures = StepFigures()  # the device figures of the steps not read yet
         self.unwritten: list[Record] = []  # records not in the metrics yet, the last step's last
         self.evaluations = [  # every validation with its step, a resumed run's included
@@ -147,7 +151,7 @@ class Session:
         peaks = [0.0] * self.env.world_size
         peaks[self.env.rank] = peak_memory_mb(self.device)
         record = Record({"step": step + 1, **result.values, "step_ms": elapsed * 1e3,
-                         "samples_per_s": self.plan.global_batch / elapsed},
+                         "samples_per_s": self.plan.global_batch / elapsed, **self._utilisation(elapsed * 1e3)},
                         coming=(*result.coming, "peak_mem_mb", "peak_mem_mb_per_rank"))
 
         def finish(totals: list[float]) -> dict[str, Any]:
@@ -160,6 +164,16 @@ class Session:
         if self.logs(step + 1):
             self.figures.read()
         return record
+
+    def _utilisation(self, step_ms: float) -> dict[str, float]:
+        """``flops`` (a step's model FLOPs, :mod:`snnfw.components.flops`) and ``mfu``, the share of the ranks' peak
+        FLOP/s that a step of ``step_ms`` achieves; each left out where it is unknown."""
+        if self.flops_per_step is None:
+            return {}
+        if self.peak_tflops is None or step_ms <= 0:
+            return {"flops": self.flops_per_step}
+        peak = self.peak_tflops * 1e12 * self.env.world_size
+        return {"flops": self.flops_per_step, "mfu": self.flops_per_step / (step_ms / 1e3) / peak}
 
     def logs(self, step: int) -> bool:
         """Whether step ``step`` (from 1) logs: every ``train.log_every`` steps, and the last."""
@@ -219,10 +233,12 @@ class Session:
 
     def summary(self) -> dict[str, Any]:
         """The run so far, as ``summary.json`` holds it: final loss, every validation and the best, mean step time,
-        the plan and config, and the losses, spike rates and gradient norms of every step (a collective)."""
+        a step's model FLOPs and the MFU of the mean step (None where unknown), the plan and config, and the losses,
+        spike rates and gradient norms of every step (a collective)."""
         self.write_record()
         whole_run = self.log.earlier + self.log.records  # a resumed run's steps before the checkpoint included
         timed = self.log.records[1:] or self.log.records
+        mean_step_ms = sum(r["step_ms"] for r in timed) / max(len(timed), 1)
         best = max(self.evaluations, key=lambda e: e["eval_acc"], default=None)  # the first of equals
         last = self.evaluations[-1] if self.evaluations else None
         return {
@@ -232,7 +248,10 @@ class Session:
             **({"test_accuracy": last["eval_acc"], "eval": {k: v for k, v in last.items() if k != "step"}} if last else {}),
             "evaluations": self.evaluations,
             **({"best_eval_acc": best["eval_acc"], "best_step": best["step"]} if best else {}),
-            "mean_step_ms": sum(r["step_ms"] for r in timed) / max(len(timed), 1),
+            "mean_step_ms": mean_step_ms,
+            "flops_per_step": self.flops_per_step,
+            "peak_tflops": self.peak_tflops,
+            "mfu": self._utilisation(mean_step_ms).get("mfu") if timed else None,
             "wall_s": time.perf_counter() - self.started,
             "materialize_s": self.trainer.materialize_s,
             "plan": self.plan.to_dict(),
