@@ -372,6 +372,8 @@ class LogConfig:
     memory_snapshot: int = attrs.field(default=0, validator=[v.instance_of(int), v.ge(0)])  # a step (from 1); 0: none
     wandb: str = attrs.field(default="", validator=v.in_(("", "offline", "online")))  # "": no Weights & Biases
     wandb_project: str = attrs.field(default="snnfw", validator=v.instance_of(str))
+    peak_tflops: float | None = attrs.field(default=None, converter=_optional_float,  # a device's, for the MFU
+                                            validator=v.optional([v.gt(0), _finite]))
 
 
 EXPLICIT = "explicit"  # the top-level entry of Config.to_dict that lists the keys the user set

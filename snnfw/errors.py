@@ -38,6 +38,18 @@ class DivergedError(UserError):
     """Training produced a non-finite loss."""
 
 
+class CollectiveError(SystemExit):
+    """A collective that timed out or lost a rank: the process group is broken, and the rank ends.
+
+    A ``SystemExit``, so that a script that does not catch it ends with its one line (``code``, "snnfw: error: ...")
+    and exit status 1 instead of a traceback; ``str()`` is the line without the prefix.
+    """
+
+    def __init__(self, message: str):
+        super().__init__(message)
+        self.code = f"snnfw: error: {message}"
+
+
 LONGEST = 200  # characters of a value that a message shows
 
 

@@ -27,7 +27,7 @@ from pathlib import Path
 
 from snnfw import fast_exit, rundir
 from snnfw.config import load_config
-from snnfw.errors import UserError, explain, said, user_line
+from snnfw.errors import CollectiveError, UserError, explain, said, user_line
 from snnfw.plan import planfile
 from snnfw.plugin.manager import Plugins, plugin_hook
 
@@ -95,6 +95,13 @@ def main(argv: list[str] | None = None) -> int:
             print(f"snnfw: error: {explain(err)}", file=sys.stderr)
         rundir.mark_stopped(run_dir, explain(err))
         return 2
+    except CollectiveError as err:  # one line, which the launcher shows as the run's cause if it came first
+        if rundir.stopped_since(run_dir, started):  # a peer stopped on a user error, and this rank lost it
+            return 2
+        if not os.environ.get(rundir.LAUNCHED):
+            print(err.code, file=sys.stderr)
+        rundir.mark_failed(run_dir, rank, str(err))
+        return 1
     except Exception as err:  # reported by the launcher beside the ranks that ended with it
         if where := user_line(err) or plugin_hook(err):
             return _stopped_in_user_code(err, where, run_dir, rank)

@@ -92,10 +92,12 @@ def peak_memory_mb(device: torch.device) -> float:
 
 
 
-def progress_line(record: dict[str, Any], total_steps: int) -> str:
-    """Rank 0's line for a step, short enough for a terminal; ``metrics.jsonl`` holds every figure."""
+def progress_line(record: dict[str, Any], total_steps: int, samples_per_s: float) -> str:
+    """Rank 0's line for a step, short enough for a terminal, with the throughput ``samples_per_s``;
+    ``metrics.jsonl`` holds every figure."""
     line = (f"[snnfw] step {record['step']}/{total_steps} epoch {record['epoch']:.2f} loss {record['loss']:.4f} "
-            f"acc {record['train_acc']:.1%} spikes {record['spike_rate']:.1%} {record['step_ms']:.0f} ms")
+            f"acc {record['train_acc']:.1%} spikes {record['spike_rate']:.1%} {record['step_ms']:.0f} ms "
+            f"{samples_per_s:.0f} samples/s")
     return line + (f" | eval {record['eval_acc']:.1%}" if "eval_acc" in record else "")
 
 
@@ -117,6 +119,7 @@ class MetricsLog:
         self.enabled = enabled and run_dir is not None
         self.total_steps = total_steps
         self.records: list[dict[str, Any]] = []
+        self._shown = 0  # the records before the last progress line's
         path = run_dir / rundir.METRICS if run_dir is not None else None
         earlier = rundir.read_metrics(path, note=self.enabled) if start and path is not None and path.exists() else []
         self.earlier = [record for record in earlier if record["step"] <= start]
@@ -144,7 +147,15 @@ class MetricsLog:
         if self._wandb:
             self._wandb.log(scalars, step=record["step"])
         if show:
-            print(progress_line(record, self.total_steps) + self._eta(record["step"]), flush=True)
+            print(progress_line(record, self.total_steps, self._samples_per_s()) + self._eta(record["step"]), flush=True)
+            self._shown = len(self.records)
+
+    def _samples_per_s(self) -> float:
+        """The samples a second of the steps since the last progress line: on a GPU a step's own time is the host's,
+        and the step that logs also waits for the kernels the ones before queued."""
+        since = self.records[self._shown:]
+        seconds = sum(r["step_ms"] for r in since) / 1e3
+        return sum(r["samples_per_s"] * r["step_ms"] / 1e3 for r in since) / seconds if seconds > 0 else 0.0
 
     def _eta(self, step: int) -> str:
         """`` | eta 1m05s`` from the median of this run's recent step times; empty on the last step."""

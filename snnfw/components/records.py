@@ -2,10 +2,12 @@
 
 A step's loss, hits, spikes and gradient norm are computed on the device;
 reading them waits for the device (a host synchronisation), and adding them
-over the ranks is a collective. :class:`StepFigures` holds each step's
-figures as one device tensor until a step that logs, a checkpoint or the end
-of the run, then reduces the figures of all those steps over the ranks in one
-collective and reads them in one transfer.
+over the ranks is a collective. :class:`StepFigures` starts each step's
+reduction over the ranks at the end of the step, without waiting for it
+(every rank starts the same one, in step order), and waits for it only when
+a figure is read: at a step that logs, a checkpoint, the end of the run, or
+when one is asked for first, on any rank alone. The figures of all the steps
+not read yet are then read in one transfer.
 """
 
 from __future__ import annotations
@@ -40,8 +42,9 @@ class Record(dict):
     The figures computed on the device (``loss``, ``train_acc``, ...) join it
     when :class:`StepFigures` reads them: at a step that logs
     (``train.log_every``), a checkpoint, the end of the run, or when one of
-    them is asked for first. Asking before then reduces them over the ranks: a
-    collective, so every rank asks (on a step that logs, they are in place).
+    them is asked for first. Asking waits for this rank's device and for the
+    step's reduction over the ranks, which every rank started at the end of
+    the step: any rank may ask alone, at any step.
     """
 
     def __init__(self, values: dict[str, Any], coming: tuple[str, ...] = ()):
@@ -49,6 +52,7 @@ class Record(dict):
         super().__init__(values)
         self._figures: StepFigures | None = None
         self._coming = frozenset(coming)
+        self.settled = not coming  # read where every rank reads (StepFigures.read), not by one rank asking
 
     @property
     def complete(self) -> bool:
@@ -56,9 +60,9 @@ class Record(dict):
         return self._figures is None
 
     def read(self) -> Record:
-        """Puts every figure in place (a collective unless :attr:`complete`); returns the record."""
+        """Puts every figure in place (this rank alone: no collective); returns the record."""
         if self._figures is not None:
-            self._figures.read()
+            self._figures.fill()
         return self
 
     def _filled(self, values: dict[str, Any]) -> None:
@@ -103,37 +107,60 @@ class Record(dict):
         return dict(self.read().items())
 
 
+@attrs.frozen
+class _Pending:
+    """A step's figures on their way: ``values`` on the device and ``host`` numbers (over several ranks, the host
+    numbers join the device row in ``values``, the reduction's tensor, whose ``work`` is then running) and what makes
+    the record's values of them."""
+
+    record: Record
+    values: torch.Tensor
+    host: list[float]
+    work: Any
+    finish: Callable[[list[float]], dict]
+
+
 class StepFigures:
     """The device figures of the steps not read yet, one float64 row per step, with each step's host numbers
     (added over the ranks alike) and what makes its record's values of the totals."""
 
     def __init__(self):
-        self._unread: list[tuple[Record, torch.Tensor, list[float], Callable[[list[float]], dict]]] = []
+        self._pending: list[_Pending] = []
+        self._unsettled: list[Record] = []
 
     def add(self, record: Record, row: torch.Tensor, host: list[float], finish: Callable[[list[float]], dict]) -> None:
-        """Holds ``row`` (float64, on the device) and ``host`` for ``record``: ``finish`` makes the record's values
-        of their totals over the ranks (row's then host's)."""
+        """Holds ``row`` (float64, on the device) and ``host`` for ``record``, and starts adding them over the ranks
+        (a collective every rank starts with its step, waiting for nothing): ``finish`` makes the record's values of
+        their totals (row's then host's)."""
+        values, work = row, None
+        if dist.is_initialized():
+            numbers = torch.tensor(host, dtype=torch.float64).to(row.device, non_blocking=True)  # waits for no kernel
+            values, host = torch.cat([row, numbers]), []
+            work = dist.all_reduce(values, async_op=True)
         record._figures = self
-        self._unread.append((record, row, host, finish))
+        self._pending.append(_Pending(record, values, host, work, finish))
+        self._unsettled.append(record)
+
+    def fill(self) -> None:
+        """Fills the records of every step not read yet, once their reductions are done (one host transfer; on this
+        rank alone)."""
+        pending, self._pending = self._pending, []
+        if not pending:
+            return
+        for step in pending:
+            if step.work is not None:
+                step.work.wait()
+        totals = torch.cat([step.values for step in pending]).tolist()
+        start = 0
+        for step in pending:
+            end = start + step.values.numel()
+            step.record._filled(step.finish(totals[start:end] + step.host))
+            start = end
 
     def read(self) -> None:
-        """Adds the unread figures over the ranks (one collective) and fills their records (one host transfer)."""
-        unread, self._unread = self._unread, []
-        if not unread:
-            return
-        rows = torch.stack([row for _, row, _, _ in unread])
-        if dist.is_initialized():
-            host = torch.tensor([h for _, _, numbers, _ in unread for h in numbers], dtype=torch.float64)
-            flat = torch.cat([rows.reshape(-1), host.to(rows.device)])
-            dist.all_reduce(flat)
-            totals = flat.tolist()
-            width, offset = rows.shape[1], rows.numel()
-            row_values = [totals[i * width:(i + 1) * width] for i in range(len(unread))]
-            host_values = []
-            for _, _, numbers, _ in unread:
-                host_values.append(totals[offset:offset + len(numbers)])
-                offset += len(numbers)
-        else:
-            row_values, host_values = rows.tolist(), [numbers for _, _, numbers, _ in unread]
-        for (record, _, _, finish), device_totals, host_totals in zip(unread, row_values, host_values):
-            record._filled(finish(device_totals + host_totals))
+        """Fills every record not read yet (:meth:`fill`) where every rank reads them alike (a step that logs, a
+        checkpoint, the end of the run), and marks them :attr:`Record.settled`."""
+        self.fill()
+        for record in self._unsettled:
+            record.settled = True
+        self._unsettled = []

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import datetime
 import os
+import re
 from typing import Any, Callable, Iterator
 
 import attrs
@@ -12,7 +13,7 @@ import torch
 import torch.distributed as dist
 
 from snnfw.distributed.layout import Layout
-from snnfw.errors import UserError
+from snnfw.errors import CollectiveError, UserError
 
 
 @attrs.frozen
@@ -115,6 +116,33 @@ def process_group(layout: Layout, env: RankEnv, timeout_s: float) -> Iterator[ob
         yield mesh
     finally:
         dist.destroy_process_group()
+
+
+TIMED_OUT = re.compile(r"timed out waiting (\d+) ?ms|collective operation timeout", re.IGNORECASE)  # gloo's, NCCL's
+LOST_A_RANK = re.compile(r"connection (closed|reset) by peer|broken pipe", re.IGNORECASE)
+
+
+@contextlib.contextmanager
+def collective_errors_in_one_line(rank: int, parallel) -> Iterator[None]:
+    """Turns a collective that timed out or lost a rank, raised inside, into a :class:`CollectiveError` of one line
+    naming the timeout and how to avoid it (the backend's own error is a page of C++ and Python frames)."""
+    try:
+        yield
+    except RuntimeError as err:
+        timed_out, lost = TIMED_OUT.search(str(err)), LOST_A_RANK.search(str(err))
+        if not (timed_out or lost):
+            raise
+        if lost:
+            raise CollectiveError(f"rank {rank} lost a rank it was in a collective with: that rank ended (its own "
+                                  "message says why) or its connection broke") from err
+        waited = int(timed_out.group(1)) / 1e3 if timed_out.group(1) else None
+        key = next((name for name in ("step_timeout_s", "timeout_s") if getattr(parallel, name, None) == waited),
+                   "timeout_s")
+        raise CollectiveError(
+            f"rank {rank} waited {f'{waited:g} s' if waited else 'its timeout'} (parallel.{key}) in a collective that "
+            "another rank did not join: a rank stopped answering or is busy elsewhere, or the ranks did not make the "
+            "same collectives in the same order (Session.step, evaluate, save, export and state_dict are collectives: "
+            f"call them on every rank alike); raise parallel.{key} for ranks that are only slow") from err
 
 
 def set_timeouts(timeout_s: float) -> None:

@@ -115,7 +115,7 @@ class RunningStats:
         calls, buffers, start = calls.pop(), self._buffers(), self._start
         mine = torch.cat(buffers)
         gathered = mine.new_empty(self.replicas * mine.numel())  # flat: gloo gathers into no other shape
-        dist.all_gather_into_tensor(gathered, mine, group=self.group)
+        dist.all_gather_single(gathered, mine, group=self.group)
         gathered = gathered.view(self.replicas, -1)
         if self.moves_nothing:  # the dry run's shares hold no values
             merged = start

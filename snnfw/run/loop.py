@@ -65,7 +65,7 @@ def run_training(
                         run.export(run_dir / BEST_MODEL)
             due = run.checkpoints.due(step + 1)
             if due:
-                record.read()  # the steps since the last that logged: a checkpoint keeps only finite ones
+                run.figures.read()  # the steps since the last that logged: a checkpoint keeps only finite ones
             if (bad := run.diverged()) is None and due:
                 run.save(step + 1, record["loss"])
             if bad is not None:  # found where the figures are read: a step that logs or a checkpoint

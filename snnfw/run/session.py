@@ -36,12 +36,14 @@ import torch
 import torch.distributed as dist
 
 from snnfw.components.checkpoint import Checkpoints
+from snnfw.components.flops import device_peak_tflops
 from snnfw.components.metrics import MetricsLog, peak_memory_mb
 from snnfw.components.records import Record, StepFigures
 from snnfw.config import Config, build_config, load_config
 from snnfw.distributed import cpu_allocator
 from snnfw.distributed.chunks import gather_whole
-from snnfw.distributed.collectives import RankEnv, decided_once, device_for, process_group, set_cpu_threads
+from snnfw.distributed.collectives import (RankEnv, collective_errors_in_one_line, decided_once, device_for,
+                                           process_group, set_cpu_threads)
 from snnfw.errors import ConfigError, PlanError, keys_phrase
 from snnfw.plan.auto import Decision
 from snnfw.plan.layout import Plan
@@ -77,6 +79,9 @@ class Session:
         self.start_step, self.resumed_loss = start_step, resumed_loss
         self.config, self.plan, self.device = trainer.config, trainer.plan, trainer.device
         self.first_step_done = self.heap_frozen = self.summary_written = False
+        per_sample = trainer.flops_per_sample
+        self.flops_per_step = None if per_sample is None else per_sample * self.plan.global_batch  # the whole job's
+        self.peak_tflops = device_peak_tflops(self.config, self.device)  # a device's; None: unknown (a CPU), no MFU
         self.figures = StepFigures()  # the device figures of the steps not read yet
         self.unwritten: list[Record] = []  # records not in the metrics yet, the last step's last
         self.evaluations = [  # every validation with its step, a resumed run's included
@@ -115,10 +120,11 @@ class Session:
     def step(self, step: int) -> Record:
         """Trains optimizer step ``step`` (from 0) on its global batch; returns its record, the same on every rank.
 
-        The figures computed on the device (loss, accuracy, spike rate, gradient norm, peak memory) join the record
-        on a step that logs (every ``train.log_every`` steps and the last): they are reduced over the ranks and read
-        in one host synchronisation then, with those of the steps before that did not log, so that those steps
-        wait for nothing (:class:`~snnfw.components.records.Record`; asking one for them earlier is a collective).
+        The figures computed on the device (loss, accuracy, spike rate, gradient norm, peak memory) start their
+        reduction over the ranks at the end of the step, waiting for nothing, and join the record on a step that logs
+        (every ``train.log_every`` steps and the last): they are read in one host synchronisation then, with those of
+        the steps before that did not log, so that those steps wait for nothing. Asking a record for one earlier
+        reads them at once, on any rank alone (:class:`~snnfw.components.records.Record`).
         ``step_ms`` is the host's time in the step: on a GPU, where kernels run after the host has queued them, a
         step that logs also waits for the ones before.
 
@@ -145,7 +151,7 @@ class Session:
         peaks = [0.0] * self.env.world_size
         peaks[self.env.rank] = peak_memory_mb(self.device)
         record = Record({"step": step + 1, **result.values, "step_ms": elapsed * 1e3,
-                         "samples_per_s": self.plan.global_batch / elapsed},
+                         "samples_per_s": self.plan.global_batch / elapsed, **self._utilisation(elapsed * 1e3)},
                         coming=(*result.coming, "peak_mem_mb", "peak_mem_mb_per_rank"))
 
         def finish(totals: list[float]) -> dict[str, Any]:
@@ -159,20 +165,31 @@ class Session:
             self.figures.read()
         return record
 
+    def _utilisation(self, step_ms: float) -> dict[str, float]:
+        """``flops`` (a step's model FLOPs, :mod:`snnfw.components.flops`) and ``mfu``, the share of the ranks' peak
+        FLOP/s that a step of ``step_ms`` achieves; each left out where it is unknown."""
+        if self.flops_per_step is None:
+            return {}
+        if self.peak_tflops is None or step_ms <= 0:
+            return {"flops": self.flops_per_step}
+        peak = self.peak_tflops * 1e12 * self.env.world_size
+        return {"flops": self.flops_per_step, "mfu": self.flops_per_step / (step_ms / 1e3) / peak}
+
     def logs(self, step: int) -> bool:
         """Whether step ``step`` (from 1) logs: every ``train.log_every`` steps, and the last."""
         return step % self.config.train.log_every == 0 or step == self.config.train.steps
 
     def diverged(self) -> Record | None:
-        """The first record read whose loss is not finite, among those not yet written (reads nothing)."""
-        return next((r for r in self.unwritten if r.complete and not math.isfinite(r["loss"])), None)
+        """The first record whose loss is not finite among those not yet written whose figures every rank has read
+        (reads nothing; the same on every rank, whatever one rank asked its records for)."""
+        return next((r for r in self.unwritten if r.settled and not math.isfinite(r["loss"])), None)
 
     def evaluate(self, ops: bool | None = None) -> dict:
         """``eval_loss``, ``eval_acc`` (``eval_acc5`` with more than 5 classes) and ``eval_spike_rate``
         on the test split, every sample scored once over the replicas (a collective); with ``ops`` (default
         ``eval.ops``) the synaptic operations and energy too (:meth:`Trainer.evaluate`). Right after a step the
         ``eval_*`` figures join that step's record and :attr:`evaluations`; the figures of the steps before are read
-        first, so that a rank may read its records alone afterwards."""
+        first."""
         self.figures.read()
         result = self.trainer.evaluate(self.config.eval.ops if ops is None else ops)
         scores = {key: value for key, value in result.items() if key.startswith("eval_")}
@@ -205,20 +222,23 @@ class Session:
 
     def write_record(self, read: bool = True) -> None:
         """Writes the records not written yet to the metrics (with a run directory, a progress line on rank 0 for a
-        step that logs), reading their figures first (a collective); with ``read`` False only those read."""
+        step that logs), reading their figures first; with ``read`` False only those that every rank has read (at a
+        step that logs, a checkpoint or a validation), so that each rank writes the same records at the same step."""
         if read:
             self.figures.read()
-        while self.unwritten and self.unwritten[0].complete:
+        while self.unwritten and self.unwritten[0].settled:
             record = self.unwritten.pop(0)
             show = self.env.rank == 0 and self.run_dir is not None and self.logs(record["step"])
             self.log.write(dict(record.items()), show=show)
 
     def summary(self) -> dict[str, Any]:
         """The run so far, as ``summary.json`` holds it: final loss, every validation and the best, mean step time,
-        the plan and config, and the losses, spike rates and gradient norms of every step (a collective)."""
+        a step's model FLOPs and the MFU of the mean step (None where unknown), the plan and config, and the losses,
+        spike rates and gradient norms of every step (a collective)."""
         self.write_record()
         whole_run = self.log.earlier + self.log.records  # a resumed run's steps before the checkpoint included
         timed = self.log.records[1:] or self.log.records
+        mean_step_ms = sum(r["step_ms"] for r in timed) / max(len(timed), 1)
         best = max(self.evaluations, key=lambda e: e["eval_acc"], default=None)  # the first of equals
         last = self.evaluations[-1] if self.evaluations else None
         return {
@@ -228,7 +248,10 @@ class Session:
             **({"test_accuracy": last["eval_acc"], "eval": {k: v for k, v in last.items() if k != "step"}} if last else {}),
             "evaluations": self.evaluations,
             **({"best_eval_acc": best["eval_acc"], "best_step": best["step"]} if best else {}),
-            "mean_step_ms": sum(r["step_ms"] for r in timed) / max(len(timed), 1),
+            "mean_step_ms": mean_step_ms,
+            "flops_per_step": self.flops_per_step,
+            "peak_tflops": self.peak_tflops,
+            "mfu": self._utilisation(mean_step_ms).get("mfu") if timed else None,
             "wall_s": time.perf_counter() - self.started,
             "materialize_s": self.trainer.materialize_s,
             "plan": self.plan.to_dict(),
@@ -351,7 +374,8 @@ def start(
     ``resume`` the session starts from its newest checkpoint
     (``Session.start_step``). ``weights`` (a state dict by the model's own
     names, :func:`snnfw.components.weights.read_weights`) replace the initial ones. Errors in the config are raised before any
-    process group work.
+    process group work. A collective that times out or loses a rank in the ``with`` block ends it with a
+    :class:`~snnfw.errors.CollectiveError`: a ``SystemExit`` whose one line says what happened and what to do.
 
     Rank 0 plans (builds and analyses the model, asks the strategies, ``auto``'s measurement and choice) and hands
     the plan to the others, which check that they were given its config and only build their model; where the
@@ -414,7 +438,8 @@ def _started(config: Config, model, train_set, test_set, run_dir, resume, weight
         raise
     config = prepared.plan.config  # as resolved: auto's choice, the preference's defaults
     device = device_for(prepared.plan.layout, env)  # a GPU rank's device is set before its process group starts
-    with process_group(prepared.plan.layout, env, config.parallel.timeout_s) as mesh:
+    with process_group(prepared.plan.layout, env, config.parallel.timeout_s) as mesh, \
+            collective_errors_in_one_line(env.rank, config.parallel):
         if mesh is not None:
             check_same_plugins_on_all_ranks(plugins)
         if device.type == "cpu":

@@ -9,6 +9,7 @@ import warnings
 import torch
 import torch.distributed as dist
 
+from snnfw.components.flops import training_flops_per_sample
 from snnfw.components.metrics import SpikeCounter
 from snnfw.components.ops import OpCounter
 from snnfw.components.optim import build_scheduler
@@ -54,6 +55,8 @@ class Trainer:
                                        self.num_classes)
         self.dtype = config.train.torch_dtype
         model = prepared.model.to(self.dtype) if prepared.builds_shards else prepared.model.to(device, self.dtype)
+        spec = prepared.spec
+        self.flops_per_sample = training_flops_per_sample(model, spec.time_steps, spec.shape, plugins.reset_state)
         if prepared.given_instance and mesh is not None:
             broadcast_state(model)  # each rank built its own instance; all start from rank 0's
         if weights is not None:

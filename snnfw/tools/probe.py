@@ -91,9 +91,9 @@ def _time(kind: str, nbytes: int, world: int, rank: int, device: torch.device) -
         if kind == "all_reduce":
             dist.all_reduce(whole)
         elif kind == "all_gather":
-            dist.all_gather_into_tensor(whole, part)
+            dist.all_gather_single(whole, part)
         elif kind == "reduce_scatter":
-            dist.reduce_scatter_tensor(part, whole)
+            dist.reduce_scatter_single(part, whole)
         elif kind == "broadcast":
             dist.broadcast(whole, src=0)
         elif kind == "all_to_all":

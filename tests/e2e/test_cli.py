@@ -63,6 +63,21 @@ def test_the_quickstart_trains_to_its_stated_accuracy(tmp_path):
     assert progress[-1].startswith("[snnfw] step 150/150 ") and max(map(len, progress)) <= 100, progress
 
 
+def test_the_quickstart_on_2_ranks_prints_progress_and_no_warning(tmp_path):
+    """Every rank gathers BatchNorm statistics at every step: through torch's current collective, which warns nothing."""
+    cmd = [sys.executable, "-m", "snnfw", "train", "examples/quickstart.toml", "--nproc", "2", "--run-dir", str(tmp_path),
+           "--overwrite", "--set", "train.steps=4", "--set", "train.log_every=2", "--set", "data.test_samples=32",
+           "--set", "log.peak_tflops=0.5"]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=180)
+    assert done.returncode == 0, done.stderr
+    assert not [line for line in done.stdout.splitlines() + done.stderr.splitlines() if "Warning" in line], done.stderr
+    progress = [line for line in done.stdout.splitlines() if line.startswith("[snnfw] step ")]
+    assert [line.split()[2] for line in progress] == ["2/4", "4/4"] and all(" samples/s" in line for line in progress)
+    records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    for r in records:  # the peak of 2 ranks' devices
+        assert r["flops"] > 0 and abs(r["mfu"] - r["flops"] / (r["step_ms"] / 1e3) / (2 * 0.5e12)) <= 1e-12
+
+
 def test_plain_torchrun_runs_the_worker_entry(tmp_path):
     run_dir = tmp_path / "run"
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m", "snnfw.train",
@@ -96,8 +111,22 @@ def test_progress_lines_show_the_time_left(capsys):
             record.update(eval_acc=0.625, eval_loss=1.5)
         log.write(record, show=step == 10)
     line = capsys.readouterr().out.strip()
-    assert line == "[snnfw] step 10/100 epoch 1.25 loss 1.0000 acc 50.0% spikes 10.0% 910 ms | eval 62.5% | eta 1m22s"
+    assert line == "[snnfw] step 10/100 epoch 1.25 loss 1.0000 acc 50.0% spikes 10.0% 910 ms 8 samples/s | eval 62.5% | eta 1m22s"
     # the time left: 90 steps x 906 ms, the median of the steps so far
+
+
+def test_a_progress_lines_throughput_is_that_of_the_steps_since_the_last_line(capsys):
+    """On a GPU a step that logs also waits for the kernels the steps before it queued: a step's own samples/s says
+    little, the steps' since the last line all of it."""
+    from snnfw.components.metrics import MetricsLog
+
+    log = MetricsLog(None, True, total_steps=4)
+    for step, step_ms in zip(range(1, 5), (100.0, 300.0, 10.0, 790.0)):  # 32 samples a step
+        record = {"step": step, "epoch": step / 8, "loss": 1.0, "train_acc": 0.5, "spike_rate": 0.1,
+                  "step_ms": step_ms, "samples_per_s": 32 / (step_ms / 1e3)}
+        log.write(record, show=step % 2 == 0)
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split(" ms ")[1].split(" |")[0] for line in lines] == ["160 samples/s", "80 samples/s"]
 
 
 def test_torchs_triton_absent_warning_is_filtered_and_others_pass():
