@@ -112,7 +112,7 @@ def _dry_run_candidates(args, config, plugins, memory: int | None) -> int:
             chosen = load_config(args.config, [*args.overrides, *candidate.overrides()])
             plan, footprints = dry_run(chosen, args.world_size, plugins)
         except ConfigError as err:  # a candidate the model cannot take (units that do not compose a pipeline)
-            name = " ".join([candidate.strategy, *(str(value) for _, value in candidate.settings)])
+            name = " ".join([candidate.name, *(str(value) for _, value in candidate.settings)])
             skipped.setdefault(str(err), []).append(name)
             continue
         largest = max(footprints, key=lambda item: item[1].total)[1]
@@ -151,10 +151,10 @@ def _measure(args, config, plugins) -> int:
     timed = measure_top(args.config, args.overrides, args.world_size, ranked[: args.measure])
     for candidate, step_ms in timed:
         settings = f" {dict(candidate.settings)}" if candidate.settings else ""
-        print(f"{candidate.strategy} {candidate.mesh}{settings}: {step_ms:.1f} ms/step measured")
+        print(f"{candidate.name} {candidate.mesh}{settings}: {step_ms:.1f} ms/step measured")
     if not timed:
         raise ConfigError(f"none of the top {args.measure} candidates ran; see the errors above")
-    print(f"fastest measured: {timed[0][0].strategy}; set {timed[0][0].assignments}")
+    print(f"fastest measured: {timed[0][0].name}; set {timed[0][0].assignments}")
     return 0
 
 

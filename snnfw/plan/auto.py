@@ -39,23 +39,35 @@ class Candidate:
     preset: str | None = None  # the preset whose layout it is (snnfw.plan.presets.name_of)
 
     @property
+    def name(self) -> str:
+        """The preset the candidate's layout is, else its strategy (``mesh``)."""
+        return self.preset or self.strategy
+
+    @property
     def assignments(self) -> str:
-        """The candidate as config lines: ``parallel.strategy = "pp", pipeline.schedule = "zbv"``."""
-        pairs = (("parallel.strategy", self.strategy), *self.settings)
-        return ", ".join(f"{key} = {json.dumps(value)}" for key, value in pairs)
+        """The candidate as config lines: ``parallel.strategy = "pp", parallel.mesh = {pp = 4},
+        pipeline.schedule = "zbv"``."""
+        pairs = [f"parallel.strategy = {json.dumps(self.name)}"]
+        if self.mesh:
+            pairs.append(f"parallel.mesh = {self._mesh}")
+        return ", ".join([*pairs, *(f"{key} = {json.dumps(value)}" for key, value in self.settings)])
+
+    @property
+    def _mesh(self) -> str:
+        return "{" + ", ".join(f"{d} = {n}" for d, n in self.mesh.items()) + "}"
 
     def overrides(self) -> list[str]:
         """The candidate as ``--set`` overrides: strategy, mesh and settings."""
-        mesh = "{" + ", ".join(f"{d} = {n}" for d, n in self.mesh.items()) + "}"
-        return [f"parallel.strategy={self.strategy}", f"parallel.mesh={mesh}", *(f"{k}={v}" for k, v in self.settings)]
+        return [f"parallel.strategy={self.name}", f"parallel.mesh={self._mesh}",
+                *(f"{k}={json.dumps(v)}" for k, v in self.settings)]
 
     def describe(self, device_type: str) -> str:
         settings = "".join(f", {key} = {value!r}" for key, value in self.settings)
         mesh = " x ".join(f"{d}={n}" for d, n in self.mesh.items())
         if self.reason:
             shown = ", ".join(filter(None, (mesh, settings[2:])))
-            return f"{self.preset or self.strategy}{shown and f' ({shown})'}: cannot run: {self.reason}"
-        return f"{self.preset or self.strategy} ({mesh}{settings}): ~{self.predicted_ms:.1f} ms/step predicted, {self.estimate.summary()}"
+            return f"{self.name}{shown and f' ({shown})'}: cannot run: {self.reason}"
+        return f"{self.name} ({mesh}{settings}): ~{self.predicted_ms:.1f} ms/step predicted, {self.estimate.summary()}"
 
 
 def candidates(request, proposals) -> tuple[list[Candidate], list[Candidate]]:
@@ -105,11 +117,12 @@ def learned(config: Config, topology) -> tuple[cost_model.Cluster, cost_model.Co
 
 
 def _collapse(refused: list[Candidate]) -> list[Candidate]:
-    """One refusal per strategy and reason: variants and meshes refused alike lose their settings and mesh."""
+    """One refusal per strategy (or preset) and reason: variants and meshes refused alike lose their settings and
+    mesh."""
     kept: dict[tuple, Candidate] = {}
     for c in refused:
-        key = (c.strategy, c.reason)
-        kept[key] = attrs.evolve(c, settings=(), mesh={}, preset=None) if key in kept else c
+        key = (c.name, c.reason)
+        kept[key] = attrs.evolve(c, settings=(), mesh={}) if key in kept else c
     return list(kept.values())
 
 

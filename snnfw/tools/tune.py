@@ -309,7 +309,7 @@ def _bench(config_path, world: int, overrides: list[str], results: Path, left_s:
 def _name(candidate) -> str:
     mesh = " x ".join(f"{d}={n}" for d, n in candidate.mesh.items())
     settings = "".join(f", {key.split('.')[-1]}={value}" for key, value in candidate.settings)
-    return f"{candidate.strategy} ({mesh}{settings})"
+    return f"{candidate.name} ({mesh}{settings})"
 
 
 def _progress(done: int, total: int, what: str) -> None:

@@ -60,7 +60,7 @@ def test_the_dry_run_measures_what_each_rank_of_a_real_run_holds(name):
     strategy, ranks, mesh = MESHES.get(name, (name, 2, None))
     chosen = config(strategy, mesh, PIPELINES.get(name), memopt=int(name.endswith("memopt")))
     plan, dry = dry_run(chosen, ranks, Plugins())
-    assert [rank for rank, _ in dry] == [0, ranks - 1] and plan.strategy == strategy
+    assert [rank for rank, _ in dry] == [0, ranks - 1] and plan.preset == strategy
     real = run_on_ranks(chosen, ranks, inspect=footprint_of_one_more_step, timeout_s=180)
     for rank, footprint in dry:
         held = real[rank]["inspect"]
@@ -152,8 +152,9 @@ def test_auto_weighs_candidates_by_the_given_device_memory_not_this_machines():
     """At 64 ranks this machine's memory, shared by 64, says little of a cluster's GPUs: with a device memory given
     (the dry run's --device-memory, or none: the dry run measures what fits), auto's estimates are held to it."""
     config = full_vgg(1024, "auto")  # 16 samples a rank: ~0.9 GB a rank by auto's estimate
-    assert {"dp", "zero", "fsdp2", "tp", "fsdp2_tp"} <= {c.strategy for c in auto_candidates(config, 64, Plugins(), 80e9)}
-    with pytest.raises(PlanError, match=r"zero: cannot run: needs ~0.9 GiB per rank, has 0.1"):
+    assert {"dp", "zero", "fsdp2", "tp", "fsdp2_tp"} <= {c.name for c in auto_candidates(config, 64, Plugins(), 80e9)}
+    with pytest.raises(PlanError, match=r"zero \(dp_replicate=64, parallel.zero = True\): cannot run: needs ~0.9 GiB per rank, "
+                                        r"has 0.1"):
         auto_candidates(config, 64, Plugins(), 1e8)
 
 
@@ -170,10 +171,10 @@ def test_the_cli_marks_what_fits(capsys):
     args = ["plan", "examples/quickstart.toml", "--world-size", "4", "--dry-run", "--set", "parallel.strategy=fsdp2"]
     assert main([*args, "--device-memory", "80GB"]) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert lines[0].startswith("dry run of fsdp2 on 4 rank(s), mesh dp=4, microbatch 8 x 1")
+    assert lines[0].startswith("dry run of fsdp2 on 4 rank(s), mesh dp_shard=4, microbatch 8 x 1")
     assert lines[1].split() == ["rank", "coordinates", "parameters", "gradients", "optimizer", "neurons", "activations",
                                 "total", "communication", "save", "export", "fits", "80.00", "GB", "largest", "microbatch"]
-    assert [line.split()[:2] for line in lines[2:]] == [["0", "dp=0"], ["3", "dp=3"]]
+    assert [line.split()[:2] for line in lines[2:]] == [["0", "dp_shard=0"], ["3", "dp_shard=3"]]
     assert all(line.split()[-2] == "yes" and int(line.split()[-1]) > 8 for line in lines[2:])
     assert main([*args, "--device-memory", "1MB"]) == 0
     assert all(line.split()[-2:] == ["no", "0"] for line in capsys.readouterr().out.splitlines()[2:])
@@ -181,7 +182,8 @@ def test_the_cli_marks_what_fits(capsys):
     assert "--device-memory takes a size such as 80GB" in capsys.readouterr().err
     assert main(["plan", "examples/quickstart.toml", "--world-size", "4", "--dry-run", "--set", "parallel.strategy=pp",
                  "--set", "parallel.mesh={dp=2,pp=2}"]) == 0
-    assert [line.split()[:3] for line in capsys.readouterr().out.splitlines()[2:]] == [["0", "dp=0", "pp=0"], ["3", "dp=1", "pp=1"]]
+    assert [line.split()[:3] for line in capsys.readouterr().out.splitlines()[2:]] == [["0", "pp=0", "dp_replicate=0"],
+                                                                                       ["3", "pp=1", "dp_replicate=1"]]
     assert main([*args, "--set", "memopt.level=2"]) == 2  # a search by measured CUDA memory cannot be dry-run
     assert "memopt.level 2 searches by measured CUDA peak memory and needs CUDA" in capsys.readouterr().err
 
