@@ -38,6 +38,19 @@ class DivergedError(UserError):
     """Training produced a non-finite loss."""
 
 
+class WorkerError(Exception):
+    """An exception that the user's own code raised in a data loader worker, as the rank reports one raised in it:
+    ``where`` (:func:`user_line` in the worker), the exception's type name ``kind``, its message and the worker's
+    traceback. torch re-raises a worker's exception as a new one whose message is that traceback."""
+
+    def __init__(self, where: str, kind: str, message: str, traceback: str):
+        super().__init__(where, kind, message, traceback)
+        self.where, self.kind, self.message, self.traceback = where, kind, message, traceback
+
+    def __str__(self) -> str:
+        return self.message
+
+
 class CollectiveError(SystemExit):
     """A collective that timed out or lost a rank: the process group is broken, and the rank ends.
 
@@ -81,12 +94,14 @@ def keys_phrase(keys: list[str]) -> tuple[str, str]:
 def user_line(err: BaseException) -> str:
     """``"FILE, line N, in NAME"`` where the user's own code raised ``err`` or called the library that did: the
     deepest frame of its traceback outside Python's library and installed packages, unless that frame is snnfw's
-    (or its plugins'), whose errors are its own; ``""`` where no such frame is."""
+    (or its plugins'), whose errors are its own; ``""`` where no such frame is. A :class:`WorkerError`: its own."""
     import importlib.util
     import sysconfig
     import traceback
     from pathlib import Path
 
+    if isinstance(err, WorkerError):
+        return err.where
     libraries = {Path(sysconfig.get_paths()[key]).resolve() for key in ("stdlib", "platstdlib", "purelib", "platlib")}
     plugins = importlib.util.find_spec("snnfw_plugins")
     own = {Path(__file__).resolve().parent, *(Path(f).resolve() for f in (plugins.submodule_search_locations or []))}

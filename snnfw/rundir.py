@@ -26,6 +26,7 @@ SUMMARY = "summary.json"  # the run's outcome, written by rank 0 at the end
 EVAL = "eval.json"  # the score of ``snnfw eval``
 FINAL_MODEL = "final_model.pt"  # the trained model, whole
 BEST_MODEL = "best_model.pt"  # the same, at the validation with the highest eval_acc
+DIGEST = ".sha256"  # beside a weights file: its SHA-256 and name, as sha256sum writes them (``final_model.pt.sha256``)
 TENSORBOARD = "tensorboard"  # the folder of TensorBoard event files (``log.tensorboard``)
 CHECKPOINTS = "checkpoints"  # the folder of ``step-N`` checkpoints
 STEP = "step-"  # in CHECKPOINTS: the folder ``step-N`` holds the checkpoint after step N
@@ -34,7 +35,8 @@ PROFILE = "profile"  # the folder of ``log.profile``'s traces and shares, per ra
 MEMORY = "memory"  # the folder of ``log.memory_snapshot``'s records, per rank
 PLAN = "plan.json"  # the plan ``snnfw train`` made, which its ranks run (written at each launch, not a result)
 EVAL_PLAN = "eval_plan.json"  # the same of ``snnfw eval`` and ``snnfw predict``
-RUN_FILES = (METRICS, SUMMARY, FINAL_MODEL, BEST_MODEL, TENSORBOARD, CHECKPOINTS, PROFILE, MEMORY)  # a run's files
+RUN_FILES = (METRICS, SUMMARY, FINAL_MODEL, FINAL_MODEL + DIGEST, BEST_MODEL, BEST_MODEL + DIGEST, TENSORBOARD,
+             CHECKPOINTS, PROFILE, MEMORY)  # a run's files
 
 ERROR_LOG = "error.log"  # the traceback of an error in the user's own code that ended a rank
 RANKS = ".ranks"  # the ranks' markers for the launcher

@@ -27,7 +27,7 @@ from pathlib import Path
 
 from snnfw import fast_exit, rundir
 from snnfw.config import load_config
-from snnfw.errors import CollectiveError, UserError, explain, said, user_line
+from snnfw.errors import CollectiveError, UserError, WorkerError, explain, said, user_line
 from snnfw.plan import planfile
 from snnfw.plugin.manager import Plugins, plugin_hook
 
@@ -123,13 +123,15 @@ def main(argv: list[str] | None = None) -> int:
 
 def _stopped_in_user_code(err: Exception, where: str, run_dir: Path, rank: int) -> int:
     """Ends this rank on an error raised in the user's own code (their model, their data set) as on a user error:
-    one line naming it, the traceback in the run directory's error log (and on screen with ``snnfw --debug``)."""
-    text = "".join(traceback.format_exception(err))
+    one line naming it, the traceback in the run directory's error log (and on screen with ``snnfw --debug``); of one
+    raised in a data loader worker, the worker's."""
+    worker = isinstance(err, WorkerError)
+    text = err.traceback if worker else "".join(traceback.format_exception(err))
     log = run_dir / rundir.ERROR_LOG
     rundir.write_text(log, f"rank {rank}:\n{text}")
     if os.environ.get(rundir.DEBUG):
         print(text, file=sys.stderr, end="")
-    message = f"{where}: {type(err).__name__}: {said(err)}; the traceback is in {log}"
+    message = f"{where}: {err.kind if worker else type(err).__name__}: {said(err)}; the traceback is in {log}"
     if not os.environ.get(rundir.LAUNCHED):
         print(f"snnfw: error: {message}", file=sys.stderr)
     rundir.mark_stopped(run_dir, message)

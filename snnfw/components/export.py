@@ -15,9 +15,9 @@ for ``--format nir``.
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import json
+from pathlib import Path
+from typing import Callable
 
 import attrs
 import torch
@@ -26,11 +26,10 @@ from snnfw.components import checkpoint as ckpt
 from snnfw.components import integrity
 from snnfw.config import Config, build_config
 from snnfw.errors import CheckpointError, ConfigError
-from snnfw.rundir import (BEST_MODEL, CHECKPOINTS, FINAL_MODEL, PLAN, STEP, STEP_META, SUMMARY, TEMP_PREFIX,
-                          check_writable, checkpoint_step, complete_checkpoints, write_text, written_whole)
+from snnfw.rundir import (BEST_MODEL, CHECKPOINTS, DIGEST, FINAL_MODEL, PLAN, STEP, STEP_META, SUMMARY, TEMP_PREFIX,
+                          check_writable, checkpoint_step, complete_checkpoints, remove_whole, write_text, written_whole)
 
 SAFETENSORS = ".safetensors"
-DIGEST = ".sha256"  # beside an export: its SHA-256 and name, as sha256sum writes them
 
 
 @attrs.frozen
@@ -178,10 +177,7 @@ def export(source: str | Path, out: str | Path) -> Exported:
     else:
         step, (state, names) = meta["step"], model_state(path)
     try:
-        with written_whole(out) as temp:
-            write(state, temp)
-            digest = integrity.file_digest(temp, "sha256").partition(":")[2]
-        write_text(digest_of(out), f"{digest}  {out.name}\n")
+        write_weights(out, lambda temp: write(state, temp))
     except OSError as err:  # a full disk, a quota: what check_writable's probe cannot see
         raise CheckpointError(f"--out {out} could not be written ({err.strerror}); free space, or name another "
                               "place") from None
@@ -230,16 +226,28 @@ def _unreadable(err: Exception) -> str:
 
 
 def digest_of(path: Path) -> Path:
-    """Where the SHA-256 of the export ``path`` is written."""
+    """Where the SHA-256 of the weights file ``path`` is written."""
     return path.with_name(path.name + DIGEST)
 
 
+def write_weights(path: Path, write: Callable[[Path], None]) -> None:
+    """Writes the weights file ``path`` whole with ``write(temporary path)``, then its SHA-256 beside it
+    (:func:`digest_of`); the digest of the file it replaces goes first, so none is left beside a file it does not
+    describe (a file whose writing was cut short has none, and is read unchecked)."""
+    remove_whole(digest_of(path))
+    with written_whole(path) as temp:
+        write(temp)
+        digest = integrity.file_digest(temp, "sha256").partition(":")[2]
+    write_text(digest_of(path), f"{digest}  {path.name}\n")
+
+
 def check_digest(path: Path) -> None:
-    """Refuses the file ``path`` when a digest written beside it (by ``snnfw export``) does not match it."""
+    """Refuses the file ``path`` when the digest written beside it (by ``snnfw export``, or the run that wrote
+    ``final_model.pt`` and ``best_model.pt``) does not match it; a file without one (an earlier snnfw's) passes."""
     recorded = digest_of(path)
     if not recorded.is_file():
         return
     expected = recorded.read_text(errors="replace").split()[:1]
     if expected != [integrity.file_digest(path, "sha256").partition(":")[2]]:
-        raise CheckpointError(f"{path} does not match the SHA-256 in {recorded} (corrupt or cut); export it again, or "
-                              "restore it from a copy")
+        raise CheckpointError(f"{path} does not match the SHA-256 in {recorded} (corrupt or cut); restore it from a copy, "
+                              "or write it again")

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Callable
 import attrs
 
 from snnfw.config import IMAGE_AUGMENTS, Config, DataConfig
-from snnfw.errors import ConfigError, keys_phrase, users_code
+from snnfw.errors import ConfigError, UserError, WorkerError, explain, keys_phrase, user_line, users_code
 
 if TYPE_CHECKING:
     import torch
@@ -173,14 +173,71 @@ def _placed(frames: torch.Tensor, labels: torch.Tensor, device: torch.device, dt
     return frames.to(device, dtype, non_blocking=True), labels.to(device, non_blocking=True)
 
 
+class WorkerReads:
+    """``dataset`` as a loader worker reads a microbatch of it (torch's ``__getitems__``): a user error, or an error
+    in the user's own code (a :class:`~snnfw.errors.WorkerError` naming where), is returned instead of raised, and
+    :func:`step_batches` raises it in the rank, which then ends on it in the one line it would without workers.
+    torch would re-raise it as a new exception whose message is the worker's traceback. Any other error (snnfw's
+    own) is raised as before."""
+
+    def __init__(self, dataset: Dataset):
+        self.dataset = dataset
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getitems__(self, indices: list[int]) -> list:
+        try:
+            read = getattr(self.dataset, "__getitems__", None)
+            return read(indices) if read else [self.dataset[index] for index in indices]
+        except UserError as err:
+            return [err if _survives_pickling(err) else UserError(explain(err))]
+        except Exception as err:
+            if not (where := user_line(err)):
+                raise
+            import traceback
+
+            return [WorkerError(where, type(err).__name__, str(err), "".join(traceback.format_exception(err)))]
+
+
+def _survives_pickling(err: Exception) -> bool:
+    """Whether ``err`` reaches the rank from its worker as itself (an exception whose ``__init__`` takes other
+    arguments than its ``args`` does not)."""
+    import pickle
+
+    try:
+        pickle.loads(pickle.dumps(err))
+    except Exception:  # noqa: BLE001: whatever its pickling raises
+        return False
+    return True
+
+
+def _collated(items: list):
+    """A microbatch of the items a worker read, or the exception :class:`WorkerReads` returned."""
+    from torch.utils.data import default_collate
+
+    raised = next((item for item in items if isinstance(item, Exception)), None)
+    return raised if raised is not None else default_collate(items)
+
+
+def _read(loader) -> tuple:
+    batch = next(loader)
+    if isinstance(batch, Exception):
+        raise batch
+    return batch
+
+
 def step_batches(dataset: Dataset, sampler: StepSampler, workers: int, device: torch.device, dtype=None):
     """Each step's microbatches, ``[(frames, labels), ...]`` on ``device`` with frames in ``dtype``;
     ``workers`` processes load ahead of the step (0: loaded in this process when the step asks)."""
     from torch.utils.data import DataLoader
 
-    loader = iter(DataLoader(dataset, batch_sampler=sampler, num_workers=workers, pin_memory=device.type == "cuda"))
+    pin = device.type == "cuda"
+    loader = iter(DataLoader(WorkerReads(dataset), batch_sampler=sampler, num_workers=workers, pin_memory=pin,
+                             collate_fn=_collated) if workers else
+                  DataLoader(dataset, batch_sampler=sampler, pin_memory=pin))
     for _ in range(sampler.start, sampler.stop):
-        yield [_placed(*next(loader), device, dtype) for _ in range(sampler.plan.microbatches)]
+        yield [_placed(*_read(loader), device, dtype) for _ in range(sampler.plan.microbatches)]
 
 
 def load(dataset: Dataset, indices: torch.Tensor, device: torch.device, dtype=None) -> tuple[torch.Tensor, torch.Tensor]:

@@ -36,6 +36,7 @@ import torch
 import torch.distributed as dist
 
 from snnfw.components.checkpoint import Checkpoints
+from snnfw.components.export import write_weights
 from snnfw.components.flops import device_peak_tflops
 from snnfw.components.metrics import MetricsLog, peak_memory_mb
 from snnfw.components.records import Record, StepFigures
@@ -50,7 +51,7 @@ from snnfw.plan.layout import Plan
 from snnfw.plan.prepare import from_plan, prepare
 from snnfw.plugin.manager import Plugins, check_same_plugins_on_all_ranks
 from snnfw.run.trainer import Trainer
-from snnfw.rundir import SUMMARY, write_text, written_whole
+from snnfw.rundir import SUMMARY, write_text
 
 CHECKPOINT_MS = "checkpoint_ms"  # a step's metric: the time its checkpoint save held training up
 WRITES_INTO_RUN_DIR = ("tensorboard", "wandb", "profile", "memory_snapshot")  # [log] keys
@@ -290,15 +291,14 @@ class Session:
         return gather_whole(state, dst=None if everywhere else 0)
 
     def export(self, path: str | Path) -> Path:
-        """Saves :meth:`state_dict` with ``torch.save`` (rank 0 writes it whole or not at all; a collective); returns
-        the path.
+        """Saves :meth:`state_dict` with ``torch.save`` (rank 0 writes it whole or not at all, and its SHA-256 beside
+        it, ``PATH.sha256``; a collective); returns the path.
 
         The family's or your own module loads it with ``load_state_dict(torch.load(path, weights_only=True))``.
         """
         state, path = self.state_dict(), Path(path)
         if self.env.rank == 0:
-            with written_whole(path) as temp:
-                torch.save(state, temp)
+            write_weights(path, lambda temp: torch.save(state, temp))
         return path
 
     def close(self) -> None:

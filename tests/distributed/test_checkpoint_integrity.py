@@ -190,3 +190,26 @@ def test_resuming_a_run_whose_only_checkpoint_lacks_its_meta_json_names_it(run_d
     with pytest.raises(CheckpointError, match=rf"^{run_dir / 'checkpoints' / 'step-2' / 'meta.json'} is missing, so .* "
                                               "restore it from a copy, or start over with --overwrite"):
         rundir.check_run_dir(run_dir, resume=True, overwrite=False)
+
+
+def test_a_runs_weights_files_carry_digests_which_their_readers_check(run_dir, tmp_path, capsys):
+    """final_model.pt and best_model.pt have their SHA-256 beside them, as sha256sum -c reads it; export, eval and
+    predict refuse a file that no longer matches it in one line, and read one of an earlier snnfw (no digest)."""
+    final, best = run_dir / rundir.FINAL_MODEL, run_dir / rundir.BEST_MODEL
+    whole = best.read_bytes()
+    for path in (final, best):
+        sha256 = integrity.file_digest(path, "sha256").removeprefix("sha256:")
+        assert path.with_name(f"{path.name}.sha256").read_text() == f"{sha256}  {path.name}\n"
+        data = bytearray(path.read_bytes())
+        data[len(data) // 2] ^= 1
+        path.write_bytes(bytes(data))
+    assert main(["export", str(final), "--out", str(tmp_path / "x.pt")]) == 2
+    assert one_line(capsys.readouterr().err) == (
+        f"snnfw: error: {final} does not match the SHA-256 in {final}.sha256 (corrupt or cut); restore it from a copy, "
+        "or write it again")
+    assert main(["eval", str(ROOT / "examples" / "quickstart.toml"), "--weights", str(best), "--nproc", "1",
+                 "--set", "parallel.strategy=none"]) == 2
+    assert one_line(capsys.readouterr().err).startswith(f"snnfw: error: {best} does not match the SHA-256 in ")
+    best.write_bytes(whole)
+    (run_dir / f"{rundir.BEST_MODEL}.sha256").unlink()  # as an earlier snnfw wrote it: read without a check
+    assert PARAMETER in read_weights(best)

@@ -134,3 +134,33 @@ def test_the_best_settings_configs_plan_as_they_say(name, precision):
     plan = prepare(config, 2, Plugins()).plan
     assert (plan.strategy, plan.config.train.precision) == ("dp", precision)
     assert (plan.config.model.neuron_backend, plan.config.model.memory_format) == ("inductor", "auto")
+
+
+def test_the_recorded_peak_is_the_ranks_own_not_the_profiles(tmp_path, monkeypatch):
+    """The cost model's profile runs in the bench's own process before the ranks start: however much it held, a
+    rank's recorded peak is its own, the one snnfw train of the same run records."""
+    import snnfw.tools.bench as bench_tool
+
+    planted_mb = 1024
+    profile = bench_tool._predicted
+
+    def profile_holding_much(*args):
+        held = bytearray(b"\x01") * (planted_mb * 2**20)  # written: resident while the profile runs
+        try:
+            return profile(*args)
+        finally:
+            del held
+
+    sets = ["data.test_samples=16", "data.batch_size=8", "parallel.strategy=none"]
+    run_dir = tmp_path / "run"
+    trained = main(["train", "examples/quickstart.toml", "--nproc", "1", "--run-dir", str(run_dir),
+                    *(arg for s in [*sets, "train.steps=2", "train.log_every=2", "log.phase_times=true"]
+                      for arg in ("--set", s))])
+    assert trained == 0
+    train_peak = max(json.loads(line)["peak_mem_mb"] for line in (run_dir / "metrics.jsonl").read_text().splitlines())
+    monkeypatch.setattr(bench_tool, "_predicted", profile_holding_much)
+    results = tmp_path / "results.jsonl"
+    assert bench_tool.bench("examples/quickstart.toml", 1, sets, 1, 1, results, "throughput", None) == 0
+    (record,) = [json.loads(line) for line in results.read_text().splitlines()]
+    assert record["peak_mem_mb"] < planted_mb, record["peak_mem_mb_per_rank"]
+    assert abs(record["peak_mem_mb"] - train_peak) <= 0.1 * train_peak, (record["peak_mem_mb"], train_peak)

@@ -90,6 +90,18 @@ def corrupt():
     return Frames(corrupt_label), Frames(corrupt_label)
 
 
+def refused_label(index):
+    if index == 1:
+        from snnfw.errors import DataError
+
+        raise DataError(f"sample {index} has no events; remove it from the data set")
+    return index % 10
+
+
+def refusing():
+    return Frames(refused_label), Frames(refused_label)
+
+
 class Strict(nn.Module):
     def __init__(self):
         super().__init__()
@@ -188,6 +200,27 @@ def test_an_error_in_the_users_code_inside_the_ranks_is_one_line_naming_it(folde
                       f"{raised}; the traceback is in {run_dir / 'error.log'}"], done.stderr[-3000:]
     assert "Traceback" in (run_dir / "error.log").read_text()
     assert ("Traceback" in done.stderr) == bool(flags), done.stderr[-3000:]
+
+
+@pytest.mark.parametrize("data", ["corrupt", "refusing"])
+def test_an_error_in_the_users_data_set_in_a_loader_worker_is_the_same_one_line(folder, data):
+    """torch re-raises a worker's exception as another, its message the worker's traceback: the line is the one
+    without workers, and error.log holds the worker's traceback."""
+    run_dir = folder / f"workers-{data}"
+    sets = [arg for item in [f"data.builder=nets.py:{data}", "data.workers=1", "parallel.strategy=none",
+                             "model.input_layout=TN"] for arg in ("--set", item)]
+    done = subprocess.run([sys.executable, "-m", "snnfw", "train", "own.toml", "--nproc", "1", "--run-dir", str(run_dir),
+                           *sets], cwd=folder, capture_output=True, text=True, timeout=180)
+    assert done.returncode == 2, done.stderr[-3000:]
+    if data == "corrupt":
+        line = next(n for n, text in enumerate(NETS.splitlines(), 1) if "raise ValueError" in text)
+        said = (f"nets.py, line {line}, in corrupt_label: ValueError: sample 1 is corrupt; the traceback is in "
+                f"{run_dir / 'error.log'}")
+        assert "in corrupt_label" in (run_dir / "error.log").read_text()
+    else:
+        said = "sample 1 has no events; remove it from the data set"
+    assert [text for text in done.stderr.splitlines() if text.startswith("snnfw: error:")] == [f"snnfw: error: {said}"]
+    assert "Traceback" not in done.stderr and "DataLoader worker" not in done.stderr, done.stderr[-3000:]
 
 
 def test_a_network_left_in_single_step_mode_is_told_to_switch(folder):
