@@ -191,7 +191,7 @@ def test_auto_chooses_a_pipeline_and_its_schedule_when_the_batch_does_not_split_
     pipeline = plan.config.pipeline
     assert pipeline.schedule in ("zbv", "zero_bubble") and pipeline.virtual_stages == 2  # the smallest bubble
     assert plan.microbatches == 8  # the smallest divisor of 8 that feeds 6 stages
-    assert "candidate mesh: cannot run: data.batch_size 8 is not divisible by 3 x 1" in plan.rationale
+    assert "candidate dp (dp_replicate=3): cannot run: data.batch_size 8 is not divisible by 3 x 1" in plan.rationale
 
 
 def test_schedules_refused_for_one_reason_are_listed_once(plugins):
