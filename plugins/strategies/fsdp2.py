@@ -44,9 +44,10 @@ class FullyShard(Strategy):
     dimension, parameters, splits_batch, order, shards_parameters = "dp_shard", SHARDED, True, DATA, True
 
     def propose_dimension(self, request, layout):
-        size = dict(layout.mesh)[self.dimension]
+        size, blocks = dict(layout.mesh)[self.dimension], request.analysis.blocks
+        units = f"{len(blocks)} block(s) of {request.analysis.family} then the root" if blocks else "the root only"
         return Proposal(NAME, rationale=(f"dp_shard = {size}: parameters, gradients and optimizer state sharded on dim 0 "
-                                         f"by fully_shard; {fully_shard_options(request.config.parallel)}",
+                                         f"by fully_shard on {units}; {fully_shard_options(request.config.parallel)}",
                                          *_one_block(request)))
 
     def apply_dimension(self, model, plan, mesh, hooks, wrap=None):

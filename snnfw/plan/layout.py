@@ -190,16 +190,18 @@ class Plan:
 
 
 def make_plan(config: Config, topology: Topology, analysis: Analysis, plugins, model=None,
-              chosen: tuple[str, ...] = ()) -> Plan:
+              chosen: tuple[str, ...] = (), asked: str | None = None) -> Plan:
     """Asks the strategy's plugin for a proposal and checks it against the world and batch.
 
     ``config`` names one strategy or preset (``auto`` is resolved before, :mod:`snnfw.plan.auto`); a preset is
     planned as its mesh (:mod:`snnfw.plan.presets`), and a mesh that is a preset's layout is named by it
-    (``Plan.preset``), however the config spelled it; ``chosen`` is how it was chosen, the plan's first rationale.
+    (``Plan.preset``), however the config spelled it; ``chosen`` is how it was chosen, the plan's first rationale;
+    ``asked``, the name a refusal gives where the config's preset was resolved before (default: the config's).
     """
     from snnfw.plan.presets import check_name, name_of, resolve
 
     check_name(config.parallel.strategy, plugins)
+    asked = asked or config.parallel.strategy
     config, _ = resolve(config, topology.world_size)
     if config.parallel.prefer:
         config, changed = with_settings(config, plugins.preference_defaults(config))
@@ -208,7 +210,7 @@ def make_plan(config: Config, topology: Topology, analysis: Analysis, plugins, m
     answers = [p for p in plugins.propose(request) if p.strategy == request.strategy]
     refusals = [p.refusal for p in answers if p.refusal]
     if refusals:
-        raise PlanError(f"strategy {request.strategy!r} cannot run: {'; '.join(refusals)}")
+        raise PlanError(f"strategy {asked!r} cannot run: {'; '.join(refusals)}")
     if len(answers) != 1:
         raise PlanError(
             f"strategy {request.strategy!r} got {len(answers)} proposals from plugins; exactly one plugin must own it"

@@ -249,7 +249,7 @@ def prepare(config: Config, world_size: int, plugins: Plugins, local_ranks: int 
     if datasets is None and _counts_epochs(config):
         datasets = built_data = build_datasets(config, source.spec, plugins)
     config = _resolved(config, plugins, source, datasets)
-    presets.check_name(config.parallel.strategy, plugins)
+    presets.check_name(asked := config.parallel.strategy, plugins)
     config, _ = presets.resolve(config, world_size)
     topology = Topology.detect(world_size, config.parallel.device, local_ranks, config.parallel.backend)
     shards, sendable = (_shard_build(config, plugins, world_size, isinstance(model, torch.nn.Module))
@@ -271,7 +271,7 @@ def prepare(config: Config, world_size: int, plugins: Plugins, local_ranks: int 
 
         decision = agree(decide, topology.device_type)
         config = decision.applied(config)
-    plan = make_plan(config, topology, analysis, plugins, built, decision.rationale if decision else ())
+    plan = make_plan(config, topology, analysis, plugins, built, decision.rationale if decision else (), asked)
     allocator = cpu_allocator.resolve(config.parallel.cpu_allocator, topology.device_type)
     notes = precision_notes(config, topology.device_type) + (
         ("cpu_allocator retain: each rank's malloc keeps freed blocks for the next step",) if allocator == "retain" else ())
