@@ -21,7 +21,7 @@ from snnfw.components.weights import load_weights
 from snnfw.config import Config
 from snnfw.data import batches as datalib
 from snnfw.data.augment import Augmented, augment_options
-from snnfw.distributed.collectives import all_reduce, broadcast_state, dp_coordinate, dp_group
+from snnfw.distributed.collectives import all_reduce, broadcast_state, dp_coordinate, dp_group, set_timeouts
 from snnfw.distributed.grad_norm import clip_gradients, global_grad_norm, local_grad_squares, scale_gradients
 from snnfw.distributed.materialize import FromRank0, Replayed, materialize, set_aside
 from snnfw.distributed.running_stats import RunningStats
@@ -67,6 +67,8 @@ class Trainer:
         self.running_stats = RunningStats(model)  # from here on, only training steps update BatchNorm statistics
         plugins.transform_model(model, self.plan, self.example())
         self.model = plugins.parallelize(model, self.plan, mesh)
+        if mesh is not None:  # the process groups the strategy made (a composed mesh's rows) wait as long as the world's
+            set_timeouts(config.parallel.timeout_s)
         if names is not None:
             values = replayed or FromRank0(names)
             materialize(self.model, device, names, lambda: plugins.state_dict(self.model, None, self.plan)["model"], values)
