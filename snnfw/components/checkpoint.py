@@ -300,7 +300,8 @@ class Checkpoints:
                 "its plugin must implement snnfw_state_dict to name the state by the model's own parameter names"
             )
         state = {**state, "scheduler": trainer.scheduler.state_dict(), "rng": {f"rank{self.rank}": _rng_state()}}
-        meta = {"step": step, "loss": loss, "fixed": _fixed(self.config), "strategy": trainer.plan.strategy,
+        strategy = trainer.plan.preset or trainer.plan.strategy
+        meta = {"step": step, "loss": loss, "fixed": _fixed(self.config), "strategy": strategy,
                 "world_size": trainer.plan.world_size, "loss_scale": trainer.run.loss_scale.state_dict()}
         writer, planner = integrity.DigestingWriter(temp), _HeldSavePlanner()
         if self.config.checkpoint.async_save:
