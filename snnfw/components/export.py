@@ -192,7 +192,8 @@ def _origin(weights: Path) -> tuple[int | None, dict]:
     plan = _summary(weights.parent).get("plan") if weights.name == FINAL_MODEL else None
     if not isinstance(plan, dict) or "strategy" not in plan:
         return None, {}
-    return _summary(weights.parent).get("steps"), {"strategy": plan["strategy"], "world_size": plan["world_size"]}
+    return _summary(weights.parent).get("steps"), {"strategy": plan.get("preset") or plan["strategy"],
+                                                   "world_size": plan["world_size"]}
 
 
 def read_file(source: Path) -> dict[str, torch.Tensor]:

@@ -122,10 +122,10 @@ def test_spikformer_schedule_matches_none(schedule, virtual):
 def test_pp_by_dp_matches_none_and_keeps_stage_replicas_equal():
     config = pp_config("1f1b", parallel={"mesh": {"dp": 2, "pp": 2}})
     reports = check_pipeline_run(config, 4, replicas=2)
-    for rank in (0, 1):
-        mine, peer = reports[rank]["values"], reports[rank + 2]["values"]
+    for rank in (0, 2):  # the mesh is pp x dp_replicate: ranks 0 and 1 hold stage 0, ranks 2 and 3 stage 1
+        mine, peer = reports[rank]["values"], reports[rank + 1]["values"]
         for name, tensor in mine.items():
-            assert torch.equal(tensor, peer[name]), f"pp rank {rank}: replicas differ in {name}"
+            assert torch.equal(tensor, peer[name]), f"rank {rank}: replicas differ in {name}"
 
 
 def test_given_layout_is_used_on_every_rank():
