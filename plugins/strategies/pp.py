@@ -162,9 +162,21 @@ def _unit_names(request) -> tuple[str, ...]:
     return ()
 
 
+GLUE_HINT = '"flatten:NAME" where its forward flattens [T, N, ...] before NAME (torch.flatten(x, 2))'
+
+
 def _units_example(model) -> str:
-    """The model's own top-level children, in order, as a stage_units list to start from."""
-    names = [name for name, _ in model.named_children()] if model is not None else []
+    """The model's own top-level children, in order, as a stage_units list to start from: a child that begins with a
+    Linear, after one holding a convolution and not after a Flatten, behind the flatten glue (``"flatten:fc"``)."""
+    from torch import nn
+
+    names, convolved, previous = [], False, None
+    for name, child in model.named_children() if model is not None else ():
+        first = next((m for m in child.modules() if isinstance(m, (nn.Linear, nn.Conv1d, nn.Conv2d))), None)
+        glued = isinstance(first, nn.Linear) and convolved and not isinstance(previous, nn.Flatten)
+        names.append(f"flatten:{name}" if glued else name)
+        convolved = convolved or isinstance(first, (nn.Conv1d, nn.Conv2d))
+        previous = child
     return "[" + ", ".join(f'"{name}"' for name in names or ["stem", "blocks.0", "head"]) + "]"
 
 
@@ -205,7 +217,8 @@ def _stages(request, schedule: str, virtual: int, pp: int, dp: int) -> Proposal:
     shape = f"pp {pp} x virtual_stages {virtual} = {stages} stages"
     if not units:
         return Proposal.refuse(NAME, f"{request.analysis.missing('stage_units', _units_example(request.model))}, "
-                                     "and it is no nn.Sequential, whose children would be the units")
+                                     f"in the order its forward calls them, {GLUE_HINT}; it is no nn.Sequential, "
+                                     "whose children would be the units")
     if len(units) < stages:
         return Proposal.refuse(NAME, f"the model has {len(units)} units ({', '.join(units)}), fewer than {shape}")
     if reason := _layout_refusal(pipeline.layout, units, stages, shape):
@@ -280,12 +293,23 @@ def snnfw_split_stages(model, plan):
     Any other ``nn.Sequential`` model: one unit per child."""
     from torch import nn
 
-    from snnfw.api import TimeMajor, submodule
+    from snnfw.api import TimeMajor
 
     analysis = plan.analysis
     if not analysis.own:
         return list(model) if isinstance(model, nn.Sequential) else None
-    units = [submodule(model, name) for name in analysis.stage_units]
+    units = [_stage_unit(model, name) for name in analysis.stage_units]
     if units and plan.config.model.input_layout == "TN":
         units[0] = nn.Sequential(TimeMajor(), units[0])
     return units or None
+
+
+def _stage_unit(model, unit: str):
+    """The module a stage unit names; ``"flatten:NAME"`` (the only glue ``model.stage_units`` takes): NAME behind
+    ``torch.flatten(x, 2)``, the flatten a forward does between pooling and a Linear on ``[T, N, ...]``."""
+    from torch import nn
+
+    from snnfw.api import submodule
+
+    glue, _, name = unit.rpartition(":")
+    return nn.Sequential(nn.Flatten(2), submodule(model, name)) if glue == "flatten" else submodule(model, unit)

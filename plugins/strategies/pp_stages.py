@@ -333,12 +333,14 @@ def composition_error(model: nn.Module, units: list[nn.Module], example: torch.T
         first_line = (str(err).splitlines() or [""])[0]
         return (f"the pipeline units do not run one after another on the model's input: unit {index + 1} of "
                 f"{len(units)} ({type(unit).__name__}) raised {type(err).__name__} ({first_line}); "
-                "list model.stage_units in the order the model's forward calls them")
+                "list model.stage_units in the order the model's forward calls them, \"flatten:NAME\" where it "
+                "flattens [T, N, ...] before NAME (torch.flatten(x, 2))")
     if x.shape != expected.shape or not torch.allclose(x, expected, rtol=1e-4, atol=1e-5):
         return (
             f"the pipeline units, run one after another, do not compute the model's output (shape {list(x.shape)} "
             f"against {list(expected.shape)}): its forward does more than call them in order; declare the units "
-            "that do (model.stage_units, glue such as flatten inside them), or write a family plugin with snnfw_split_stages"
+            "that do (model.stage_units, \"flatten:NAME\" for a flatten before NAME, other glue inside them), or write "
+            "a family plugin with snnfw_split_stages"
         )
     return None
 

@@ -79,6 +79,17 @@ def analyze(model: nn.Module, family: str, plugins, own: tuple[AnalysisPart, tup
     )
 
 
+GLUE = {"flatten": "torch.flatten(x, 2) before NAME ([T, N, C, H, W] -> [T, N, C*H*W]), as a forward does between "
+                    "pooling and a Linear"}  # what a stage unit "GLUE:NAME" runs before NAME
+
+
+def unit_glue(unit: str) -> tuple[str | None, str]:
+    """A stage unit ``"flatten:fc"`` -> (``"flatten"``, ``"fc"``): the glue its input passes first (``GLUE``), and the
+    module's name; ``"fc"`` -> (None, ``"fc"``)."""
+    glue, sep, name = unit.rpartition(":")
+    return (glue, name) if sep else (None, unit)
+
+
 WRAPPED = "_checkpoint_wrapped_module"  # where torch's checkpoint wrapper keeps the module it wraps
 
 

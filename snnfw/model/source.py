@@ -6,7 +6,8 @@ through :func:`snnfw.run.session.start` declares them in the ``[model]`` section
 or leaves them to be inferred where that is safe:
 
 - ``blocks``: the top-level children that hold parameters;
-- ``stage_units``: the children of an ``nn.Sequential`` model;
+- ``stage_units``: the children of an ``nn.Sequential`` model, and for SpikingJelly's zoo ResNets and VGGs
+  (``zoo_stage_units``) the layers their forward calls, with its flatten before the classifier;
 - ``tp_plan``: every container whose children are Conv, optional BatchNorm,
   neuron and optional pooling (``conv_bn_neuron``), or Linear, neuron, Linear
   and an optional neuron (``linear_mlp``); within an ``nn.Sequential``, every
@@ -30,7 +31,7 @@ import attrs
 from snnfw.config import Config
 from snnfw.data import batches as datalib
 from snnfw.errors import ConfigError, keys_phrase
-from snnfw.model.analysis import AnalysisPart, is_neuron, submodule
+from snnfw.model.analysis import GLUE, AnalysisPart, is_neuron, submodule, unit_glue
 
 if TYPE_CHECKING:
     from torch import nn
@@ -206,19 +207,47 @@ def own_part(model: nn.Module, config: Config) -> tuple[AnalysisPart, tuple[str,
     from torch import nn
 
     declared = {key: getattr(config.model, key) for key in DECLARABLE}
+    for unit in declared["stage_units"] or ():
+        if (glue := unit_glue(unit)[0]) is not None and glue not in GLUE:
+            raise ConfigError(f"model.stage_units names {unit!r}, whose glue {glue!r} snnfw does not know; write "
+                              f"\"flatten:NAME\" for {GLUE['flatten']}, or put the glue inside the module")
     for key in ("blocks", "stage_units"):
         for name in declared[key] or ():
             try:
-                submodule(model, name)
+                submodule(model, unit_glue(name)[1] if key == "stage_units" else name)
             except AttributeError:
                 raise ConfigError(f"model.{key} names {name!r}, which the model has not; names: {_child_names(model)}") from None
     inferred = {
         "blocks": tuple(name for name, child in model.named_children() if _has_parameters(child)),
-        "stage_units": tuple(name for name, _ in model.named_children()) if isinstance(model, nn.Sequential) else (),
+        "stage_units": zoo_stage_units(model) or (
+            tuple(name for name, _ in model.named_children()) if isinstance(model, nn.Sequential) else ()),
         "tp_plan": infer_tp_plan(model),
     }
     part = AnalysisPart(**{key: inferred[key] if declared[key] is None else declared[key] for key in DECLARABLE})
     return part, tuple(key for key in DECLARABLE if declared[key] is None)
+
+
+ZOO = "spikingjelly.activation_based.model."
+ZOO_RESNETS = {(f"{ZOO}sew_resnet", "SEWResNet"), (f"{ZOO}spiking_resnet", "SpikingResNet")}
+ZOO_VGGS = {(f"{ZOO}spiking_vgg", "SpikingVGG")}
+
+
+def _children(model: nn.Module, name: str) -> list[str]:
+    return [f"{name}.{child}" for child, _ in model.get_submodule(name).named_children()]
+
+
+def zoo_stage_units(model: nn.Module) -> tuple[str, ...]:
+    """The pipeline units of a SpikingJelly zoo ResNet (``sew_resnet*``, ``spiking_resnet*``) or VGG (``spiking_vgg*``)
+    or of a subclass: the layers its forward calls in order, residual blocks whole, the ``torch.flatten(x, 2)`` between
+    the average pooling and the classifier as glue before the classifier (``"flatten:fc"``); () for another model."""
+    classes = {(cls.__module__, cls.__name__) for cls in type(model).__mro__}
+    if classes & ZOO_RESNETS:
+        layers = [unit for index in range(1, 5) for unit in _children(model, f"layer{index}")]
+        return ("conv1", "bn1", "sn1", "maxpool", *layers, "avgpool", "flatten:fc")
+    if classes & ZOO_VGGS:
+        first, *rest = _children(model, "classifier")
+        return (*_children(model, "features"), "avgpool", f"flatten:{first}", *rest)
+    return ()
 
 
 def _child_names(model: nn.Module) -> str:

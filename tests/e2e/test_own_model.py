@@ -129,6 +129,8 @@ def test_a_declared_plan_replaces_the_inferred_one():
         ({"model": {"builder": f"{EXAMPLE}:nothing"}}, "has no 'nothing'"),
         ({"model": {"builder": "no_such_module_here:build"}}, "cannot import"),
         ({"model": {"blocks": ["9"]}}, "model.blocks names '9'"),
+        ({"model": {"stage_units": ["0", "squash:6"]}}, "model.stage_units names 'squash:6', whose glue 'squash'"),
+        ({"model": {"stage_units": ["0", "flatten:9"]}}, "model.stage_units names 'flatten:9', which the model has not"),
         ({"data": {"builder": f"{EXAMPLE}:datasets", "name": "synthetic_dvs"}}, "data.name"),
         ({"parallel": {"strategy": "tp"}, "model": {"tp_plan": {}}}, "model.tp_plan"),
         ({"parallel": {"strategy": "pp"}, "model": {"stage_units": []}}, "model.stage_units"),
