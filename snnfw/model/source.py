@@ -6,8 +6,8 @@ through :func:`snnfw.run.session.start` declares them in the ``[model]`` section
 or leaves them to be inferred where that is safe:
 
 - ``blocks``: the top-level children that hold parameters;
-- ``stage_units``: the children of an ``nn.Sequential`` model, and for SpikingJelly's zoo ResNets and VGGs
-  (``zoo_stage_units``) the layers their forward calls, with its flatten before the classifier;
+- ``stage_units``: the children of an ``nn.Sequential`` model, and for SpikingJelly's zoo ResNets, VGGs and
+  PLIF-paper networks (``zoo_stage_units``) the layers their forward calls, with its flatten before the classifier;
 - ``tp_plan``: every container whose children are Conv, optional BatchNorm,
   neuron and optional pooling (``conv_bn_neuron``), or Linear, neuron, Linear
   and an optional neuron (``linear_mlp``); within an ``nn.Sequential``, every
@@ -230,6 +230,7 @@ def own_part(model: nn.Module, config: Config) -> tuple[AnalysisPart, tuple[str,
 ZOO = "spikingjelly.activation_based.model."
 ZOO_RESNETS = {(f"{ZOO}sew_resnet", "SEWResNet"), (f"{ZOO}spiking_resnet", "SpikingResNet")}
 ZOO_VGGS = {(f"{ZOO}spiking_vgg", "SpikingVGG")}
+ZOO_PLIF_NETS = {(f"{ZOO}parametric_lif_net", name) for name in ("MNISTNet", "CIFAR10Net", "CIFAR10DVSNet", "DVSGestureNet")}
 
 
 def _children(model: nn.Module, name: str) -> list[str]:
@@ -237,9 +238,10 @@ def _children(model: nn.Module, name: str) -> list[str]:
 
 
 def zoo_stage_units(model: nn.Module) -> tuple[str, ...]:
-    """The pipeline units of a SpikingJelly zoo ResNet (``sew_resnet*``, ``spiking_resnet*``) or VGG (``spiking_vgg*``)
-    or of a subclass: the layers its forward calls in order, residual blocks whole, the ``torch.flatten(x, 2)`` between
-    the average pooling and the classifier as glue before the classifier (``"flatten:fc"``); () for another model."""
+    """The pipeline units of a SpikingJelly zoo ResNet (``sew_resnet*``, ``spiking_resnet*``), VGG (``spiking_vgg*``) or
+    PLIF-paper network (``parametric_lif_net``: the layers of its ``conv_fc``), or of a subclass: the layers its forward
+    calls in order, residual blocks whole, the ``torch.flatten(x, 2)`` between the average pooling and the classifier
+    as glue before the classifier (``"flatten:fc"``); () for another model."""
     classes = {(cls.__module__, cls.__name__) for cls in type(model).__mro__}
     if classes & ZOO_RESNETS:
         layers = [unit for index in range(1, 5) for unit in _children(model, f"layer{index}")]
@@ -247,6 +249,8 @@ def zoo_stage_units(model: nn.Module) -> tuple[str, ...]:
     if classes & ZOO_VGGS:
         first, *rest = _children(model, "classifier")
         return (*_children(model, "features"), "avgpool", f"flatten:{first}", *rest)
+    if classes & ZOO_PLIF_NETS:
+        return tuple(_children(model, "conv_fc"))
     return ()
 
 

@@ -1,5 +1,6 @@
-"""Networks for test_zoo_pipeline: SpikingJelly's zoo SEW-ResNet-18 adapted to 2-channel frames and 10 classes, as a
-user's ``model.builder`` builds it, and a network of one's own whose forward flattens before its classifier.
+"""Networks for test_zoo_pipeline: SpikingJelly's zoo networks adapted to 2-channel frames and 10 classes (ResNet-18s,
+as a user's ``model.builder`` builds them) or made small, and a network of one's own whose forward flattens before its
+classifier.
 
 The zoo's modules import torchvision only to download pretrained weights; where it is not installed (its PyPI
 wheels do not load beside a CPU torch), that import is given a stand-in that refuses to download.
@@ -11,6 +12,7 @@ import types
 
 import torch
 from spikingjelly.activation_based import functional, layer, neuron, surrogate
+from spikingjelly.activation_based.model import parametric_lif_net
 from torch import nn
 
 
@@ -35,7 +37,7 @@ def _zoo_module(name: str) -> types.ModuleType:
             del sys.modules[module]
 
 
-sew_resnet, spiking_vgg = _zoo_module("sew_resnet"), _zoo_module("spiking_vgg")
+sew_resnet, spiking_resnet, spiking_vgg = (_zoo_module(name) for name in ("sew_resnet", "spiking_resnet", "spiking_vgg"))
 
 
 def sew_resnet18() -> nn.Module:
@@ -45,6 +47,40 @@ def sew_resnet18() -> nn.Module:
                                   detach_reset=True, cnf="ADD")
     net.conv1 = layer.Conv2d(2, 64, kernel_size=3, stride=2, padding=1, bias=False)
     net.fc = layer.Linear(net.fc.in_features, 10)
+    functional.set_step_mode(net, "m")
+    return net
+
+
+def spiking_resnet18() -> nn.Module:
+    """The zoo's spiking_resnet18, adapted as ``sew_resnet18``."""
+    net = spiking_resnet.spiking_resnet18(spiking_neuron=neuron.IFNode, surrogate_function=surrogate.ATan(),
+                                          detach_reset=True)
+    net.conv1 = layer.Conv2d(2, 64, kernel_size=3, stride=2, padding=1, bias=False)
+    net.fc = layer.Linear(net.fc.in_features, 10)
+    functional.set_step_mode(net, "m")
+    return net
+
+
+def small_spiking_vgg() -> nn.Module:
+    """The zoo's SpikingVGG (built on the meta device: its classifier has 120M parameters) with one conv of 512
+    channels taking 2, and a classifier small enough to test, its layers in the zoo's order."""
+    with torch.device("meta"):
+        net = spiking_vgg.SpikingVGG([512, "M"], spiking_neuron=neuron.IFNode, num_classes=10)
+    net.avgpool = layer.AdaptiveAvgPool2d((1, 1))
+    net.classifier = nn.Sequential(layer.Linear(512, 16), neuron.IFNode(), layer.Dropout(), layer.Linear(16, 10))
+    net.to_empty(device="cpu")
+    for module in net.modules():
+        if hasattr(module, "reset_parameters"):
+            module.reset_parameters()
+    net.features[0] = layer.Conv2d(2, 512, kernel_size=3, padding=1)
+    functional.set_step_mode(net, "m")
+    return net
+
+
+def small_dvs_gesture_net() -> nn.Module:
+    """The PLIF paper's DVS128 Gesture network (``examples/recipes/nets.py``) with 8 channels, not 128."""
+    net = parametric_lif_net.DVSGestureNet(channels=8, spiking_neuron=neuron.LIFNode,
+                                           surrogate_function=surrogate.ATan(), detach_reset=True)
     functional.set_step_mode(net, "m")
     return net
 
