@@ -25,7 +25,7 @@ writers = {{"n_mnist": raw_events.write_nmnist, "cifar10_dvs": raw_events.write_
            "n_caltech101": raw_events.write_ncaltech101, "asl_dvs": raw_events.write_asl_dvs,
            "dvs_lip": raw_events.write_dvs_lip}}
 for name, write in writers.items():
-    write(Path(name))
+    write(Path(name), per_class=2)
     frames = {{"by": "time"}} if name == "shd" else {{"by": "time", "denoise_us": 20000}}
     data = build_config({{"data": {{"name": name, "root": name, "frames": frames}}}}).data
     counts, labels = events.cached_frames(data, name, "train", 4)
