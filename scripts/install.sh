@@ -9,7 +9,11 @@
 # build). On a GPU machine install your CUDA build of torch first, or pass SNNFW_TORCH=skip; an installed torch is
 # never replaced. SpikingJelly is installed last and without its declared dependencies: its neurons, layers,
 # memopt and model zoo need none of torchvision, torchaudio or SciencePlots, which would pull a CUDA build of torch;
-# installing it last keeps pip's dependency check from reporting those it left out. Optional extras
+# installing it last keeps pip's dependency check from reporting those it left out. tonic is installed the same
+# way, with what `import tonic` and snnfw's event paths (its readers, Denoise, ToFrame, the event augments) import:
+# numpy, scipy, h5py, tqdm, typing-extensions, importRosbag and requests (imported by its data set modules, not
+# declared); left out are librosa, for tonic's audio transforms only, which brings numba, llvmlite and
+# scikit-learn (about 280 MB), and expelliarmus, which tonic 1.7 declares and never imports. Optional extras
 # (SNNFW_EXTRAS, default "tensorboard,wandb,nir" for log.tensorboard, log.wandb and snnfw export --format
 # nir; "none" for none).
 set -euo pipefail
@@ -37,10 +41,12 @@ if [ "${SNNFW_TORCH:-}" != "skip" ] && ! python -c "import torch" 2>/dev/null; t
     pip_install "torch==2.13.0"  # macOS and Windows wheels on PyPI are CPU builds
   fi
 fi
-pip_install pluggy attrs loguru h5py packaging tqdm numpy scipy setuptools matplotlib pillow "tonic==1.7.0" "${test_tools[@]}"
+pip_install pluggy attrs loguru h5py packaging tqdm numpy scipy setuptools matplotlib pillow typing-extensions \
+  importRosbag requests "${test_tools[@]}"
 extras="${SNNFW_EXTRAS:-tensorboard,wandb,nir}"
 if [ "$extras" != "none" ]; then
   pip_install ${extras//,/ }
 fi
 python -c "import spikingjelly" 2>/dev/null || pip_install --no-deps "spikingjelly==2.0.0"
+pip_install --no-deps "tonic==1.7.0"
 pip_install --no-deps --no-build-isolation -e .
