@@ -36,7 +36,7 @@ def test_raw_shd_trains_the_sequence_family_with_its_time_steps_split_across_ran
         "parallel": {"strategy": "tsp", "device": "cpu"},
     })
     summaries = run_on_ranks(config, 2, tmp_path / "run", timeout_s=300)
-    assert summaries[0]["plan"]["strategy"] == "tsp" and summaries[0]["plan"]["mesh"] == {"time": 2}
+    assert summaries[0]["plan"]["preset"] == "tsp" and summaries[0]["plan"]["mesh"] == {"time": 2}
     assert summaries[0]["test_accuracy"] >= 0.6, summaries[0]["test_accuracy"]
 
 

@@ -60,7 +60,8 @@ def test_tp_refuses_sizes_that_do_not_divide_and_ddp_with_tp():
     config = tiny_config("tp", data={"batch_size": 9})
     with pytest.raises(PlanError, match="features.0 \\(conv_bn_neuron\\): its conv has 8 channels, not divisible by tp=3"):
         prepare(config, 3, plugins)
-    with pytest.raises(PlanError, match="fsdp2_tp"):
+    with pytest.raises(PlanError, match="strategy tp's parallel.mesh names dp, and tp has no data dimension of its own; "
+                                        "name dp_replicate \\(DistributedDataParallel\\) or dp_shard \\(FSDP2\\)"):
         prepare(tiny_config("tp", parallel={"mesh": {"dp": 1, "tp": 2}}), 2, plugins)
 
 

@@ -132,7 +132,7 @@ def test_the_best_settings_configs_plan_as_they_say(name, precision):
     path = Path(__file__).resolve().parents[2] / "benchmark" / f"{name}.toml"
     config = load_config(path, ["parallel.strategy=dp", "model.flavor=tiny", "data.batch_size=8"])
     plan = prepare(config, 2, Plugins()).plan
-    assert (plan.strategy, plan.config.train.precision) == ("dp", precision)
+    assert (plan.preset, plan.config.train.precision) == ("dp", precision)
     assert (plan.config.model.neuron_backend, plan.config.model.memory_format) == ("inductor", "auto")
 
 

@@ -18,13 +18,13 @@ def test_plugins_json_lists_hooks_and_names(capsys):
 def test_plan_shows_layout_without_starting_processes(capsys):
     assert main(["plan", "examples/quickstart.toml", "--world-size", "4", "--json"]) == 0
     plan = json.loads(capsys.readouterr().out)["plan"]
-    assert plan["mesh"] == {"dp": 4} and plan["replica_batch"] == 8
+    assert plan["mesh"] == {"dp_replicate": 4} and plan["preset"] == "dp" and plan["replica_batch"] == 8
 
 
 def test_user_errors_exit_2_with_one_line_and_no_traceback(capsys):
     assert main(["plan", "examples/quickstart.toml", "--world-size", "2", "--set", "parallel.strategy=ddp"]) == 2
     err = capsys.readouterr().err
-    assert err.startswith("snnfw: error: unknown strategy 'ddp' (did you mean 'dp'?); registered strategy names: dp, ")
+    assert err.startswith("snnfw: error: unknown strategy 'ddp' (did you mean 'dp'?); strategies and presets: dp, ")
     assert "Traceback" not in err and err.count("\n") == 1
     assert main(["train", "examples/quickstart.toml", "--nproc", "3"]) == 2
     assert "divisible by data-parallel size 3" in capsys.readouterr().err
