@@ -210,7 +210,7 @@ def test_a_training_config_scores_weights_under_another_strategy(tmp_path):
     result, _ = snnfw("eval", tiny_toml(tmp_path), "--weights", tmp_path / "net.pt", "--nproc", 2, *training,
                       "--run-dir", tmp_path / "scored")
     assert result.returncode == 0, result.stderr
-    assert json.loads((tmp_path / "scored" / rundir.EVAL).read_text())["plan"]["strategy"] == "dp"
+    assert json.loads((tmp_path / "scored" / rundir.EVAL).read_text())["plan"]["preset"] == "dp"
 
 
 def test_export_refuses_a_folder_as_its_output(tmp_path, capsys):

@@ -60,7 +60,7 @@ def test_the_api_example_and_snnfw_train_give_the_same_losses_and_an_export_the_
     assert from_api["losses"] == from_cli["losses"] and len(from_api["losses"]) == 8
     assert from_api["test_accuracy"] == from_cli["test_accuracy"]
     api_summary = json.loads((tmp_path / "api" / "summary.json").read_text())  # the API writes its run directory too
-    assert api_summary["losses"] == from_cli["losses"] and api_summary["plan"]["strategy"] == "fsdp2"
+    assert api_summary["losses"] == from_cli["losses"] and api_summary["plan"]["preset"] == "fsdp2"
     api_records = [json.loads(line) for line in (tmp_path / "api" / "metrics.jsonl").read_text().splitlines()]
     assert [r["loss"] for r in api_records] == from_cli["losses"] and api_records[-1]["eval_acc"] == from_api["test_accuracy"]
     final = torch.load(tmp_path / "cli" / "final_model.pt", weights_only=True)  # what every run leaves behind
