@@ -87,12 +87,16 @@ def config(strategy, builder="wide_mlp", mesh=None):
     })
 
 
-def test_fsdp2_ranks_hold_a_quarter_of_the_model_and_start_from_none_weights():
+def none_build() -> tuple[dict, int, int, dict]:
+    """none's initial parameters (float64, by name), the model's bytes and its largest tensor's, and none's run."""
     model, _ = build_model(config("none"), Plugins())
     initial = {name: p.detach().to(torch.float64) for name, p in model.named_parameters()}
-    whole = sum(p.numel() for p in initial.values()) * 8
-    largest = max(p.numel() for p in initial.values()) * 8
-    reference = run_training(config("none"))
+    sizes = [p.numel() * 8 for p in initial.values()]
+    return initial, sum(sizes), max(sizes), run_training(config("none"))
+
+
+def test_fsdp2_ranks_hold_a_quarter_of_the_model_and_start_from_none_weights():
+    initial, whole, largest, reference = none_build()
     summaries = run_on_ranks(config("fsdp2"), RANKS, before=track_until_first_step, inspect=seen, timeout_s=120)
     peaks = [summary["inspect"]["peak"] for summary in summaries]
     for rank, peak in enumerate(peaks):
@@ -126,11 +130,7 @@ def test_a_build_a_replay_could_get_wrong_is_sent_by_rank_0_and_starts_from_none
 def test_pp_ranks_hold_their_stages_plus_one_unit_and_start_from_none_weights(strategy, mesh):
     """Every rank builds on the meta device; the last times the split one unit at a time (its values and their
     gradients), every rank runs a microbatch through the stages the same way, and materializes its own stage."""
-    model, _ = build_model(config("none"), Plugins())
-    initial = {name: p.detach().to(torch.float64) for name, p in model.named_parameters()}
-    whole = sum(p.numel() for p in initial.values()) * 8
-    largest = max(p.numel() for p in initial.values()) * 8
-    reference = run_training(config("none"))
+    initial, whole, largest, reference = none_build()
     summaries = run_on_ranks(config(strategy, mesh=mesh), RANKS, before=track_until_first_step, inspect=seen,
                              timeout_s=180)
     for rank, summary in enumerate(summaries):
@@ -147,17 +147,12 @@ def test_pp_ranks_hold_their_stages_plus_one_unit_and_start_from_none_weights(st
 
 
 
-@pytest.mark.parametrize("strategy, mesh", [("fsdp2_tsp", None), ("mesh", {"time": 2, "dp_shard": 2})])
-def test_a_time_split_beside_sharded_parameters_builds_only_the_shard_and_starts_from_none_weights(strategy, mesh):
-    """time holds the parameters dp_shard shards (FSDP2's dim-0 shards, replicated over time): every rank builds on
-    the meta device and holds its shard plus at most one tensor before its first step."""
-    model, _ = build_model(config("none"), Plugins())
-    initial = {name: p.detach().to(torch.float64) for name, p in model.named_parameters()}
-    whole = sum(p.numel() for p in initial.values()) * 8
-    largest = max(p.numel() for p in initial.values()) * 8
-    reference = run_training(config("none"))
-    summaries = run_on_ranks(config(strategy, mesh=mesh), RANKS, before=track_until_first_step, inspect=seen,
-                             timeout_s=180)
+def test_a_time_split_beside_sharded_parameters_builds_only_the_shard_and_starts_from_none_weights():
+    """fsdp2_tsp, {time = 2, dp_shard = 2}: time holds the parameters dp_shard shards (FSDP2's dim-0 shards,
+    replicated over time); every rank builds on the meta device and holds its shard plus at most one tensor before its
+    first step."""
+    initial, whole, largest, reference = none_build()
+    summaries = run_on_ranks(config("fsdp2_tsp"), RANKS, before=track_until_first_step, inspect=seen, timeout_s=180)
     for rank, summary in enumerate(summaries):
         peak, held = summary["inspect"]["peak"], summary["inspect"]["held"]
         assert held <= whole / 2 + largest, f"rank {rank} holds {held} bytes of a {whole}-byte model"
