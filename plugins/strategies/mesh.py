@@ -12,16 +12,25 @@ class Composed(Strategy):
     """Each dimension applied by the strategy that owns it, in the core's order."""
 
     def builds_shards(self, config, plugins):
-        """Where a dimension shards parameters, no DistributedDataParallel wraps the model (it reads the parameters
-        as it wraps them, which a meta build cannot: replicas without FSDP2 or a pipeline, which averages its
-        stages' gradients itself), and no dimension that runs the model to apply it (a pipeline's split) meets one
-        applied in place before it (tp's layers and time's neurons exchange with their peers as the split is
-        measured). Dimensions that replicate parameters in place (time) keep whatever the others shard."""
+        """Where a dimension shards parameters and nothing makes the ranks build whole (:meth:`builds_whole`)."""
+        return any(s.shards_parameters for s in self._strategies(config, plugins)) and not self.builds_whole(config, plugins)
+
+    def builds_whole(self, config, plugins):
+        """Why the ranks of a mesh that shards parameters build the whole model first: DistributedDataParallel wraps
+        it (it reads the parameters as it wraps them, which a meta build cannot: replicas and time without FSDP2 or
+        a pipeline, which averages its stages' gradients itself), or a dimension that runs the model to apply it (a
+        pipeline's split) meets one applied in place before it (tp's layers and time's neurons exchange with their
+        peers as the split is measured). None where it builds only the shards, or shards nothing."""
         strategies = self._strategies(config, plugins)
+        if not any(s.shards_parameters for s in strategies):
+            return None
         roles, orders = {s.parameters for s in strategies}, {s.order for s in strategies}
-        wraps_ddp = REPLICATED in roles and SHARDED not in roles and STAGES not in orders
-        return (any(s.shards_parameters for s in strategies) and not wraps_ddp
-                and not (any(s.reads_values(config, plugins) for s in strategies) and IN_PLACE in orders))
+        if REPLICATED in roles and SHARDED not in roles and STAGES not in orders:
+            return ("DistributedDataParallel reads the parameters as it wraps them (replicas without dp_shard); add "
+                    "dp_shard to build only the shards")
+        if any(s.reads_values(config, plugins) for s in strategies) and IN_PLACE in orders:
+            return "the pipeline's split runs the model, whose in-place dimensions exchange with their peers as it runs"
+        return None
 
     def reads_values(self, config, plugins):
         return any(s.reads_values(config, plugins) for s in self._strategies(config, plugins))

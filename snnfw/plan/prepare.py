@@ -272,6 +272,8 @@ def prepare(config: Config, world_size: int, plugins: Plugins, local_ranks: int 
         decision = agree(decide, topology.device_type)
         config = decision.applied(config)
     plan = make_plan(config, topology, analysis, plugins, built, decision.rationale if decision else (), asked)
+    if world_size > 1 and (why := plugins.strategy(plan.config.parallel.strategy).builds_whole(plan.config, plugins)):
+        model_notes += (f"every rank builds the whole model before it takes its shard: {why}",)
     allocator = cpu_allocator.resolve(config.parallel.cpu_allocator, topology.device_type)
     notes = precision_notes(config, topology.device_type) + (
         ("cpu_allocator retain: each rank's malloc keeps freed blocks for the next step",) if allocator == "retain" else ())

@@ -62,6 +62,11 @@ class Strategy:
         """Whether this strategy's ranks build only their shards for ``config``: :attr:`shards_parameters`."""
         return self.shards_parameters
 
+    def builds_whole(self, config, plugins) -> str | None:
+        """Why this strategy's ranks build the whole model for ``config`` though it shards parameters (the plan says
+        so in one line), or None."""
+        return None
+
     def reads_values(self, config, plugins) -> bool:
         """Whether applying this strategy to ``config``'s model runs it (a pipeline measures its split). Where its
         ranks build only their shards, the model it is given is then on the meta device and it reads each tensor's
