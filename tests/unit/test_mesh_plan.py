@@ -78,3 +78,14 @@ def test_auto_weighs_every_mesh_of_one_and_two_dimensions_once(plugins):
     assert len(composed) == 14 and all(c.estimate is not None for c in ranked)  # of 15: pp = 4 needs 4 microbatches
     layouts = [(frozenset(c.mesh.items()), c.settings) for c in ranked]
     assert len(layouts) == len(set(layouts))
+
+
+@pytest.mark.parametrize("mesh, why", [
+    ({"dp_replicate": 2, "tp": 2}, "DistributedDataParallel reads the parameters as it wraps them"),
+    ({"pp": 2, "tp": 2}, "the pipeline's split runs the model"),
+    ({"dp_shard": 2, "tp": 2}, None),
+])
+def test_the_plan_says_why_a_mesh_that_shards_parameters_builds_whole(plugins, mesh, why):
+    plan = prepare(mesh_config(mesh, train={"microbatches": 2}), 4, plugins).plan
+    said = [line.split(": ", 1)[1] for line in plan.rationale if "builds the whole model" in line]
+    assert (len(said) == 1 and said[0].startswith(why)) if why else not said, plan.rationale
