@@ -310,6 +310,9 @@ class Session:
         gc.collect()  # else over what the session made alone
 
 
+PLANNING_TIMEOUT_S = 600.0
+
+
 def _planned_once(config: Config, plugins: Plugins, env: RankEnv):
     """The job's plan made once: rank 0 plans (``auto``'s measurement and choice included) and keeps the model and
     data sets it built; every other rank receives the plan, checks that it was given rank 0's config, and builds
@@ -323,13 +326,19 @@ def _planned_once(config: Config, plugins: Plugins, env: RankEnv):
         kept["prepared"] = prepare(config, env.world_size, plugins, rank=0)
         return kept["prepared"].plan
 
-    plan = decided_once(plan_here, device_type, env, config.parallel.timeout_s, config.parallel.backend)
+    plan = decided_once(plan_here, device_type, env, _planning_timeout(config), config.parallel.backend)
     digests = [None] * env.world_size
     dist.all_gather_object(digests, _digest(config))
     if differing := [rank for rank, digest in enumerate(digests) if digest != digests[0]]:
         raise PlanError(f"rank(s) {', '.join(map(str, differing))} were given another config than rank 0, which planned "
                         "the run; give every rank the same config file and --set overrides")
     return kept["prepared"] if env.rank == 0 else from_plan(plan, plugins, env.rank)
+
+
+def _planning_timeout(config: Config) -> float:
+    """How long the other ranks wait for rank 0 to plan (auto measures the model): parallel.timeout_s, and at least
+    PLANNING_TIMEOUT_S; the process groups wait parallel.timeout_s once the mesh is up."""
+    return max(config.parallel.timeout_s, PLANNING_TIMEOUT_S)
 
 
 def _digest(config: Config) -> str:
@@ -345,7 +354,7 @@ def _agreement(env: RankEnv, config: Config):
     def agree(decide, device_type: str) -> Decision:
         if env.world_size == 1:
             return decide()
-        return decided_once(decide, device_type, env, config.parallel.timeout_s, config.parallel.backend)
+        return decided_once(decide, device_type, env, _planning_timeout(config), config.parallel.backend)
 
     return agree
 

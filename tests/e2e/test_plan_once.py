@@ -172,3 +172,28 @@ def test_under_plain_torchrun_rank_0_plans_once_and_the_other_rank_only_builds(t
     planner = by_rank.pop(planners[0])
     assert planner.pop("plan") >= 1 and planner == {"config": 1, "model": 1, "data": 1, "analyze": 1}, counts
     assert list(by_rank.values()) == [{"config": 1, "model": 1, "data": 1}], counts
+
+
+SLOW_PLAN = '''
+import time
+
+from snnfw import hookimpl
+
+
+@hookimpl
+def snnfw_plan(request):
+    time.sleep(12)  # rank 0 plans for longer than parallel.timeout_s
+'''
+
+
+def test_the_other_ranks_wait_for_rank_0_s_plan_longer_than_the_collectives_timeout(tmp_path):
+    """parallel.timeout_s = 5 bounds the run's collectives, not the wait for rank 0 to plan (auto measures a
+    model for tens of seconds): ranks planned for 12 s train to the end."""
+    for name, text in (("nets.py", NETS), ("slow.py", SLOW_PLAN), ("own.toml", CONFIG.replace(
+            'strategy = "auto"', 'strategy = "dp"\ntimeout_s = 5'))):
+        (tmp_path / name).write_text(text)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")]),
+           "SNNFW_PLUGINS": "slow"}
+    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "-m", "snnfw.train",
+                           "own.toml"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, done.stderr[-3000:]
