@@ -73,12 +73,12 @@ def main() -> None:
         if run.env.rank == 0:
             ratios = [s / p for s, p in zip(ms["snnfw"], ms["plain"])]
             result = {
-                "strategy": run.plan.preset or run.plan.strategy, "ranks": world, "pairs": args.pairs, "overrides": args.overrides,
+                "strategy": run.plan.name, "ranks": world, "pairs": args.pairs, "overrides": args.overrides,
                 "ratio_median": statistics.median(ratios), "ratio_min": min(ratios), "ratio_max": max(ratios),
                 "ratios": ratios, "snnfw_ms": ms["snnfw"], "plain_ms": ms["plain"],
                 "snnfw_losses": losses["snnfw"], "plain_losses": losses["plain"], "torch": torch.__version__,
             }
-            print(f"{run.plan.preset or run.plan.strategy} on {world} rank(s), {args.pairs} pairs: snnfw / plain median "
+            print(f"{run.plan.name} on {world} rank(s), {args.pairs} pairs: snnfw / plain median "
                   f"{result['ratio_median']:.3f} (range {result['ratio_min']:.3f} to {result['ratio_max']:.3f}); "
                   f"median step {statistics.median(ms['snnfw']):.0f} ms snnfw, {statistics.median(ms['plain']):.0f} ms "
                   f"plain; last losses {losses['snnfw'][-1]:.4f} snnfw, {losses['plain'][-1]:.4f} plain",

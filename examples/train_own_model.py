@@ -88,7 +88,7 @@ def main() -> None:
         if args.export:
             run.export(args.export)
         if run.rank == 0:
-            print(f"{run.plan.preset or run.plan.strategy} on {run.plan.world_size} rank(s): test accuracy {accuracy:.1%}")
+            print(f"{run.plan.name} on {run.plan.world_size} rank(s): test accuracy {accuracy:.1%}")
             if args.out:
                 with open(args.out, "w") as f:
                     json.dump({"losses": losses, "test_accuracy": accuracy}, f)

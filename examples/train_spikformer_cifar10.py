@@ -48,7 +48,7 @@ def main() -> None:
         if args.run_dir:
             run.export(args.run_dir / "final_model.pt")
         if main_rank:
-            print(f"{run.plan.preset or run.plan.strategy} on {run.plan.world_size} rank(s): best test accuracy {best[0]:.1%} at step {best[1]}")
+            print(f"{run.plan.name} on {run.plan.world_size} rank(s): best test accuracy {best[0]:.1%} at step {best[1]}")
 
 
 if __name__ == "__main__":

@@ -72,7 +72,7 @@ def _cmd_plan(args) -> int:
         print(json.dumps({"plan": plan.to_dict(), "config": config.to_dict()}, indent=2))
         return 0
     mesh = " x ".join(f"{d}={n}" for d, n in plan.mesh)
-    print(f"strategy {plan.preset or plan.strategy} on {plan.world_size} rank(s), {plan.device_type}/{plan.backend}, mesh {mesh}")
+    print(f"strategy {plan.name} on {plan.world_size} rank(s), {plan.device_type}/{plan.backend}, mesh {mesh}")
     model = analysis.family if analysis.own else f"{config.model.family}/{config.model.flavor}"
     print(f"model {model}: {analysis.parameters:,} parameters, {len(analysis.neurons)} neuron modules")
     for key, names in (("blocks", analysis.blocks), ("stage_units", analysis.stage_units),

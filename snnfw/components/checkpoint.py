@@ -296,12 +296,11 @@ class Checkpoints:
         foreign = sorted(set(state["model"]) - trainer.state_names)
         if foreign:
             raise CheckpointError(
-                f"strategy {trainer.plan.preset or trainer.plan.strategy!r} names model state the model does not have ({', '.join(foreign[:3])}, ...); "
+                f"strategy {trainer.plan.name!r} names model state the model does not have ({', '.join(foreign[:3])}, ...); "
                 "its plugin must implement snnfw_state_dict to name the state by the model's own parameter names"
             )
         state = {**state, "scheduler": trainer.scheduler.state_dict(), "rng": {f"rank{self.rank}": _rng_state()}}
-        strategy = trainer.plan.preset or trainer.plan.strategy
-        meta = {"step": step, "loss": loss, "fixed": _fixed(self.config), "strategy": strategy,
+        meta = {"step": step, "loss": loss, "fixed": _fixed(self.config), "strategy": trainer.plan.name,
                 "world_size": trainer.plan.world_size, "loss_scale": trainer.run.loss_scale.state_dict()}
         writer, planner = integrity.DigestingWriter(temp), _HeldSavePlanner()
         if self.config.checkpoint.async_save:

@@ -161,6 +161,11 @@ class Plan:
     preset: str | None = None  # the name the config asked for where it is a preset of a mesh (snnfw.plan.presets)
 
     @property
+    def name(self) -> str:
+        """What the plan is called: its preset, else its strategy."""
+        return self.preset or self.strategy
+
+    @property
     def dp_size(self) -> int:
         return self.size(self.dp_dims)
 
@@ -202,7 +207,7 @@ def make_plan(config: Config, topology: Topology, analysis: Analysis, plugins, m
 
     check_name(config.parallel.strategy, plugins)
     asked = asked or config.parallel.strategy
-    config, _ = resolve(config, topology.world_size)
+    config = resolve(config, topology.world_size)
     if config.parallel.prefer:
         config, changed = with_settings(config, plugins.preference_defaults(config))
         chosen += tuple(f"prefer {config.parallel.prefer}: {change}" for change in changed)

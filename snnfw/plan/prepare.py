@@ -250,7 +250,7 @@ def prepare(config: Config, world_size: int, plugins: Plugins, local_ranks: int 
         datasets = built_data = build_datasets(config, source.spec, plugins)
     config = _resolved(config, plugins, source, datasets)
     presets.check_name(asked := config.parallel.strategy, plugins)
-    config, _ = presets.resolve(config, world_size)
+    config = presets.resolve(config, world_size)
     topology = Topology.detect(world_size, config.parallel.device, local_ranks, config.parallel.backend)
     shards, sendable = (_shard_build(config, plugins, world_size, isinstance(model, torch.nn.Module))
                         if rank is not None and config.parallel.strategy != AUTO else (False, False))
@@ -341,7 +341,7 @@ def costed_candidates(config: Config, world_size: int, plugins: Plugins, device_
     source = models.source(config, plugins)
     config = _resolved(config, plugins, source, None)
     presets.check_name(config.parallel.strategy, plugins)
-    config, _ = presets.resolve(config, world_size)
+    config = presets.resolve(config, world_size)
     config, model, _ = _build(config, source)
     topology = attrs.evolve(Topology.detect(world_size, config.parallel.device, backend=config.parallel.backend),
                             device_memory=device_memory)

@@ -85,12 +85,12 @@ PRESETS = {preset.name: preset for preset in (
 )}
 
 
-def resolve(config: Config, world: int) -> tuple[Config, str | None]:
-    """``config`` with its preset (``parallel.strategy``) resolved to a composed mesh, and the preset's name; a
-    config that names no preset as it is, and None."""
+def resolve(config: Config, world: int) -> Config:
+    """``config`` with its preset (``parallel.strategy``) resolved to a composed mesh; a config that names no preset
+    as it is."""
     preset = PRESETS.get(config.parallel.strategy)
     if preset is None:
-        return config, None
+        return config
     if world < 2:
         raise PlanError(f"strategy {preset.name} needs at least 2 ranks, and the run has {world}; launch with "
                         "--nproc 2 or more, or use strategy none")
@@ -108,14 +108,14 @@ def resolve(config: Config, world: int) -> tuple[Config, str | None]:
                         f"{found}; {fix}, or set parallel.strategy = \"mesh\" to compose the dimensions parallel.mesh names")
     for key, value in preset.settings:
         section, name = key.split(".")
-        if key in config.explicit and getattr(getattr(config, section), name) != value:
+        if key in config.explicit and (set_value := _value(config, key)) != value:
             raise PlanError(f"strategy {preset.name} is {_spelled(sizes)} with {key} = {str(value).lower()}, and the "
-                            f"config sets {key} = {str(getattr(getattr(config, section), name)).lower()}; remove it, "
+                            f"config sets {key} = {str(set_value).lower()}; remove it, "
                             f"or use strategy {'dp' if preset.name == 'zero' else 'mesh'}")
         config = config.with_section(section, attrs.evolve(getattr(config, section), **{name: value}))
     parallel = attrs.evolve(config.parallel, strategy=COMPOSED, mesh=tuple(sizes.items()))
     explicit = config.explicit | {"parallel.mesh"} | {key for key, _ in preset.settings}
-    return attrs.evolve(config.with_section("parallel", parallel), explicit=explicit), preset.name
+    return attrs.evolve(config.with_section("parallel", parallel), explicit=explicit)
 
 
 def name_of(mesh, config: Config) -> str | None:

@@ -154,7 +154,7 @@ def bench(
     earlier = results.read_text() if results.exists() else ""
     write_text(results, earlier + json.dumps(record) + "\n")  # whole: the earlier records and this one
     line = (
-        f"{config.model.family}/{config.model.flavor} {plan.preset or plan.strategy} x{nproc}: {record['step_ms']:.1f} ms/step, "
+        f"{config.model.family}/{config.model.flavor} {plan.name} x{nproc}: {record['step_ms']:.1f} ms/step, "
         f"{record['global_samples_per_s']:.1f} samples/s, peak {record['peak_mem_mb']:.0f} MB"
     )
     if previous:

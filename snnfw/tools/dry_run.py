@@ -414,7 +414,7 @@ def report(plan, footprints: list[tuple[int, Footprint]], memory: int | None) ->
     grid = torch.arange(plan.world_size).reshape(sizes)
     mesh = " x ".join(f"{d}={n}" for d, n in plan.mesh)
     how = f"joined a fake process group of {plan.world_size} and " if plan.world_size > 1 else ""
-    lines = [f"dry run of {plan.preset or plan.strategy} on {plan.world_size} rank(s), mesh {mesh}, microbatch {plan.microbatch_size} "
+    lines = [f"dry run of {plan.name} on {plan.world_size} rank(s), mesh {mesh}, microbatch {plan.microbatch_size} "
              f"x {plan.microbatches}: each rank below {how}trained one step here"]
     columns = ["rank", "coordinates", "parameters", "gradients", "optimizer", "neurons", "activations", "total",
                "communication", "save", "export"]

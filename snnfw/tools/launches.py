@@ -170,7 +170,7 @@ def count_steps(config) -> dict:
         for step in range(WARMUP):
             run.step(step)
             plain.step(step)
-        result = {"strategy": run.plan.preset or run.plan.strategy, "ranks": run.env.world_size,
+        result = {"strategy": run.plan.name, "ranks": run.env.world_size,
                   "family": f"{config.model.family} {config.model.flavor}"}
         sides = {"snnfw": run.step, "plain": plain.step}
         for step, kind in ((WARMUP, "not_logging"), (WARMUP + 1, "logging")):
