@@ -52,7 +52,6 @@ def run_training(
             print(f"[snnfw] note: {note}", file=sys.stderr, flush=True)
         best = max((e["eval_acc"] for e in run.evaluations), default=None)
         for step in range(run.start_step, config.train.steps):
-            run.trainer.plugins.step_start(step + 1, run.env.rank)
             profiler.step_start(step + 1)
             with memory.around(step + 1, run.trainer.model, run.trainer.optimizer):
                 record = run.step(step)

@@ -133,12 +133,14 @@ class Session:
         step that logs) once their figures are read and the step's validation and checkpoint, if any, have added to
         it: when the next step starts, a checkpoint is saved, or the session ends.
 
-        A collective: every rank calls it with the same ``step``. What was alive before the session is out of the
+        The plugins hear the step start first (``snnfw_step_start``: ``parallel.step_timeout_s`` takes over from the
+        second step on). A collective: every rank calls it with the same ``step``. What was alive before the session is out of the
         garbage collector's scans (:func:`start`). After the first step, garbage is collected, and when compiled code
         is in place (more than ``FREEZE_ABOVE`` objects) the objects then alive leave the scans too (``gc.freeze``):
         a full collection over them paused a rank for a quarter of a second with inductor neuron kernels, and every
         rank with it at the next collective. :meth:`close` gives them back.
         """
+        self.trainer.plugins.step_start(step + 1, self.env.rank)
         self.write_record(read=False)
         started = time.perf_counter()
         result = self.trainer.step(step)

@@ -107,3 +107,14 @@ def test_a_collective_that_times_out_ends_the_rank_in_one_line(tmp_path, launch)
             run_on_ranks(build_config(config_of("dp")), 2, timeout_s=TIMEOUT_S, before=_sleeping_loop)
         assert failure.value.errors[0].startswith(f"CollectiveError: {said[len('snnfw: error: '):]}")
     assert time.monotonic() - started < TIMEOUT_S / 2
+
+
+def test_the_step_timeout_bounds_the_collectives_of_an_own_loop_from_its_second_step(tmp_path):
+    """parallel.step_timeout_s applies in a loop of the user's own as in snnfw's: rank 0 fails after it, though
+    parallel.timeout_s would wait longer than rank 1 sleeps."""
+    config = tiny_config("dp", train={"steps": 4, "log_every": 2},
+                         parallel={"timeout_s": 10 * SHORT, "step_timeout_s": SHORT}).to_dict()
+    with pytest.raises(RankFailure) as failure:
+        run_on_ranks(build_config(config), 2, timeout_s=TIMEOUT_S, before=_sleeping_loop)
+    said = f"CollectiveError: rank 0 waited {SHORT} s (parallel.step_timeout_s) in a collective that"
+    assert failure.value.errors[0].startswith(said), failure.value.errors[0][:500]
