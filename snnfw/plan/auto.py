@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from pathlib import Path
 
 import attrs
@@ -143,6 +144,21 @@ def example_batch(spec, samples: int = 2) -> tuple[torch.Tensor, torch.Tensor]:
     return frames, torch.zeros(samples, dtype=torch.long)
 
 
+SHOWN_REFUSALS = 12
+
+
+def refusal_summary(refused: list[Candidate], device_type: str) -> str:
+    """The refusals, the first of each kind (a strategy's reason up to its first colon, the dimension refusing, with
+    its numbers left out: the same refusal on other sizes or settings), at most ``SHOWN_REFUSALS``, and how many
+    more there were."""
+    kinds: dict[tuple[str, str], Candidate] = {}
+    for c in refused:
+        kinds.setdefault((c.name, re.sub(r"\d+", "#", (c.reason or "").split(":")[0])), c)
+    shown = [c.describe(device_type) for c in list(kinds.values())[:SHOWN_REFUSALS]]
+    more = len(refused) - len(shown)
+    return "; ".join(shown) + (f"; and {more} more refusal(s) of these kinds on other sizes or settings" if more else "")
+
+
 def ranked_candidates(request, plugins) -> tuple[list[Candidate], list[Candidate]]:
     """(runnable candidates, best first under ``parallel.prefer``; refused candidates).
 
@@ -154,7 +170,7 @@ def ranked_candidates(request, plugins) -> tuple[list[Candidate], list[Candidate
         raise PlanError(f"strategy {AUTO!r} cannot run: {'; '.join(refusals)}")
     feasible, refused = candidates(request, [p for p in proposals if p.strategy != AUTO])
     if not feasible:
-        reasons = "; ".join(c.describe(topology.device_type) for c in refused) or "no strategy plugin proposed a plan"
+        reasons = refusal_summary(refused, topology.device_type) or "no strategy plugin proposed a plan"
         raise PlanError(f"auto found no strategy that can run on {topology.world_size} rank(s): {reasons}")
     memory = topology.memory_per_rank()
     return rank(feasible, request.config.parallel.prefer or "speed", memory), refused

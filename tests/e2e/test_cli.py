@@ -1,6 +1,7 @@
 """The snnfw command: plugins, plan, and train through the elastic launcher."""
 
 import json
+import re
 import subprocess
 import sys
 
@@ -33,8 +34,9 @@ def test_user_errors_exit_2_with_one_line_and_no_traceback(capsys):
                                               "registered dataset names: asl_dvs, cifar10, ")
 
 
-def test_auto_answers_at_a_billion_ranks_in_seconds():
-    """auto weighs the composed meshes of 2**30 ranks (divisors from its prime factors, not every number tried)."""
+def test_auto_answers_at_a_billion_ranks_in_seconds_in_a_readable_line():
+    """auto weighs the composed meshes of 2**30 ranks (divisors from its prime factors, not every number tried) and
+    refuses them in a line that shows each kind of refusal once (it was 64 KB of the same refusals on other sizes)."""
     cmd = [sys.executable, "-m", "snnfw", "plan", "examples/quickstart.toml", "--world-size", str(2**30),
            "--set", 'parallel.strategy="auto"']
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=120)  # 7 s here under load
@@ -42,6 +44,7 @@ def test_auto_answers_at_a_billion_ranks_in_seconds():
     assert done.stderr.startswith("snnfw: error: auto found no strategy that can run on 1073741824 rank(s): ")
     assert "mesh: cannot run: dimension tp (tp): features.0 (conv_bn_neuron): its conv has 8 channels, not " \
            "divisible by tp=536870912" in done.stderr
+    assert len(done.stderr) < 4000 and re.search(r"; and \d+ more refusal\(s\) of these kinds", done.stderr)
 
 
 QUICKSTART_ACCURACY = 0.7  # measured 0.842 on this 2-core machine; chance is 0.1
