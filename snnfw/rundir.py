@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import hashlib
 import json
 import os
 import shutil
@@ -154,6 +155,24 @@ def any_done(run_dir: Path) -> bool:
 def mark_stopped(run_dir: Path, message: str) -> None:
     """Records the user error that stopped this rank; written whole, since every rank may write it."""
     write_text(stopped_marker(run_dir), f"{message}\n")
+
+
+def first_to_say(run_dir: Path, since: float, line: str) -> bool:
+    """Whether this rank is the first since ``since`` (a ``time.time()``) to stop on the user error ``line``: the
+    ranks of a plain torchrun that stop on the same error print it once (an error of one rank alone is still
+    printed by that rank). Ranks on hosts that do not share the run directory each count as first."""
+    said = Path(run_dir) / RANKS / f"said-{hashlib.sha1(line.encode()).hexdigest()[:16]}"
+    said.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        os.close(os.open(said, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+        return True
+    except FileExistsError:
+        if said.stat().st_mtime >= since:
+            return False
+        said.touch()  # an earlier run's
+        return True
+    except OSError:  # a run directory this rank cannot write: say it
+        return True
 
 
 def stopped_marker(run_dir: Path) -> Path:

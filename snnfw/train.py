@@ -91,7 +91,7 @@ def main(argv: list[str] | None = None) -> int:
         with owner:  # under plain torchrun rank 0 holds the run directory; under snnfw train its launcher does
             summary = run_training(config, run_dir, plugins, resume=args.resume or restarted, plan=plan)
     except UserError as err:
-        if not os.environ.get(rundir.LAUNCHED):
+        if not os.environ.get(rundir.LAUNCHED) and rundir.first_to_say(run_dir, started, explain(err)):
             print(f"snnfw: error: {explain(err)}", file=sys.stderr)
         rundir.mark_stopped(run_dir, explain(err))
         return 2

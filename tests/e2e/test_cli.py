@@ -90,6 +90,15 @@ def test_plain_torchrun_runs_the_worker_entry(tmp_path):
     assert len((run_dir / "metrics.jsonl").read_text().splitlines()) == 2
 
 
+def test_plain_torchrun_says_a_config_error_once_though_every_rank_stops_on_it(tmp_path):
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m", "snnfw.train",
+           "examples/quickstart.toml", "--run-dir", str(tmp_path / "run"), "--set", "data.batch_size=33"]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=180)
+    said = [line for line in done.stderr.splitlines() if line.startswith("snnfw: error:")]
+    assert done.returncode != 0 and said == ["snnfw: error: data.batch_size 33 must be divisible by data-parallel "
+                                             "size 2 x train.microbatches 1 = 2; change one of them"], done.stderr
+
+
 def test_plan_measure_times_the_top_candidates():
     cmd = [sys.executable, "-m", "snnfw", "plan", "examples/quickstart.toml", "--world-size", "2", "--measure", "2",
            "--set", "parallel.strategy=auto", "--set", "data.batch_size=8", "--set", "data.train_samples=64"]
