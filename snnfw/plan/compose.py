@@ -1,5 +1,6 @@
 """Composed meshes: ``parallel.mesh`` alone names a size per dimension, and the strategy owning each dimension
-applies its part, in one order, so that any mix the model allows trains (strategy ``mesh``).
+applies its part, in one order, so that any mix the model allows trains (strategy ``mesh``:
+:mod:`snnfw.plan.composed`).
 
 A dimension is owned by the strategy whose :attr:`~snnfw.plugin.strategy.Strategy.dimension` names it
 (built in: ``dp_replicate``, ``dp_shard``, ``tp``, ``pp``, ``time``). Its ranks hold the parameters
@@ -16,7 +17,9 @@ Applied in this order:
 3. a stage dimension (``pp``) splits the model and wraps each stage it keeps in step 4;
 4. the gradient reduction: FSDP2 over the sharded dimension, replicated over the replicated ones (HSDP);
    where nothing shards parameters, DistributedDataParallel over the replicated ones, on a process group of
-   its own (a pipeline averages its stages' gradients itself instead).
+   its own (a pipeline averages its stages' gradients itself instead). :class:`Reduction` decides which.
+
+A dimension never calls this module: it is handed what it needs (:meth:`Strategy.apply_dimension`).
 """
 
 from __future__ import annotations
@@ -325,7 +328,7 @@ def apply_mesh(model, plan, mesh, hooks):
 
     staged = [strategies[n] for n in names if strategies[n].order == STAGES]
     if staged:
-        return staged[0].apply_dimension(model, plan, mesh, hooks, wrap, reduction.stage_group(mesh))
+        return staged[0].apply_dimension(model, plan, mesh, hooks, wrap, group=reduction.stage_group(mesh))
     hooks.compile(model, plan)
     return wrap(model)
 
