@@ -8,11 +8,9 @@ model family, data set and pipeline schedule is a plugin found through the
 
 import logging
 
-import pluggy
+from snnfw.plugin.hookspecs import hookimpl
 
 __version__ = "0.3.0"
-
-hookimpl = pluggy.HookimplMarker("snnfw")
 
 # torch warns that Triton is absent each time a library (here
 # SpikingJelly) registers a custom op on a machine without it; on CPU that is

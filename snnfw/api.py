@@ -4,12 +4,15 @@ use. Everything else in snnfw (and all of ``snnfw_plugins``) is internal and may
 Import from here (``from snnfw.api import Strategy, hookimpl``); a name is imported from its module when first
 used, so importing this module costs no torch import. The names, their signatures and the hook specifications'
 arguments are recorded in ``tests/unit/api_snapshot.json``: a change to them is a new version of snnfw, with an
-entry in ``CHANGELOG.md``; a name is removed only after a release that deprecates it.
+entry in ``CHANGELOG.md``; a name is removed only after a release that deprecates it: a deprecated name
+(:data:`DEPRECATED`) still works, outside ``__all__``, and warns on each use what replaces it and the release that
+removes it (:data:`REMOVED_IN`).
 """
 
 from __future__ import annotations
 
 import importlib
+import warnings
 from typing import Any
 
 from snnfw import __version__, hookimpl
@@ -55,10 +58,7 @@ _WHERE = {  # name: the module that defines it
     "check_family": "snnfw.testing.family_check", "FamilyReport": "snnfw.testing.family_check",
     # a strategy's toolkit (what snnfw's own strategies use): composing its mesh dimension with the others
     "COMPOSED": "snnfw.plan.layout", "GLOO_CUDA_POINT_TO_POINT": "snnfw.plan.layout",
-    "propose_mesh": "snnfw.plan.compose", "candidate_meshes": "snnfw.plan.compose", "apply_mesh": "snnfw.plan.compose",
-    "fsdp_mesh": "snnfw.plan.compose", "owners": "snnfw.plan.compose", "replicas": "snnfw.plan.compose",
-    "stage_averaged_dims": "snnfw.plan.compose", "ROOT_HOOKS": "snnfw.plugin.strategy",
-    "hook_root": "snnfw.plugin.strategy",
+    "ROOT_HOOKS": "snnfw.plugin.strategy", "hook_root": "snnfw.plugin.strategy",
     # ... its cost terms
     "ring_bytes": "snnfw.plan.estimate", "ddp_buckets": "snnfw.plan.estimate",
     # ... its collectives and process groups (each with the run's timeout)
@@ -82,10 +82,30 @@ _WHERE = {  # name: the module that defines it
     "TEMP_PREFIX": "snnfw.rundir", "keys_phrase": "snnfw.errors", "said": "snnfw.errors",
 }
 
+REMOVED_IN = "0.4.0"  # the release that removes the DEPRECATED names
+DEPRECATED = {  # name: (the module that defines it, what to use instead); each use warns (a DeprecationWarning)
+    # the composition's internals, published by 0.2.0: the core now composes the mesh (strategy mesh) itself and
+    # hands each dimension what it needs (Strategy.propose_dimension, Strategy.apply_dimension)
+    "propose_mesh": ("snnfw.plan.compose", "the core proposes a composed mesh (strategy mesh); a dimension answers "
+                                           "Strategy.propose_dimension"),
+    "apply_mesh": ("snnfw.plan.compose", "the core applies a composed mesh (strategy mesh); a dimension answers "
+                                         "Strategy.apply_dimension"),
+    "candidate_meshes": ("snnfw.plan.compose", "strategy auto weighs the candidate meshes (strategy mesh proposes them)"),
+    "owners": ("snnfw.plan.compose", "each registered strategy's Strategy.dimension (hooks.strategies, hooks.strategy)"),
+    "replicas": ("snnfw.plan.compose", "Proposal.replicas"),
+    "fsdp_mesh": ("snnfw.plan.compose", "the mesh argument of a SHARDED dimension's Strategy.apply_dimension"),
+    "stage_averaged_dims": ("snnfw.plan.compose", "the group argument of a STAGES dimension's Strategy.apply_dimension"),
+}
+
 __all__ = sorted(["__version__", "hookimpl", *_WHERE])
 
 
 def __getattr__(name: str) -> Any:
+    if name in DEPRECATED:  # not kept in the module's globals, so that every use warns
+        module, instead = DEPRECATED[name]
+        warnings.warn(f"snnfw.api.{name} is deprecated and removed in snnfw {REMOVED_IN}; use {instead}",
+                      DeprecationWarning, stacklevel=2)
+        return getattr(importlib.import_module(module), name)
     if name not in _WHERE:
         raise AttributeError(f"module 'snnfw.api' has no attribute {name!r}; its names are snnfw.api.__all__")
     value = getattr(importlib.import_module(_WHERE[name]), name)

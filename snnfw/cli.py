@@ -31,6 +31,7 @@ def _cmd_plugins(args) -> int:
             "registers": plugins.registered_names(p.name),
             "overridden_by": list(p.overridden_by),
             "error": p.error,
+            "core": p.core,
         }
         for p in plugins.info()
     ]
@@ -39,7 +40,8 @@ def _cmd_plugins(args) -> int:
         return 0
     for row in rows:
         names = "; ".join(f"{kind}: {', '.join(n)}" for kind, n in row["registers"].items())
-        print(f"{row['name']} ({row['distribution']} {row['version']})".rstrip())
+        where = ", in the core" if row["core"] else ""
+        print(f"{row['name']} ({row['distribution']} {row['version']}{where})".rstrip())
         if row["error"]:
             print(f"    not loaded: failed to import: {row['error']}")
             continue

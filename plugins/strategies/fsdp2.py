@@ -50,11 +50,9 @@ class FullyShard(Strategy):
                                          f"by fully_shard on {units}; {fully_shard_options(request.config.parallel)}",
                                          *_one_block(request)))
 
-    def apply_dimension(self, model, plan, mesh, hooks, wrap=None):
-        from snnfw.api import fsdp_mesh
-
-        return apply_fully_shard(model, plan, fsdp_mesh(plan, mesh, hooks, self.dimension))
-
+    def apply_dimension(self, model, plan, mesh, hooks, wrap=None, group=None):
+        """``mesh``: the one the core hands a sharded dimension, 1-D or HSDP's 2-D, as fully_shard takes it."""
+        return apply_fully_shard(model, plan, mesh)
 
 
 @hookimpl

@@ -87,17 +87,15 @@ class Pipeline(Strategy):
         return pipeline.get("schedule", "1f1b") + (f" v{virtual}" if virtual > 1 else "")
 
     def propose_dimension(self, request, layout):
-        from snnfw.api import replicas
-
         pipeline = request.config.pipeline
-        return _stages(request, pipeline.schedule, pipeline.virtual_stages, dict(layout.mesh)["pp"], replicas(layout))
+        return _stages(request, pipeline.schedule, pipeline.virtual_stages, dict(layout.mesh)["pp"], layout.replicas)
 
-    def apply_dimension(self, model, plan, mesh, hooks, wrap=None):
-        from snnfw.api import rows_group, stage_averaged_dims
+    def apply_dimension(self, model, plan, mesh, hooks, wrap=None, group=None):
+        """Each stage this rank keeps through ``wrap``; its gradients averaged over ``group`` after a step's last
+        microbatch, where the core hands one."""
         from snnfw_plugins.strategies.pp_build import build_pipeline
 
-        averaged = stage_averaged_dims(plan, hooks)
-        return build_pipeline(model, plan, mesh, hooks, wrap, rows_group(mesh, averaged) if averaged else None)
+        return build_pipeline(model, plan, mesh, hooks, wrap, group)
 
     @hookimpl
     def snnfw_forward_backward(self, model, batches, plan, hooks):

@@ -103,12 +103,10 @@ class TimeSplit(Strategy):
         return [(("tsp.slices", count),) for count in slice_choices(request, layout)]
 
     def propose_dimension(self, request, layout):
-        from snnfw.api import replicas
-
         size, steps = dict(layout.mesh)[self.dimension], request.config.model.time_steps
-        if reason := time_split_refusal(request, size, replicas(layout)):
+        if reason := time_split_refusal(request, size, layout.replicas):
             return Proposal.refuse(NAME, reason)
-        count, samples = slices(request.config, layout.mesh), request.config.data.batch_size / replicas(layout)
+        count, samples = slices(request.config, layout.mesh), request.config.data.batch_size / layout.replicas
         wait = wavefront_ms(request.cost, samples, size, count) if request.cost is not None else 0.0
         return Proposal(NAME, rationale=(f"time = {size}: each sample's {steps} time steps split ({steps // size} per "
                                          f"rank), neurons pass their state on in {count} batch slices",),
@@ -135,10 +133,8 @@ def snnfw_plan(request):
 def slice_choices(request, layout) -> tuple[int, ...]:
     """The slice counts ``auto`` tries on ``layout`` (a composed proposal): 1, 2, 4, ... up to four per rank of
     its time group and the microbatch."""
-    from snnfw.api import replicas
-
     config, size = request.config, dict(layout.mesh)["time"]
-    microbatch = config.data.batch_size // replicas(layout) // (config.train.microbatches or 1)
+    microbatch = config.data.batch_size // layout.replicas // (config.train.microbatches or 1)
     top = max(min(4 * size, microbatch), 1)
     return tuple(2**k for k in range(top.bit_length()) if 2**k <= top)
 

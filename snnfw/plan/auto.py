@@ -12,7 +12,6 @@ reason, for ``snnfw plan`` to show.
 from __future__ import annotations
 
 import json
-import math
 import re
 from pathlib import Path
 
@@ -93,7 +92,7 @@ def candidates(request, proposals) -> tuple[list[Candidate], list[Candidate]]:
             continue
         if p.strategy in vetoed or (p.strategy, frozenset(p.mesh)) in vetoed_meshes:
             continue
-        replicas = math.prod(mesh[d] for d in p.dp_dims)
+        replicas = p.replicas
         micro = config.train.microbatches or p.microbatches or 1
         if config.data.batch_size % (replicas * micro):
             reason = f"data.batch_size {config.data.batch_size} is not divisible by {replicas} x {micro}"

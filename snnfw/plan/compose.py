@@ -1,5 +1,6 @@
 """Composed meshes: ``parallel.mesh`` alone names a size per dimension, and the strategy owning each dimension
-applies its part, in one order, so that any mix the model allows trains (strategy ``mesh``).
+applies its part, in one order, so that any mix the model allows trains (strategy ``mesh``:
+:mod:`snnfw.plan.composed`).
 
 A dimension is owned by the strategy whose :attr:`~snnfw.plugin.strategy.Strategy.dimension` names it
 (built in: ``dp_replicate``, ``dp_shard``, ``tp``, ``pp``, ``time``). Its ranks hold the parameters
@@ -16,7 +17,9 @@ Applied in this order:
 3. a stage dimension (``pp``) splits the model and wraps each stage it keeps in step 4;
 4. the gradient reduction: FSDP2 over the sharded dimension, replicated over the replicated ones (HSDP);
    where nothing shards parameters, DistributedDataParallel over the replicated ones, on a process group of
-   its own (a pipeline averages its stages' gradients itself instead).
+   its own (a pipeline averages its stages' gradients itself instead). :class:`Reduction` decides which.
+
+A dimension never calls this module: it is handed what it needs (:meth:`Strategy.apply_dimension`).
 """
 
 from __future__ import annotations
@@ -117,6 +120,7 @@ def propose_mesh(request: PlanRequest, asked: Mesh | None = None) -> Proposal:
         return Proposal.refuse(COMPOSED, "every dimension of parallel.mesh has size 1; use strategy none on one rank")
     strategies = {name: plugins.strategy(owned[name]) for name, _ in kept}
     mesh = tuple(sorted(kept, key=lambda dim: _nesting(strategies[dim[0]])))
+    strategies = {name: strategies[name] for name, _ in mesh}  # in mesh order
     names = [name for name, _ in mesh]
     sharding = [n for n in names if strategies[n].parameters == SHARDED]
     staging = [n for n in names if strategies[n].splits_stages]
@@ -157,7 +161,7 @@ def _composed(request: PlanRequest, layout: Proposal, strategies: dict[str, Stra
         parts.append(part)
     shape = " x ".join(f"{n}={s}" for n, s in mesh)
     rationale = (f"composed mesh {shape} (outermost first)" + (f"; {', '.join(dropped)} left out" if dropped else ""),
-                 *(line for part in parts for line in part.rationale), _reduction_line(names, strategies))
+                 *(line for part in parts for line in part.rationale), Reduction.of(strategies).line())
     microbatches = max((p.microbatches for p in parts if p.microbatches), default=None)
     layout = attrs.evolve(layout, rationale=rationale, microbatches=microbatches, settings=settings)
     cost = _estimate(request, layout, strategies, parts)
@@ -176,11 +180,12 @@ def _estimate(request: PlanRequest, layout: Proposal, strategies: dict[str, Stra
     if cost is None:
         return None
     sizes, names = dict(layout.mesh), [name for name, _ in layout.mesh]
-    averaged, sharded = _reduction(names, strategies)
+    reduction = Reduction.of(strategies)
+    averaged, sharded = reduction.averaged, reduction.sharded
     split = math.prod(sizes[n] for n in names if strategies[n].parameters == SPLIT)
-    shards = math.prod(sizes[n] for n in sharded)
+    shards = sizes[sharded] if sharded else 1
     parts = math.prod(sizes[n] for n in names if strategies[n].order != DATA)
-    samples = request.config.data.batch_size / replicas(layout)
+    samples = request.config.data.batch_size / layout.replicas
     params = cost.parameter_bytes / split
     comm = (1.5 * ring_bytes(params, shards) if sharded else 0.0) + ring_bytes(params / shards,
                                                                                 math.prod(sizes[n] for n in averaged))
@@ -232,44 +237,78 @@ def _divisors(number: int) -> list[int]:
     return sorted(divisors)
 
 
-def _reduction_line(names, strategies) -> str:
-    averaged, sharded = _reduction(names, strategies)
-    if sharded:
-        over = f", replicated over {' x '.join(averaged)} (HSDP)" if averaged else ""
-        return f"gradients: FSDP2 reduce-scatter over {sharded[0]}{over}"
-    if not averaged:
-        return "gradients: no data dimension, each rank's parameters are its own"
-    if any(strategies[n].splits_stages for n in names):
-        return f"gradients: each stage's averaged over {' x '.join(averaged)} after the step's last microbatch"
-    return f"gradients: DistributedDataParallel over {' x '.join(averaged)}"
+@attrs.frozen
+class Reduction:
+    """How a composed mesh reduces its gradients: the one place that decides between FSDP2 (HSDP),
+    DistributedDataParallel and a pipeline's own averaging. The plan's rationale, the estimate, the apply step
+    and whether the ranks can build only their shards (:class:`snnfw.plan.composed.Composed`) all read it."""
 
+    averaged: tuple[str, ...]  # the dimensions whose ranks average their gradients (REPLICATED), in mesh order
+    sharded: str | None  # the dimension FSDP2 shards over (SHARDED), at most one
+    staged: bool  # a dimension splits the model into stages
 
-def _reduction(names, strategies) -> tuple[tuple[str, ...], tuple[str, ...]]:
-    """The dimensions gradients are averaged over, and the sharded one (at most one)."""
-    averaged = tuple(n for n in names if strategies[n].parameters == REPLICATED)
-    return averaged, tuple(n for n in names if strategies[n].parameters == SHARDED)
+    @classmethod
+    def of(cls, strategies: dict[str, Strategy]) -> "Reduction":
+        """The reduction of a mesh whose dimensions (of more than one rank) have ``strategies``, in mesh order."""
+        sharded = [name for name, strategy in strategies.items() if strategy.parameters == SHARDED]
+        return cls(averaged=tuple(name for name, strategy in strategies.items() if strategy.parameters == REPLICATED),
+                   sharded=sharded[0] if sharded else None,
+                   staged=any(strategy.splits_stages for strategy in strategies.values()))
 
+    @classmethod
+    def of_plan(cls, plan, hooks) -> "Reduction":
+        """The reduction of ``plan``'s composed mesh."""
+        names = [name for name, _ in plan.mesh]
+        return cls.of(dict(zip(names, map(hooks.strategy, plan.strategies))))
 
-def _plan_reduction(plan, hooks) -> tuple[tuple[str, ...], tuple[str, ...]]:
-    """:func:`_reduction` of ``plan``'s composed mesh."""
-    names = [name for name, _ in plan.mesh]
-    return _reduction(names, dict(zip(names, map(hooks.strategy, plan.strategies))))
+    @property
+    def ddp(self) -> bool:
+        """DistributedDataParallel over the averaged dimensions: nothing shards, and no pipeline averages its
+        stages' gradients itself."""
+        return bool(self.averaged) and self.sharded is None and not self.staged
 
+    @property
+    def stage_averaged(self) -> tuple[str, ...]:
+        """The dimensions a stage dimension averages its stages' gradients over itself: the averaged ones, unless
+        FSDP2 reduces over them (HSDP)."""
+        return self.averaged if self.staged and self.sharded is None else ()
 
-def averaged_dims(plan, hooks) -> tuple[str, ...]:
-    """The dimensions of ``plan``'s composed mesh whose ranks average their gradients."""
-    return _plan_reduction(plan, hooks)[0]
+    def line(self) -> str:
+        """The plan's line on it."""
+        if self.sharded:
+            over = f", replicated over {' x '.join(self.averaged)} (HSDP)" if self.averaged else ""
+            return f"gradients: FSDP2 reduce-scatter over {self.sharded}{over}"
+        if not self.averaged:
+            return "gradients: no data dimension, each rank's parameters are its own"
+        if self.staged:
+            return f"gradients: each stage's averaged over {' x '.join(self.averaged)} after the step's last microbatch"
+        return f"gradients: DistributedDataParallel over {' x '.join(self.averaged)}"
 
+    def shard_mesh(self, mesh):
+        """The device mesh ``fully_shard`` takes over the sharded dimension: 1-D, or 2-D (replicated, sharded;
+        HSDP) with the averaged dimensions flattened into one, ``replicate``."""
+        if not self.averaged:
+            return mesh[self.sharded]
+        if len(self.averaged) > 1:
+            import warnings
 
-def stage_averaged_dims(plan, hooks) -> tuple[str, ...]:
-    """The dimensions a stage dimension averages its stages' gradients over itself: the averaged ones, unless a
-    sharded dimension's FSDP2 reduces over them (HSDP)."""
-    averaged, sharded = _plan_reduction(plan, hooks)
-    return () if sharded else averaged
+            mesh[self.averaged]._flatten("replicate")
+            with warnings.catch_warnings():  # torch 2.13 warns that slicing a flattened dimension will change (2.11's note)
+                warnings.filterwarnings("ignore", "Slicing a flattened dim from root mesh", UserWarning)
+                return mesh["replicate", self.sharded]
+        return mesh[self.averaged[0], self.sharded]
+
+    def stage_group(self, mesh):
+        """The process group a stage dimension averages its stages' gradients over (:attr:`stage_averaged`), or
+        None."""
+        from snnfw.distributed.groups import rows_group
+
+        return rows_group(mesh, self.stage_averaged) if self.stage_averaged else None
 
 
 def apply_mesh(model, plan, mesh, hooks):
-    """``plan``'s composed mesh applied to ``model`` in the module's order; returns the model to train."""
+    """``plan``'s composed mesh applied to ``model`` in the module's order; returns the model to train. Each
+    dimension gets what :meth:`Strategy.apply_dimension` says its role gets."""
     from snnfw.distributed.groups import replicate, rows_group
 
     names = [name for name, _ in plan.mesh]
@@ -277,38 +316,36 @@ def apply_mesh(model, plan, mesh, hooks):
     for name in reversed(names):  # innermost first
         if strategies[name].order == IN_PLACE:
             model = strategies[name].apply_dimension(model, plan, mesh, hooks)
-    averaged, sharded = _reduction(names, strategies)
-    staged = [strategies[n] for n in names if strategies[n].order == STAGES]
+    reduction = Reduction.of(strategies)
+    shard_mesh = reduction.shard_mesh(mesh) if reduction.sharded else None
 
     def wrap(module, module_plan=plan):  # module_plan: plan as it applies to module (a stage: its blocks within it)
-        if sharded:
-            return strategies[sharded[0]].apply_dimension(module, module_plan, mesh, hooks)
-        if averaged and not staged:
-            return replicate(module, plan.device_type, rows_group(mesh, averaged))
+        if reduction.sharded:
+            return strategies[reduction.sharded].apply_dimension(module, module_plan, shard_mesh, hooks)
+        if reduction.ddp:
+            return replicate(module, plan.device_type, rows_group(mesh, reduction.averaged))
         return module
 
+    staged = [strategies[n] for n in names if strategies[n].order == STAGES]
     if staged:
-        return staged[0].apply_dimension(model, plan, mesh, hooks, wrap)
+        return staged[0].apply_dimension(model, plan, mesh, hooks, wrap, group=reduction.stage_group(mesh))
     hooks.compile(model, plan)
     return wrap(model)
 
 
-def fsdp_mesh(plan, mesh, hooks, dimension: str):
-    """The device mesh ``fully_shard`` takes for the sharded ``dimension``: 1-D, or 2-D (replicated, sharded; HSDP)
-    with the averaged dimensions flattened into one."""
-    averaged = averaged_dims(plan, hooks)
-    if not averaged:
-        return mesh[dimension]
-    if len(averaged) > 1:
-        import warnings
+# Published in snnfw.api by 0.2.0, deprecated there in 0.3.0 and removed in 0.4.0 (snnfw.api.DEPRECATED says what
+# replaces each): what a dimension's strategy now receives from the core instead.
 
-        mesh[averaged]._flatten("replicate")
-        with warnings.catch_warnings():  # torch 2.13 warns that slicing a flattened dimension will change (2.11's note)
-            warnings.filterwarnings("ignore", "Slicing a flattened dim from root mesh", UserWarning)
-            return mesh["replicate", dimension]
-    return mesh[averaged[0], dimension]
+def fsdp_mesh(plan, mesh, hooks, dimension: str):
+    """The device mesh ``fully_shard`` takes for the sharded ``dimension`` (:meth:`Reduction.shard_mesh`)."""
+    return attrs.evolve(Reduction.of_plan(plan, hooks), sharded=dimension).shard_mesh(mesh)
+
+
+def stage_averaged_dims(plan, hooks) -> tuple[str, ...]:
+    """The dimensions a stage dimension averages its stages' gradients over itself (:attr:`Reduction.stage_averaged`)."""
+    return Reduction.of_plan(plan, hooks).stage_averaged
 
 
 def replicas(layout) -> int:
-    """How many data replicas ``layout`` (a proposal) makes: the product of its batch-splitting dimensions."""
-    return math.prod(dict(layout.mesh)[d] for d in layout.dp_dims)
+    """How many data replicas ``layout`` (a proposal) makes (:attr:`snnfw.plan.layout.Proposal.replicas`)."""
+    return layout.replicas

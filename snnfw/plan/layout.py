@@ -139,6 +139,12 @@ class Proposal:
     def refuse(cls, strategy: str, reason: str) -> "Proposal":
         return cls(strategy=strategy, refusal=reason)
 
+    @property
+    def replicas(self) -> int:
+        """How many data replicas it makes: its batch-splitting dimensions' ranks (``dp_dims``) together."""
+        sizes = dict(self.mesh)
+        return math.prod(sizes[d] for d in self.dp_dims)
+
 
 @attrs.frozen
 class Plan:
@@ -229,7 +235,7 @@ def make_plan(config: Config, topology: Topology, analysis: Analysis, plugins, m
             f"mesh {shape} has {product} ranks but the world has {topology.world_size}; "
             f"change parallel.mesh or launch with --nproc {product}"
         )
-    dp = math.prod(dict(proposal.mesh)[d] for d in proposal.dp_dims)
+    dp = proposal.replicas
     batch = config.data.batch_size
     micro = config.train.microbatches or proposal.microbatches or 1
     if batch % (dp * micro):

@@ -24,6 +24,7 @@ if TYPE_CHECKING:
     from snnfw.plugin.context import HookContext
 
 hookspec = pluggy.HookspecMarker("snnfw")
+hookimpl = pluggy.HookimplMarker("snnfw")  # what plugins mark their implementations with: snnfw.hookimpl
 
 
 # Registration: each hook receives ``register(name, value, description="", overrides=False)``;

@@ -1,6 +1,8 @@
 """Plugin loading and the typed facade through which the core calls hooks.
 
-Plugins are found through the ``snnfw`` entry-point group. snnfw's own are
+The core's own plugins (:data:`CORE_PLUGINS`: the composition, strategy
+``mesh``) are registered first, always. Plugins are found through the ``snnfw``
+entry-point group. snnfw's own are
 always loaded; third-party ones too unless ``SNNFW_DISABLE_PLUGIN_AUTOLOAD=1``.
 ``SNNFW_BLOCK_PLUGINS=name,other`` keeps the named entry points from loading;
 ``SNNFW_PLUGINS=module,other`` loads modules as plugins without an entry point.
@@ -40,6 +42,9 @@ from snnfw.plugin.registry import Registry
 from snnfw.plugin.strategy import Strategy
 
 ENV_PLUGINS = "SNNFW_PLUGINS"
+CORE_PLUGINS = {"mesh": "snnfw.plan.composed"}
+"""The core's own plugins, each named by its module as an entry point names a plugin: registered by the core
+itself before any entry point (so every other plugin's hook implementations run before theirs), and never blocked."""
 STRATEGY_PREFIX = "strategy:"  # the plugin name of a strategy object that implements hooks
 
 _REGISTRATION_HOOKS = {
@@ -63,6 +68,7 @@ class PluginInfo:
     hooks: tuple[str, ...]
     overridden_by: tuple[str, ...] = ()
     error: str = ""  # why it failed to import, if it did; then it is not loaded
+    core: bool = False  # one of snnfw's core (CORE_PLUGINS), registered without an entry point
 
 
 def _describe_entry_point(ep: metadata.EntryPoint) -> str:
@@ -107,6 +113,16 @@ def _named_plugins() -> list[tuple[str, Any]]:
     return plugins
 
 
+def _load_core(pm: pluggy.PluginManager) -> dict[str, metadata.Distribution]:
+    """Registers :data:`CORE_PLUGINS`; returns their distribution (snnfw's) by name."""
+    if blocked := sorted(entry_points.blocked() & CORE_PLUGINS.keys()):
+        raise PluginError(f"{entry_points.ENV_BLOCK} names {', '.join(map(repr, blocked))}, a plugin of snnfw's core that "
+                          f"is always loaded; take it out of {entry_points.ENV_BLOCK}")
+    for name, module in CORE_PLUGINS.items():
+        _register(pm, importlib.import_module(module), name, f"plugin {name!r} (snnfw's core)")
+    return dict.fromkeys(CORE_PLUGINS, metadata.distribution("snnfw"))
+
+
 def _load_entry_points(pm: pluggy.PluginManager) -> tuple[dict[str, metadata.Distribution], dict[str, Any]]:
     """Registers every entry point under its name; two entry points with one name fail, naming both. Returns the
     loaded plugins' distributions and the third-party plugins that failed to import, by name."""
@@ -120,6 +136,10 @@ def _load_entry_points(pm: pluggy.PluginManager) -> tuple[dict[str, metadata.Dis
             continue
         if not entry_points.is_builtin(ep) and not autoload:
             continue
+        if ep.name in CORE_PLUGINS:
+            raise PluginError(f"the entry point {_describe_entry_point(ep)} takes the name {ep.name!r} of a plugin of "
+                              "snnfw's core; rename it in its [project.entry-points.snnfw] table (to replace strategy "
+                              f"{ep.name!r}, register one under another plugin name with register(..., overrides=True))")
         if ep.name in loaded or ep.name in failed:
             first = loaded[ep.name] if ep.name in loaded else failed[ep.name][0]
             raise PluginError(
@@ -189,7 +209,9 @@ class Plugins:
     def __init__(self, extra: tuple[tuple[str, Any], ...] = ()):
         self.pm = pluggy.PluginManager(GROUP)
         self.pm.add_hookspecs(hookspecs)
-        self._dists, self.failed = _load_entry_points(self.pm)
+        self._dists = _load_core(self.pm)
+        dists, self.failed = _load_entry_points(self.pm)
+        self._dists.update(dists)
         if "defaults" not in self._dists and "defaults" not in entry_points.blocked():
             raise PluginError(
                 "snnfw's built-in plugins are not registered; install the package "
@@ -354,6 +376,7 @@ class Plugins:
                     version=dist.version if dist else "",
                     hooks=tuple(sorted({caller.name for caller in callers})),
                     overridden_by=self.overridden.get(name, ()),
+                    core=name in CORE_PLUGINS,
                 )
             )
         for name, failure in self.failed.items():

@@ -5,7 +5,9 @@ strategy ``mesh``): it names the dimension (:attr:`Strategy.dimension`), says
 how its ranks hold the parameters and the batch (the attributes below), checks
 a size of it (:meth:`Strategy.propose_dimension`) and applies it
 (:meth:`Strategy.apply_dimension`). The core composes the dimensions in one
-order (:mod:`snnfw.plan.compose`), so a dimension never names another.
+order (:mod:`snnfw.plan.compose`), so a dimension never names another, and
+hands each what it needs of the others: the layout so far (its ``replicas``)
+to propose, the mesh or process group of the gradient reduction to apply.
 """
 
 from __future__ import annotations
@@ -90,7 +92,8 @@ class Strategy:
         """This strategy's part of a composed mesh: a :class:`snnfw.plan.layout.Proposal` of its dimension (its
         rationale, a refusal, the microbatches it needs, the compute its ranks add beyond their share:
         ``added_compute_ms``), or None to accept it as it is. ``layout`` is the
-        composed proposal so far: the whole mesh, in the core's order, and which dimensions split the batch."""
+        composed proposal so far: the whole mesh, in the core's order, and which dimensions split the batch
+        (``layout.replicas``: how many data replicas they make)."""
         return None
 
     def variants(self, request, layout) -> list[tuple[tuple[str, object], ...]]:
@@ -98,12 +101,21 @@ class Strategy:
         value)`` pairs for keys the user did not set: a pipeline's schedules), or [] to take the config as it is."""
         return []
 
-    def apply_dimension(self, model: torch.nn.Module, plan, mesh, hooks, wrap: Callable | None = None):
-        """Applies this dimension to ``model`` on ``mesh`` (the whole device mesh) and returns the model. A
-        ``SHARDED`` dimension shards over itself and replicates over ``plan``'s averaged dimensions; a
-        ``STAGES`` dimension calls ``wrap(stage, stage_plan)`` on each stage it keeps (the data dimensions), with
-        ``plan`` as it applies to the stage (its blocks named within it). The default does
-        nothing: the core averages the gradients over ``REPLICATED`` dimensions."""
+    def apply_dimension(self, model: torch.nn.Module, plan, mesh, hooks, wrap: Callable | None = None, group=None):
+        """Applies this dimension to ``model`` and returns the model. The core calls it in its order
+        (:mod:`snnfw.plan.compose`) and decides the gradient reduction (FSDP2, HSDP, DistributedDataParallel or a
+        pipeline's own averaging: ``compose.Reduction``), handing each role what that needs:
+
+        - ``IN_PLACE``: ``mesh`` is the whole device mesh;
+        - ``SHARDED``: ``mesh`` is the device mesh its shards span, as ``fully_shard`` takes it: 1-D over this
+          dimension, or 2-D (the averaged dimensions flattened into one, then this one: HSDP); it is called on the
+          model, or on each stage a stage dimension keeps, with ``plan`` as it applies there;
+        - ``STAGES``: ``mesh`` is the whole device mesh; it calls ``wrap(stage, stage_plan)`` on each stage it keeps
+          (the data dimensions' part), ``stage_plan`` being ``plan`` as it applies to the stage (its blocks named
+          within it), and averages its stages' gradients over ``group`` after a step's last microbatch (None where
+          FSDP2 reduces them, or no dimension averages).
+
+        The default does nothing: the core averages the gradients over ``REPLICATED`` dimensions itself."""
         return model
 
 

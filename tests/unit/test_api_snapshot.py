@@ -9,6 +9,7 @@ import inspect
 import json
 import re
 import sys
+import warnings
 from pathlib import Path
 
 import attrs
@@ -72,17 +73,28 @@ def _describe(value) -> dict:
     return {"kind": "value", "value": _shown(value)}
 
 
+def _deprecated(name: str) -> dict:
+    """A deprecated name's record: what it is, what replaces it and the release that removes it."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        value = getattr(api, name)
+    return {**_describe(value), "instead": api.DEPRECATED[name][1], "removed_in": api.REMOVED_IN}
+
+
 def snapshot() -> dict:
     hooks = {name: list(inspect.signature(function).parameters)
              for name, function in sorted(vars(hookspecs).items()) if name.startswith("snnfw_")}
     return {"version": snnfw.__version__, "names": {name: _describe(getattr(api, name)) for name in api.__all__},
-            "hooks": hooks}
+            "deprecated": {name: _deprecated(name) for name in sorted(api.DEPRECATED)}, "hooks": hooks}
 
 
 def changes(now: dict, recorded: dict) -> list[str]:
-    """The public names and hooks whose record differs between two snapshots."""
-    changed = sorted(set(now["names"]) ^ set(recorded["names"])) + sorted(
-        name for name in set(now["names"]) & set(recorded["names"]) if now["names"][name] != recorded["names"][name])
+    """The public names, deprecated names (``deprecated NAME``) and hooks whose record differs between two
+    snapshots."""
+    changed = []
+    for section, prefix in (("names", ""), ("deprecated", "deprecated ")):
+        mine, theirs = now[section], recorded.get(section, {})
+        changed += [prefix + name for name in sorted(set(mine) | set(theirs)) if mine.get(name) != theirs.get(name)]
     return changed + [f"hook {name}" for name in sorted(set(now["hooks"]) | set(recorded["hooks"]))
                       if now["hooks"].get(name) != recorded["hooks"].get(name)]
 
@@ -98,6 +110,20 @@ def test_the_public_api_is_the_released_one():
 def test_the_version_has_a_changelog_entry():
     assert re.search(rf"^## {re.escape(snnfw.__version__)}(\s|$)", CHANGELOG.read_text(), re.MULTILINE), \
         f"CHANGELOG.md has no entry '## {snnfw.__version__}' for the version snnfw is: {HOW}"
+
+
+def _release(version: str) -> tuple[int, ...]:
+    return tuple(int(part) for part in version.split("."))
+
+
+def test_a_deprecated_name_is_out_of_all_documented_and_removed_only_by_a_later_release():
+    """A name leaves the API only after a release that deprecates it: while deprecated it is no public name (not
+    in ``__all__``), docs/plugins.md says so, and the release that removes it comes after this one."""
+    documented = (CHANGELOG.parent / "docs" / "plugins.md").read_text()
+    assert _release(api.REMOVED_IN) > _release(snnfw.__version__)
+    for name in api.DEPRECATED:
+        assert name not in api.__all__, f"{name} is deprecated and still in snnfw.api.__all__"
+        assert f"`{name}`" in documented, f"docs/plugins.md does not say that {name} is deprecated"
 
 
 def test_every_public_name_is_importable_and_documented():
@@ -119,6 +145,13 @@ def test_a_planted_signature_change_is_caught(monkeypatch):
     def snnfw_summary(plan):  # planted: a hook specification that lost an argument
         """Planted."""
 
+    def replicas(layout, renamed_argument):  # planted: a deprecated name with another signature
+        return 1
+
+    from snnfw.plan import compose
+
     monkeypatch.setattr(api, "estimate", estimate)
     monkeypatch.setattr(hookspecs, "snnfw_summary", snnfw_summary)
-    assert changes(snapshot(), json.loads(SNAPSHOT.read_text())) == ["estimate", "hook snnfw_summary"]
+    monkeypatch.setattr(compose, "replicas", replicas)
+    assert changes(snapshot(), json.loads(SNAPSHOT.read_text())) == ["estimate", "deprecated replicas",
+                                                                     "hook snnfw_summary"]

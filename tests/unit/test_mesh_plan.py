@@ -89,3 +89,21 @@ def test_the_plan_says_why_a_mesh_that_shards_parameters_builds_whole(plugins, m
     plan = prepare(mesh_config(mesh, train={"microbatches": 2}), 4, plugins).plan
     said = [line.split(": ", 1)[1] for line in plan.rationale if "builds the whole model" in line]
     assert (len(said) == 1 and said[0].startswith(why)) if why else not said, plan.rationale
+
+
+@pytest.mark.parametrize("dims, ddp, stage_averaged, sharded", [
+    (("dp_replicate", "tp"), True, (), None),
+    (("time",), True, (), None),
+    (("pp", "dp_replicate", "time"), False, ("dp_replicate", "time"), None),
+    (("pp", "dp_replicate", "dp_shard"), False, (), "dp_shard"),
+    (("dp_replicate", "dp_shard", "tp"), False, (), "dp_shard"),
+    (("pp", "tp"), False, (), None),
+])
+def test_one_decision_reduces_the_gradients(plugins, dims, ddp, stage_averaged, sharded):
+    """DistributedDataParallel where replicas average and nothing shards or stages; a pipeline averages its stages'
+    gradients itself unless FSDP2 reduces them (HSDP)."""
+    from snnfw.plan.compose import Reduction
+
+    owned = owners(plugins)
+    reduction = Reduction.of({name: plugins.strategy(owned[name]) for name in dims})
+    assert (reduction.ddp, reduction.stage_averaged, reduction.sharded) == (ddp, stage_averaged, sharded)

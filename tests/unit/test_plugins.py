@@ -8,6 +8,7 @@ import pytest
 
 import snnfw
 from snnfw.config import build_config
+from snnfw import entry_points
 from snnfw.entry_points import ENV_BLOCK, ENV_DISABLE_AUTOLOAD, GROUP, SECTIONS_GROUP
 from snnfw.errors import ConfigError, PluginError
 from snnfw.plugin.manager import Plugins
@@ -104,6 +105,28 @@ def test_an_entry_point_named_like_a_builtin_fails_naming_both(tmp_path, monkeyp
     assert "overrides=True" in message
     monkeypatch.setenv(ENV_DISABLE_AUTOLOAD, "1")  # the third-party one is not loaded: the built-in stays
     assert "tp" in Plugins().strategies.names()
+
+
+def test_the_composition_is_a_plugin_of_the_core_registered_without_an_entry_point():
+    from snnfw.plan.composed import Composed
+
+    plugins = Plugins()
+    info = {p.name: p for p in plugins.info()}
+    assert (info["mesh"].distribution, info["mesh"].version, info["mesh"].core) == ("snnfw", snnfw.__version__, True)
+    assert not info["dp"].core and type(plugins.strategy("mesh")) is Composed
+    assert "mesh" not in {ep.name for ep in entry_points.installed(GROUP)}
+
+
+def test_the_core_plugin_is_never_blocked_and_no_entry_point_takes_its_name(tmp_path, monkeypatch):
+    monkeypatch.setenv(ENV_BLOCK, "tp,mesh")
+    with pytest.raises(PluginError, match="SNNFW_BLOCK_PLUGINS names 'mesh', a plugin of snnfw's core that is always "
+                                          "loaded; take it out of SNNFW_BLOCK_PLUGINS"):
+        Plugins()
+    monkeypatch.delenv(ENV_BLOCK)
+    install_fake_distribution(tmp_path, monkeypatch, FAKE, entry="mesh")
+    with pytest.raises(PluginError, match=r"the entry point snnfw_fake \(snnfw_fake 0.3\) takes the name 'mesh' of a "
+                                          "plugin of snnfw's core; rename it"):
+        Plugins()
 
 
 def test_ranks_with_different_plugins_fail_naming_the_difference():
