@@ -1,6 +1,8 @@
 """Composed meshes in the plan: parallel.mesh alone is strategy mesh; each dimension is checked by its owner and
 placed in the core's order; what cannot run is refused naming the dimension."""
 
+import json
+
 import pytest
 
 from snnfw.errors import PlanError
@@ -107,3 +109,35 @@ def test_one_decision_reduces_the_gradients(plugins, dims, ddp, stage_averaged, 
     owned = owners(plugins)
     reduction = Reduction.of({name: plugins.strategy(owned[name]) for name in dims})
     assert (reduction.ddp, reduction.stage_averaged, reduction.sharded) == (ddp, stage_averaged, sharded)
+
+
+SPELLED = {  # each preset on 4 ranks, and the mesh (with the settings) it stands for
+    "dp": ('{dp_replicate = 4}', ()),
+    "zero": ('{dp_replicate = 4}', ("parallel.zero=true",)),
+    "fsdp2": ('{dp_shard = 4}', ()),
+    "tp": ('{tp = 4}', ()),
+    "fsdp2_tp": ('{dp_shard = 2, tp = 2}', ()),
+    "pp": ('{pp = 4}', ()),
+    "tsp": ('{time = 4}', ()),
+    "fsdp2_tsp": ('{dp_shard = 2, time = 2}', ()),
+}
+PLAN_FIELDS = ("mesh", "strategies", "dp_dims", "stage_dims", "replicated_neuron_dims", "microbatches",
+               "microbatch_size", "global_batch", "world_size")
+
+
+@pytest.mark.parametrize("name", SPELLED)
+def test_each_preset_plans_as_the_mesh_it_names(name, capsys):
+    """``snnfw plan --json`` of a preset on the quickstart equals that of its mesh, field for field; only the name
+    the plan keeps tells them apart."""
+    from snnfw.cli import main
+
+    def plan(*sets):
+        assert main(["plan", "examples/quickstart.toml", "--world-size", "4", "--json",
+                     *(arg for key in sets for arg in ("--set", key))]) == 0
+        return json.loads(capsys.readouterr().out)["plan"]
+
+    mesh, settings = SPELLED[name]
+    by_name = plan(f'parallel.strategy="{name}"')
+    by_mesh = plan('parallel.strategy="mesh"', f"parallel.mesh={mesh}", *settings)
+    assert {f: by_name[f] for f in PLAN_FIELDS} == {f: by_mesh[f] for f in PLAN_FIELDS}
+    assert by_name["preset"] == name and by_mesh["preset"] == name
