@@ -200,6 +200,7 @@ def _cmd_train(args) -> int:
             args.config, args.nproc, run_dir, args.overrides, config.parallel.timeout_s, nnodes=args.nnodes,
             node_rank=args.node_rank, rdzv_endpoint=args.rdzv_endpoint, max_restarts=args.max_restarts,
             resume=args.resume, extra=["--overwrite"] if args.overwrite else [], plan=plan, debug=args.debug,
+            save_on_signals=config.checkpoint.save_on_signals, grace_s=config.checkpoint.grace_s,
         )
 
 
