@@ -108,6 +108,10 @@ def launch(
         if said := _preempted(run_dir):
             print(said, file=sys.stderr)
             return PREEMPTED_EXIT
+        if save_on_signals and rundir.any_done(run_dir):  # the signal came after the ranks' last agreement
+            print(f"snnfw: note: {err.sigval.name} came as the run ended; it completed, and its results in {run_dir} "
+                  "are whole", file=sys.stderr)
+            return 0
         print(f"snnfw: error: {_stopped(err.sigval.name, run_dir, module == 'snnfw.train' and '--evaluate' not in extra)}",
               file=sys.stderr)
         return 128 + err.sigval
