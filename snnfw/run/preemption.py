@@ -130,11 +130,11 @@ def requeue() -> str | None:
     if not job:
         return None
     try:
-        done = subprocess.run(["scontrol", "requeue", job], capture_output=True, text=True, timeout=60)
+        done = subprocess.run(["scontrol", "requeue", job], capture_output=True, text=True, timeout=10)
     except FileNotFoundError:
         return f"note: SLURM_JOB_ID is {job} and scontrol is not on PATH, so the job was not requeued; submit it again"
     except subprocess.TimeoutExpired:
-        return f"note: scontrol requeue {job} did not answer within 60 s; the job may not be requeued"
+        return f"note: scontrol requeue {job} did not answer within 10 s; the job may not be requeued"
     if done.returncode != 0:
         said = (done.stderr.strip().splitlines() or [f"exit status {done.returncode}"])[-1]
         return f"note: scontrol requeue {job} failed ({said}); submit the job again"
