@@ -63,6 +63,9 @@ def test_a_signal_saves_requeues_and_resume_continues_exactly(tmp_path, uninterr
         time.sleep(0.05)
     os.killpg(launcher.pid, sig)
     signalled = time.monotonic()
+    if sig == signal.SIGUSR1:  # SLURM's --signal may reach every process of the job step: with the launcher's, once
+        for pid in rundir.local_rank_pids(run).values():
+            os.kill(pid, sig)
     _, stderr = launcher.communicate(timeout=120)
     took = time.monotonic() - signalled
     assert launcher.returncode == PREEMPTED_EXIT, stderr
