@@ -634,8 +634,8 @@ def build_config(data: dict[str, Any], overrides: list[str] = ()) -> Config:
     for key in ("checkpoint.keep", "checkpoint.async_save"):
         if key in explicit and sections["checkpoint"].every == 0:
             raise ConfigError(
-                f"{key} applies only when checkpoints are written (checkpoint.every > 0, 0 writes none); "
-                f"set checkpoint.every, or remove {key}"
+                f"{key} applies only when checkpoints are written (checkpoint.every > 0, 0 writes none but on a "
+                f"signal of checkpoint.save_on_signals); set checkpoint.every, or remove {key}"
             )
     if "checkpoint.grace_s" in explicit and not sections["checkpoint"].save_on_signals:
         raise ConfigError("checkpoint.grace_s is the time from a signal of checkpoint.save_on_signals to the exit, and "
