@@ -129,10 +129,10 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _preempted(stopped: Preempted, run_dir: Path, rank: int) -> int:
-    """Ends this rank after the signal's checkpoint: rank 0 records it for the launcher (which says it last) or
-    says it itself, and requeues the job where SLURM runs it."""
+    """Ends this rank after the signal's checkpoint: every rank records it for its node's launcher (which says it
+    last); rank 0 requeues the job where SLURM runs it, and without a launcher says it itself."""
+    rundir.mark_preempted(run_dir, stopped.step, stopped.checkpoint, stopped.signal_name, stopped.signalled_at)
     if rank == 0:
-        rundir.mark_preempted(run_dir, stopped.step, stopped.checkpoint, stopped.signal_name, stopped.signalled_at)
         if said := requeue():
             print(f"[snnfw] {said}", file=sys.stderr, flush=True)
         if not os.environ.get(rundir.LAUNCHED):
