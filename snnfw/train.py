@@ -10,7 +10,8 @@ restart would only repeat. An error raised in the user's own code (a model
 or data set of theirs) ends a rank as a user error does, naming their file
 and line (or a third-party plugin's hook, naming the plugin and the hook),
 with the traceback in the run directory's ``error.log``. A rank
-ends when its launcher is gone.
+ends when its launcher is gone. A signal of ``checkpoint.save_on_signals`` stops the run with a checkpoint and
+exit status 75 (:mod:`snnfw.run.preemption`).
 """
 
 from __future__ import annotations

@@ -63,7 +63,8 @@ class Signals:
     def _caught(self, number: int, frame) -> None:
         if self.received is None:
             self.received, self.received_at, self._first = signal.Signals(number), time.time(), time.monotonic()
-            timer = threading.Timer(self.grace_s, self._end, (number, f"checkpoint.grace_s = {self.grace_s:g} s ran out"))
+            ran_out = f"checkpoint.grace_s = {self.grace_s:g} s ran out"
+            timer = threading.Timer(self.grace_s, self._end, (number, ran_out))
             timer.daemon = True
             timer.start()
         elif time.monotonic() - self._first >= REPEAT_S:
