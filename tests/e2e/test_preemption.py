@@ -16,6 +16,7 @@ import pytest
 from snnfw import rundir
 from snnfw.components import integrity
 from snnfw.run.preemption import PREEMPTED_EXIT
+from snnfw.tools.submit import script
 
 from test_nothing_lost import ROOT, tiny_toml
 
@@ -134,3 +135,25 @@ def test_a_save_cut_by_a_second_signal_or_the_grace_period_leaves_the_checkpoint
     newest, meta = integrity.newest_whole(root, print)
     assert newest == root / "step-2" and meta["step"] == 2
     rundir.check_run_dir(tmp_path, resume=True, overwrite=False)
+
+
+def test_the_torchrun_line_of_snnfw_submit_saves_on_sigusr1(tmp_path):
+    """SLURM's SIGUSR1 to the process group of torchrun, run with the signal options of snnfw submit's script:
+    torchrun forwards it, rank 0 says where the run stopped, and the checkpoint is there."""
+    run, config = tmp_path / "run", tiny_toml(tmp_path)
+    line = script(config, run, [], 1, 2, "01:00:00", None, ("SIGTERM", "SIGUSR1"), GRACE_S).splitlines()[-1]
+    options = [word for word in line.split() if word.startswith(("--signals-to-handle=", "--shutdown-timeout="))]
+    assert len(options) == 2, line
+    torchrun = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
+                                 *options, "-m", "snnfw.train", config, "--run-dir", run, "--set", f"train.steps={STEPS}"],
+                                cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                                start_new_session=True)
+    metrics, deadline = run / rundir.METRICS, time.monotonic() + 180
+    while not (metrics.exists() and len(metrics.read_text().splitlines()) >= 5):
+        assert torchrun.poll() is None and time.monotonic() < deadline, "the run did not reach step 5"
+        time.sleep(0.05)
+    os.killpg(torchrun.pid, signal.SIGUSR1)
+    _, stderr = torchrun.communicate(timeout=120)
+    saved = rundir.complete_checkpoints(run / rundir.CHECKPOINTS)
+    assert len(saved) == 1, stderr
+    assert f"snnfw: preempted at step {rundir.checkpoint_step(saved[0])} by SIGUSR1, " in stderr
