@@ -1,4 +1,5 @@
-"""The ``snnfw`` command: ``plugins``, ``plan``, ``train``, ``bench``, ``export``, ``eval``, ``predict`` and ``plot``.
+"""The ``snnfw`` command: ``plugins``, ``plan``, ``train``, ``submit``, ``bench``, ``export``, ``eval``, ``predict``
+and ``plot``.
 
 A user error (bad config, unknown name, impossible layout), or an error raised
 in the user's own code inside a rank or in a third-party plugin's hook, exits
@@ -202,7 +203,16 @@ def _cmd_train(args) -> int:
             args.config, args.nproc, run_dir, args.overrides, config.parallel.timeout_s, nnodes=args.nnodes,
             node_rank=args.node_rank, rdzv_endpoint=args.rdzv_endpoint, max_restarts=args.max_restarts,
             resume=args.resume, extra=["--overwrite"] if args.overwrite else [], plan=plan, debug=args.debug,
+            save_on_signals=config.checkpoint.save_on_signals, grace_s=config.checkpoint.grace_s,
         )
+
+
+def _cmd_submit(args) -> int:
+    from snnfw.tools.submit import submit
+
+    run_dir = Path(args.run_dir or f"runs/{Path(args.config).stem}-{time.strftime('%Y%m%d-%H%M%S')}")
+    return submit(args.config, run_dir, args.overrides, args.nodes, args.gpus_per_node, args.time, args.partition,
+                  args.dry)
 
 
 def _cmd_bench(args) -> int:
@@ -348,6 +358,17 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--node-rank", type=int, default=0, help="this node's rank; node 0 hosts the rendezvous")
     p.add_argument("--rdzv-endpoint", metavar="HOST:PORT", help="where the nodes meet (c10d rendezvous)")
     p.set_defaults(run=_cmd_train)
+
+    p = sub.add_parser("submit", help="write a SLURM batch script into the run directory and submit it with sbatch")
+    p.add_argument("config")
+    p.add_argument("--nodes", type=int, required=True, help="nodes of the job, one torchrun each")
+    p.add_argument("--gpus-per-node", type=int, required=True, help="GPUs of each node, one rank each")
+    p.add_argument("--time", required=True, metavar="HH:MM:SS", help="the job's time limit")
+    p.add_argument("--partition", help="the SLURM partition (default: the cluster's)")
+    p.add_argument("--run-dir", help="where the script and the run go (default runs/CONFIG-TIME)")
+    p.add_argument("--dry", action="store_true", help="write and print the script without submitting it")
+    p.add_argument("--set", **overrides)
+    p.set_defaults(run=_cmd_submit)
 
     p = sub.add_parser("bench", help="time a config: warm-up, timed steps, one JSON record appended")
     p.add_argument("config", nargs="?")

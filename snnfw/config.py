@@ -316,11 +316,26 @@ class TrainConfig:
         return getattr(torch, self.dtype)
 
 
+SAVE_SIGNALS = ("SIGTERM", "SIGUSR1", "SIGUSR2", "SIGHUP")  # what a cluster sends before it stops a job
+
+
+def _save_signals(value: Any) -> tuple[str, ...]:
+    """``["SIGTERM", "SIGUSR1"]`` -> a tuple; refuses a name that is not one of :data:`SAVE_SIGNALS`."""
+    if isinstance(value, tuple):
+        return value
+    if not isinstance(value, list) or not all(isinstance(x, str) and x in SAVE_SIGNALS for x in value):
+        raise ConfigError(f"checkpoint.save_on_signals must be an array of signal names from {list(SAVE_SIGNALS)} "
+                          f"(SIGINT stays Ctrl-C's), like [\"SIGTERM\", \"SIGUSR1\"]; got {shown(value)}")
+    return tuple(dict.fromkeys(value))
+
+
 @attrs.frozen
 class CheckpointConfig:
     every: int = attrs.field(default=0, validator=[v.instance_of(int), v.ge(0)])
     keep: int = attrs.field(default=2, validator=_positive)
     async_save: bool = attrs.field(default=False, validator=v.instance_of(bool))  # written while training goes on
+    save_on_signals: tuple[str, ...] = attrs.field(default=("SIGTERM", "SIGUSR1"), converter=_save_signals)
+    grace_s: float = attrs.field(default=30.0, converter=float, validator=[v.gt(0), _finite])  # from signal to exit
 
 
 @attrs.frozen
@@ -619,9 +634,12 @@ def build_config(data: dict[str, Any], overrides: list[str] = ()) -> Config:
     for key in ("checkpoint.keep", "checkpoint.async_save"):
         if key in explicit and sections["checkpoint"].every == 0:
             raise ConfigError(
-                f"{key} applies only when checkpoints are written (checkpoint.every > 0, 0 writes none); "
-                f"set checkpoint.every, or remove {key}"
+                f"{key} applies only when checkpoints are written (checkpoint.every > 0, 0 writes none but on a "
+                f"signal of checkpoint.save_on_signals); set checkpoint.every, or remove {key}"
             )
+    if "checkpoint.grace_s" in explicit and not sections["checkpoint"].save_on_signals:
+        raise ConfigError("checkpoint.grace_s is the time from a signal of checkpoint.save_on_signals to the exit, and "
+                          "that list is empty; name a signal there, or remove checkpoint.grace_s")
     if "parallel.mesh" in explicit and "parallel.strategy" not in explicit:  # the mesh alone: its dimensions composed
         sections["parallel"] = attrs.evolve(sections["parallel"], strategy=COMPOSED)
     own = tuple((name, sections.pop(name)) for name in classes if name not in _SECTION_CLASSES)
@@ -650,7 +668,8 @@ def for_evaluation(config: Config) -> Config:
     step) back at its defaults, so a training config scores under any strategy and world size."""
     return attrs.evolve(
         config, checkpoint=section_class("checkpoint")(), train=attrs.evolve(config.train, microbatches=None),
-        explicit=config.explicit - {"checkpoint.every", "checkpoint.keep", "checkpoint.async_save", "train.microbatches"},
+        explicit=config.explicit - {"checkpoint.every", "checkpoint.keep", "checkpoint.async_save",
+                                    "checkpoint.save_on_signals", "checkpoint.grace_s", "train.microbatches"},
     )
 
 

@@ -42,6 +42,7 @@ RUN_FILES = (METRICS, SUMMARY, FINAL_MODEL, FINAL_MODEL + DIGEST, BEST_MODEL, BE
 ERROR_LOG = "error.log"  # the traceback of an error in the user's own code that ended a rank
 RANKS = ".ranks"  # the ranks' markers for the launcher
 STOPPED = "stopped"  # in RANKS: the user error that stopped a rank, one line
+PREEMPTED = "preempted"  # in RANKS: where a signal of checkpoint.save_on_signals stopped the run (JSON)
 LAUNCHED = "SNNFW_LAUNCHED"  # environment: set by ``snnfw train``, which reports a rank's user error itself, once
 DEBUG = "SNNFW_DEBUG"  # environment: set by ``snnfw --debug train``: ranks show tracebacks on screen too
 
@@ -185,6 +186,25 @@ def stopped_since(run_dir: Path, since: float) -> bool:
         return stopped_marker(run_dir).stat().st_mtime >= since
     except FileNotFoundError:
         return False
+
+
+def preempted_marker(run_dir: Path) -> Path:
+    return Path(run_dir) / RANKS / PREEMPTED
+
+
+def mark_preempted(run_dir: Path, step: int, checkpoint: Path, signal_name: str, signalled_at: float) -> None:
+    """Records that a signal stopped the run after ``step`` with ``checkpoint`` written (``signalled_at``: the
+    signal's ``time.time()``), for the launcher's last line."""
+    write_text(preempted_marker(run_dir), json.dumps({"step": step, "checkpoint": str(checkpoint), "signal": signal_name,
+                                                      "signalled_at": signalled_at}) + "\n")
+
+
+def preempted(run_dir: Path) -> dict | None:
+    """What :func:`mark_preempted` recorded, None if the run was not preempted."""
+    try:
+        return json.loads(preempted_marker(run_dir).read_text())
+    except (FileNotFoundError, json.JSONDecodeError):
+        return None
 
 
 def mark_started(run_dir: Path, rank: int) -> None:

@@ -10,7 +10,8 @@ restart would only repeat. An error raised in the user's own code (a model
 or data set of theirs) ends a rank as a user error does, naming their file
 and line (or a third-party plugin's hook, naming the plugin and the hook),
 with the traceback in the run directory's ``error.log``. A rank
-ends when its launcher is gone.
+ends when its launcher is gone. A signal of ``checkpoint.save_on_signals`` stops the run with a checkpoint and
+exit status 75 (:mod:`snnfw.run.preemption`).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from snnfw.config import load_config
 from snnfw.errors import CollectiveError, UserError, WorkerError, explain, said, user_line
 from snnfw.plan import planfile
 from snnfw.plugin.manager import Plugins, plugin_hook
+from snnfw.run.preemption import PREEMPTED_EXIT, Preempted, Signals, requeue
 
 
 def _end_with_the_launcher() -> None:
@@ -69,6 +71,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     for earlier in rundir.done_marker(run_dir, rank), rundir.failure_marker(run_dir, rank):  # an earlier attempt's
         earlier.unlink(missing_ok=True)
+    if rank == 0:
+        rundir.preempted_marker(run_dir).unlink(missing_ok=True)
     rundir.mark_started(run_dir, rank)
     try:
         plugins = Plugins()
@@ -88,8 +92,12 @@ def main(argv: list[str] | None = None) -> int:
             if args.overwrite and rank == 0:
                 rundir.clear_run_dir(run_dir)
         owner = rundir.locked(run_dir) if rank == 0 and not os.environ.get(rundir.LAUNCHED) else contextlib.nullcontext()
-        with owner:  # under plain torchrun rank 0 holds the run directory; under snnfw train its launcher does
-            summary = run_training(config, run_dir, plugins, resume=args.resume or restarted, plan=plan)
+        settings = (plan.config if plan is not None else config).checkpoint
+        signals = Signals(settings.save_on_signals, settings.grace_s, rank) if settings.save_on_signals else None
+        with owner, signals or contextlib.nullcontext():  # under plain torchrun rank 0 holds the run directory
+            summary = run_training(config, run_dir, plugins, resume=args.resume or restarted, plan=plan, signals=signals)
+    except Preempted as stopped:
+        return _preempted(stopped, run_dir, rank)
     except UserError as err:
         if not os.environ.get(rundir.LAUNCHED) and rundir.first_to_say(run_dir, started, explain(err)):
             print(f"snnfw: error: {explain(err)}", file=sys.stderr)
@@ -119,6 +127,18 @@ def main(argv: list[str] | None = None) -> int:
     sys.stderr.flush()
     plugins.rank_done(rank)
     return 0
+
+
+def _preempted(stopped: Preempted, run_dir: Path, rank: int) -> int:
+    """Ends this rank after the signal's checkpoint: every rank records it for its node's launcher (which says it
+    last); rank 0 requeues the job where SLURM runs it, and without a launcher says it itself."""
+    rundir.mark_preempted(run_dir, stopped.step, stopped.checkpoint, stopped.signal_name, stopped.signalled_at)
+    if rank == 0:
+        if said := requeue():
+            print(f"[snnfw] {said}", file=sys.stderr, flush=True)
+        if not os.environ.get(rundir.LAUNCHED):
+            print(f"snnfw: {stopped.line()}", file=sys.stderr, flush=True)
+    return PREEMPTED_EXIT
 
 
 def _stopped_in_user_code(err: Exception, where: str, run_dir: Path, rank: int) -> int:

@@ -18,6 +18,7 @@ from snnfw.config import Config, for_evaluation
 from snnfw.distributed.collectives import all_reduce, barrier
 from snnfw.plan.layout import Plan
 from snnfw.plugin.manager import Plugins
+from snnfw.run.preemption import Signals, StopAgreement
 from snnfw.run.session import start
 from snnfw.run.trainer import Trainer
 from snnfw.rundir import BEST_MODEL, EVAL, FINAL_MODEL
@@ -30,6 +31,7 @@ def run_training(
     on_finish: Callable[[Trainer], Any] | None = None,
     resume: bool = False,
     plan: Plan | None = None,
+    signals: Signals | None = None,
 ) -> dict[str, Any]:
     """Runs one rank of a training job described by ``config`` (None: ``plan``'s, a plan made before the ranks
     started, under which the rank plans nothing: :func:`snnfw.run.session.start`); returns the summary.
@@ -39,7 +41,9 @@ def run_training(
     its result is the summary's ``"inspect"`` entry (tests use it to look at
     parameters and neuron state). ``resume`` continues from the newest
     checkpoint in ``run_dir`` (from step 0 when there is none); checkpoints are
-    written every ``checkpoint.every`` steps.
+    written every ``checkpoint.every`` steps. With ``signals`` (caught by the caller, :mod:`snnfw.run.preemption`)
+    a signal among them stops every rank after the step they agree on, with a checkpoint of it: the run then ends
+    with :class:`~snnfw.run.preemption.Preempted`.
     """
     run_dir = Path(run_dir) if run_dir is not None else None
     started = time.perf_counter()
@@ -51,6 +55,7 @@ def run_training(
         for note in precision_notes(config, plan.device_type) if is_main else ():
             print(f"[snnfw] note: {note}", file=sys.stderr, flush=True)
         best = max((e["eval_acc"] for e in run.evaluations), default=None)
+        agreement = StopAgreement(signals, config.parallel.timeout_s) if signals is not None else None
         for step in range(run.start_step, config.train.steps):
             profiler.step_start(step + 1)
             with memory.around(step + 1, run.trainer.model, run.trainer.optimizer):
@@ -63,14 +68,20 @@ def run_training(
                     if run_dir is not None:
                         run.export(run_dir / BEST_MODEL)
             due = run.checkpoints.due(step + 1)
-            if due:
+            stop = agreement.after_step() if agreement is not None and step + 1 < config.train.steps else None
+            if due or stop:
                 run.figures.read()  # the steps since the last that logged: a checkpoint keeps only finite ones
-            if (bad := run.diverged()) is None and due:
+            if (bad := run.diverged()) is None and (due or stop):
                 run.save(step + 1, record["loss"])
             if bad is not None:  # found where the figures are read: a step that logs or a checkpoint
                 run.write_record()
                 run.close()
                 raise run.checkpoints.diverged(bad["step"], bad["loss"])
+            if stop:
+                run.checkpoints.finish()
+                raise agreement.stopped(step + 1, run.checkpoints.complete()[-1], stop)
+        if agreement is not None:
+            agreement.finish()
         run.checkpoints.finish()  # an async save still being written
         summary = run.summary()
         if "test_accuracy" not in summary or summary["evaluations"][-1]["step"] != config.train.steps:

@@ -29,7 +29,11 @@ from pathlib import Path
 
 from snnfw import rundir
 from snnfw.rundir import DEBUG, LAUNCHED
+from snnfw.run.preemption import PREEMPTED_EXIT, Preempted
 from snnfw.tools.watchdog import Watchdog, blame
+
+ELASTIC_SIGNALS = ("SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT")  # those torch's elastic agent forwards by default
+SHUTDOWN_MARGIN_S = 5.0  # beyond checkpoint.grace_s, before the agent kills ranks that did not end
 
 
 class _QuietOnceStopped(logging.Filter):
@@ -52,12 +56,16 @@ def _elastic_loggers() -> list[logging.Logger]:
 def launch(
     config_path: str, nproc: int, run_dir: Path, overrides: list[str], timeout_s: float, module: str = "snnfw.train",
     *, nnodes: int = 1, node_rank: int = 0, rdzv_endpoint: str | None = None, max_restarts: int = 0, resume: bool = False,
-    extra: list[str] = (), plan: Path | None = None, debug: bool = False,
+    extra: list[str] = (), plan: Path | None = None, debug: bool = False, save_on_signals: tuple[str, ...] = (),
+    grace_s: float = 30.0,
 ) -> int:
     """Runs ``module`` (the worker entry) on every rank and returns the exit status for the CLI.
 
     ``plan``: the plan file the launcher wrote (:mod:`snnfw.plan.planfile`), which every rank then runs instead of
     planning. ``debug``: the ranks show the tracebacks of errors in the user's code on screen too.
+    ``save_on_signals`` (``checkpoint.save_on_signals``): signals the launcher forwards to its ranks, which save on
+    them, given ``grace_s`` (and :data:`SHUTDOWN_MARGIN_S`) before the elastic agent kills them;
+    a preempted run ends with :data:`~snnfw.run.preemption.PREEMPTED_EXIT`.
     """
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
@@ -82,6 +90,8 @@ def launch(
         rdzv_timeout=int(timeout_s),
         max_restarts=max_restarts,
         monitor_interval=0.1,
+        signals_to_handle=",".join(dict.fromkeys([*ELASTIC_SIGNALS, *save_on_signals])),
+        shutdown_timeout=math.ceil(grace_s + SHUTDOWN_MARGIN_S) if save_on_signals else None,
     )
     args = ["-u", "-m", module, config_path, "--run-dir", str(run_dir)] + (["--resume"] if resume else []) + list(extra)
     args += ["--plan", str(plan)] if plan is not None else []
@@ -95,6 +105,13 @@ def launch(
         with _environment({LAUNCHED: "1", DEBUG: "1" if debug else None}), Watchdog(run_dir) as watchdog:
             elastic_launch(config, entrypoint=sys.executable)(*args)
     except SignalException as err:
+        if said := _preempted(run_dir):
+            print(said, file=sys.stderr)
+            return PREEMPTED_EXIT
+        if save_on_signals and rundir.any_done(run_dir):  # the signal came after the ranks' last agreement
+            print(f"snnfw: note: {err.sigval.name} came as the run ended; it completed, and its results in {run_dir} "
+                  "are whole", file=sys.stderr)
+            return 0
         print(f"snnfw: error: {_stopped(err.sigval.name, run_dir, module == 'snnfw.train' and '--evaluate' not in extra)}",
               file=sys.stderr)
         return 128 + err.sigval
@@ -111,6 +128,9 @@ def launch(
             print(f"snnfw: error: {_unreachable(node_rank, rdzv_endpoint, timeout_s)}", file=sys.stderr)
         return 2
     except ChildFailedError as err:
+        if said := _preempted(run_dir):  # the ranks alone had the signal
+            print(said, file=sys.stderr)
+            return PREEMPTED_EXIT
         if stopped.exists():
             print(f"snnfw: error: {stopped.read_text().strip()}", file=sys.stderr)
             return 2
@@ -179,6 +199,14 @@ def _unreachable(node_rank: int, endpoint: str, timeout_s: float) -> str:
     return (f"node {node_rank} could not reach the rendezvous that node 0 hosts at {endpoint} within {timeout_s:g} s "
             "(parallel.timeout_s), or lost it; start snnfw train on node 0 with --rdzv-endpoint on its own address, "
             "and check that this node reaches it")
+
+
+def _preempted(run_dir: Path) -> str | None:
+    """The run's last line where a signal of ``checkpoint.save_on_signals`` stopped it with a checkpoint."""
+    if (marked := rundir.preempted(run_dir)) is None:
+        return None
+    stopped = Preempted(marked["step"], Path(marked["checkpoint"]), marked["signal"], marked["signalled_at"])
+    return f"snnfw: {stopped.line()}"
 
 
 def _stopped(signal_name: str, run_dir: Path, training: bool) -> str:

@@ -136,11 +136,12 @@ def test_resume_drops_a_cut_last_line_of_the_metrics(tmp_path, capsys):
                        "the same command and --overwrite"),
 ], ids=["SIGTERM", "Ctrl-C"])
 def test_a_signal_ends_in_one_line_that_says_how_to_go_on(tmp_path, sig, every, said):
-    """SIGTERM to the launcher after a checkpoint: resume from it. Ctrl-C (SIGINT to the terminal's process group,
-    which the launcher forwards to its ranks) before any: start again (--resume would be refused)."""
+    """SIGTERM to the launcher of a run that does not save on it (checkpoint.save_on_signals = []; test_preemption.py
+    has those that do) after a checkpoint: resume from it. Ctrl-C (SIGINT to the terminal's process group, which the
+    launcher forwards to its ranks) before any: start again (--resume would be refused)."""
     run = tmp_path / "run"
     args = ["train", tiny_toml(tmp_path), "--nproc", 2, "--run-dir", run, "--set", "train.steps=400",
-            "--set", f"checkpoint.every={every}"]
+            "--set", f"checkpoint.every={every}", "--set", "checkpoint.save_on_signals=[]"]
     launcher = subprocess.Popen([sys.executable, "-m", "snnfw", *map(str, args)], cwd=ROOT, stderr=subprocess.PIPE,
                                 text=True, start_new_session=True)  # its own process group, as a terminal's job
     deadline = time.monotonic() + 180

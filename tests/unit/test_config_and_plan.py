@@ -172,7 +172,13 @@ def test_plan_records_layout_and_rationale(plugins):
     ({"train": {"clip_grad_norm": float("inf")}}, "'clip_grad_norm' must be a finite number, got inf"),
     ({"model": {"num_classes": 1}}, "'num_classes' must be >= 2: 1"),
     ({"train": {"optimizer": "sgd", "momentum": 5.0}}, "'momentum' must be < 1: 5.0"),
-], ids=["timeout-inf", "timeout-huge", "seed", "betas", "every", "clip-inf", "one-class", "momentum"])
+    ({"checkpoint": {"save_on_signals": ["SIGINT"]}}, "checkpoint.save_on_signals must be an array of signal names "
+                                                     "from ['SIGTERM', 'SIGUSR1', 'SIGUSR2', 'SIGHUP'] (SIGINT stays"),
+    ({"checkpoint": {"save_on_signals": [], "grace_s": 10}}, "checkpoint.grace_s is the time from a signal of "
+                                                             "checkpoint.save_on_signals to the exit, and that list is empty"),
+    ({"checkpoint": {"grace_s": float("inf")}}, "'grace_s' must be a finite number, got inf"),
+], ids=["timeout-inf", "timeout-huge", "seed", "betas", "every", "clip-inf", "one-class", "momentum", "save-signal",
+        "grace-unused", "grace-inf"])
 def test_values_that_would_crash_or_do_nothing_later_are_refused_when_read(table, refusal):
     with pytest.raises(ConfigError) as refused:
         build_config(table)
