@@ -23,18 +23,21 @@ if TYPE_CHECKING:
 
 @attrs.frozen
 class InputSpec:
-    """What the model expects: frames ``[T, C, H, W]`` per sample and a class count."""
+    """What the model expects: frames ``[T, C, H, W]`` per sample and a class count; for a language model
+    (``vocab`` set), token ids ``[T, S]`` per sample, scored against the next tokens ``[S]``."""
 
     time_steps: int
-    shape: tuple[int, int, int]
+    shape: tuple[int, ...]
     num_classes: int
+    vocab: int | None = None
 
 
 @attrs.frozen
 class DatasetSpec:
     """A data-set plugin's builder: ``build(config, spec, split, seed) -> Dataset``.
 
-    Items are ``(frames [T, C, H, W] float, label int)``; ``split`` is "train" or "test".
+    Items are ``(frames [T, C, H, W] float, label int)``, or for a language model ``(token ids [T, S], next
+    token ids [S])``; ``split`` is "train" or "test".
     ``unread`` names the ``[data]`` keys the set does not read (``root`` for a generated
     set, ``train_samples`` and ``test_samples`` for one on disk), which are refused when set.
     ``classes`` and ``frame_shape`` (one time step's ``(C, H, W)`` as recorded), where the set has them, let
@@ -48,6 +51,7 @@ class DatasetSpec:
     classes: int | None = None
     frame_shape: tuple[int, int, int] | None = None
     images: bool = False
+    bytes_per_token: float | None = None  # a text set's bytes of text a token: evaluation reports bits per byte
 
 
 def check_keys(config: Config, spec: DatasetSpec) -> None:
@@ -170,6 +174,8 @@ class StepSampler:
 
 
 def _placed(frames: torch.Tensor, labels: torch.Tensor, device: torch.device, dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """Frames in ``dtype``; integer frames (token ids) keep their type."""
+    dtype = dtype if frames.is_floating_point() else None
     return frames.to(device, dtype, non_blocking=True), labels.to(device, non_blocking=True)
 
 

@@ -160,13 +160,16 @@ def follow_data(config: Config, plugins: Plugins) -> tuple[Config, tuple[str, ..
     dataset = plugins.datasets.get(config.data.name)
     flavor = plugins.families.get(config.model.family).flavor(config.model.flavor)
     notes = []
+    if flavor.loss is not None and "train.loss" not in config.explicit and flavor.loss != config.train.loss:
+        config = attrs.evolve(config, train=attrs.evolve(config.train, loss=flavor.loss))
+        notes.append(f"train.loss = {flavor.loss!r}: model family {config.model.family}'s (set train.loss to choose)")
     if dataset.classes and "model.num_classes" not in config.explicit and flavor.with_classes is not None \
             and dataset.classes != flavor.num_classes:
         model = attrs.evolve(config.model, num_classes=dataset.classes)
         config = attrs.evolve(config, model=model)
         notes.append(f"model.num_classes = {dataset.classes}: data set {config.data.name}'s classes (flavor "
                      f"{config.model.flavor} has {flavor.num_classes}; set model.num_classes to choose)")
-    if dataset.frame_shape and tuple(dataset.frame_shape[1:]) != tuple(flavor.input_shape[1:]):
+    if dataset.frame_shape and flavor.vocab is None and tuple(dataset.frame_shape[1:]) != tuple(flavor.input_shape[1:]):
         (height, width), (h, w) = dataset.frame_shape[1:], flavor.input_shape[1:]
         how = "images of data set {} resized (bicubic)" if dataset.images else "frames of data set {} resized by area"
         notes.append(f"{how.format(config.data.name)} from {height}x{width} to the model's {h}x{w}")
