@@ -69,3 +69,11 @@ def snnfw_analyze(model, family):
         tp_plan += [(f"{name}.attn", "causal_attention_heads"), (f"{name}.mlp", mlp)]
     return AnalysisPart(blocks=("embed", *layers, "head"), stage_units=("embed", *layers, "head"),
                         tp_plan=tuple(tp_plan))
+
+
+@hookimpl
+def snnfw_split_stages(model, plan):
+    """The embedding, one unit per layer, the head: the model's forward is their composition."""
+    if plan.analysis.family != NAME:
+        return None
+    return [model.embed, *model.layers, model.head]
