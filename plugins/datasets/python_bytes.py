@@ -71,4 +71,4 @@ def build(config, spec, split, seed):
 @hookimpl
 def snnfw_register_datasets(register):
     register(NAME, DatasetSpec(build, "bytes of the Python standard library's sources", unread=("root", *RAW_ONLY),
-                               bytes_per_token=1.0), "embedded; no download")
+                               tokens=True, bytes_per_token=1.0), "embedded; no download")

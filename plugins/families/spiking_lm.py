@@ -7,8 +7,9 @@ against the next token. ``model.sequence_length`` sets S (the positions the mode
 - ``tiny``: 2 layers of hidden 32 (4 heads), the second a mixture of 4 experts (top-2), bytes, S = 16; for tests.
 - ``small``: 4 layers of hidden 128 (4 heads), bytes, S = 64; trains on a laptop's CPU in minutes.
 - ``1.4b``: SpikingJelly's published 1.41B SpikeLM shape: 24 layers of hidden 2048 (16 heads, MLP 8192), GPT-2's
-  50,257 tokens, S = 128 (1,413,713,920 parameters).
-- ``moe-1.4b-8e``: the same with every second MLP a mixture of 8 experts (top-2).
+  50,257 tokens, S = 128 (1,414,569,984 parameters).
+- ``moe-1.4b-8e``: the same with every second MLP a mixture of 8 experts (top-2): 4,234,199,040 parameters,
+  1,817,542,656 of them active a token.
 """
 
 from functools import partial

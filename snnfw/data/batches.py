@@ -51,6 +51,7 @@ class DatasetSpec:
     classes: int | None = None
     frame_shape: tuple[int, int, int] | None = None
     images: bool = False
+    tokens: bool = False  # its items are token ids for a language model
     bytes_per_token: float | None = None  # a text set's bytes of text a token: evaluation reports bits per byte
 
 

@@ -160,6 +160,12 @@ def follow_data(config: Config, plugins: Plugins) -> tuple[Config, tuple[str, ..
     dataset = plugins.datasets.get(config.data.name)
     flavor = plugins.families.get(config.model.family).flavor(config.model.flavor)
     notes = []
+    if dataset.tokens != (flavor.vocab is not None):
+        model = f"model family {config.model.family!r} flavor {config.model.flavor!r}"
+        raise ConfigError(f"data set {config.data.name!r} gives token sequences for a language model, and {model} takes "
+                          "frames; choose model.family = \"spiking_lm\" or another data set" if dataset.tokens else
+                          f"{model} reads token ids, and data set {config.data.name!r} gives frames; choose a text data "
+                          "set such as data.name = \"python_bytes\"")
     if flavor.loss is not None and "train.loss" not in config.explicit and flavor.loss != config.train.loss:
         config = attrs.evolve(config, train=attrs.evolve(config.train, loss=flavor.loss))
         notes.append(f"train.loss = {flavor.loss!r}: model family {config.model.family}'s (set train.loss to choose)")
