@@ -57,7 +57,10 @@ class DatasetSpec:
 
 def check_keys(config: Config, spec: DatasetSpec) -> None:
     """Refuses the ``[data]`` keys the user set that the configured data set does not read, and the image
-    transforms of ``data.augment`` on a set of other frames."""
+    transforms of ``data.augment`` on a set of other frames, and any on a set of tokens."""
+    if spec.tokens and config.data.augment:
+        raise ConfigError(f"data.augment transforms frames, and data set {config.data.name!r} gives token ids; "
+                          "remove data.augment")
     if not spec.images and (named := [name for name in config.data.augment if name in IMAGE_AUGMENTS]):
         raise ConfigError(f"data.augment's {', '.join(map(repr, named))} transform static images, and data set "
                           f"{config.data.name!r} gives {spec.description}; remove them, or train on cifar100 or image_folder")

@@ -146,6 +146,11 @@ def test_sequence_length_sets_the_model_and_the_windows_and_next_token_is_the_de
      "gives token sequences for a language model"),
     ({"model": {"family": "spiking_lm", "flavor": "tiny"}, "data": {"name": "synthetic_dvs"}},
      "reads token ids, and data set 'synthetic_dvs' gives frames"),
+    ({"model": {"family": "spiking_lm", "flavor": "tiny"}, "data": {"name": "python_bytes", "augment": ["roll"]}},
+     "data.augment transforms frames, and data set 'python_bytes' gives token ids"),
+    ({"model": {"family": "spiking_lm", "flavor": "tiny"}, "data": {"name": "python_bytes"},
+      "train": {"steps": 1, "label_smoothing": 0.1}},
+     r"train.label_smoothing does not apply to train.loss = 'next_token'"),
 ])
 def test_keys_and_data_that_do_not_apply_are_refused(plugins, data, message):
     config = build_config({"train": {"steps": 1}, **data})
