@@ -31,6 +31,11 @@ class InputSpec:
     num_classes: int
     vocab: int | None = None
 
+    @property
+    def label_shape(self) -> tuple[int, ...]:
+        """A sample's label: a class index ``()``, or a language model's next tokens ``(S,)``."""
+        return () if self.vocab is None else self.shape
+
 
 @attrs.frozen
 class DatasetSpec:
@@ -112,17 +117,24 @@ LABEL_SAMPLE = 8  # how many items, spread over a data set of the user's own, ha
 
 
 def check_labels(dataset: Dataset, classes: int, split: str) -> None:
-    """Refuses labels that are no integer class index below ``classes``, in a sample of ``dataset``'s items."""
+    """Refuses labels that are no integer class index below ``classes`` (a language model's: no tensor of token ids
+    below its vocabulary), in a sample of ``dataset``'s items."""
     import operator
+
+    import torch
 
     for index in sorted({round(i * (len(dataset) - 1) / (LABEL_SAMPLE - 1)) for i in range(LABEL_SAMPLE)}):
         with users_code(f"item {index} of the {split} data set"):
             label = dataset[index][1]
+        tokens = isinstance(label, torch.Tensor) and label.dim() > 0 and not label.is_floating_point()
         try:
-            value = operator.index(label)  # an int, a NumPy or 0-dim torch integer
+            values = (int(label.min()), int(label.max())) if tokens else (operator.index(label),) * 2
         except TypeError:
             raise ConfigError(f"item {index} of the {split} data set has label {label!r} ({type(label).__name__}); "
                               "labels are integer class indices: return int(label)") from None
+        low, value = values
+        if low < 0:
+            value = low
         if not 0 <= value < classes:
             raise ConfigError(f"item {index} of the {split} data set has label {value}, outside the model's classes 0 "
                               f"to {classes - 1}; set model.num_classes = {value + 1} or more, or correct the labels")

@@ -152,6 +152,18 @@ def check_data(config: Config, plugins: Plugins, own_data: bool) -> None:
         datalib.check_keys(config, plugins.datasets.get(config.data.name))
 
 
+def follow_family(config: Config, plugins: Plugins) -> tuple[Config, tuple[str, ...]]:
+    """A family's flavor's own ``train.loss`` (a language model's ``next_token``) where the config names none, and
+    what the plan says of it."""
+    if config.model.builder is not None:
+        return config, ()
+    flavor = plugins.families.get(config.model.family).flavor(config.model.flavor)
+    if flavor.loss is None or "train.loss" in config.explicit or flavor.loss == config.train.loss:
+        return config, ()
+    config = attrs.evolve(config, train=attrs.evolve(config.train, loss=flavor.loss))
+    return config, (f"train.loss = {flavor.loss!r}: model family {config.model.family}'s (set train.loss to choose)",)
+
+
 def follow_data(config: Config, plugins: Plugins) -> tuple[Config, tuple[str, ...]]:
     """A family's classes fitted to a registered data set that declares its own (unless model.num_classes is
     set), and what the plan says of it and of resized frames."""
@@ -166,9 +178,6 @@ def follow_data(config: Config, plugins: Plugins) -> tuple[Config, tuple[str, ..
                           "frames; choose model.family = \"spiking_lm\" or another data set" if dataset.tokens else
                           f"{model} reads token ids, and data set {config.data.name!r} gives frames; choose a text data "
                           "set such as data.name = \"python_bytes\"")
-    if flavor.loss is not None and "train.loss" not in config.explicit and flavor.loss != config.train.loss:
-        config = attrs.evolve(config, train=attrs.evolve(config.train, loss=flavor.loss))
-        notes.append(f"train.loss = {flavor.loss!r}: model family {config.model.family}'s (set train.loss to choose)")
     if dataset.classes and "model.num_classes" not in config.explicit and flavor.with_classes is not None \
             and dataset.classes != flavor.num_classes:
         model = attrs.evolve(config.model, num_classes=dataset.classes)
@@ -253,6 +262,8 @@ def prepare(config: Config, world_size: int, plugins: Plugins, local_ranks: int 
         raise ConfigError(f"log.profile.ranks names rank {profile.ranks[-1]}, and the run has ranks 0 to "
                           f"{world_size - 1}; name ranks of this run")
     config, data_notes = follow_data(config, plugins) if model is None and datasets is None else (config, ())
+    config, family_notes = follow_family(config, plugins) if model is None else (config, ())
+    data_notes = family_notes + data_notes
     source = models.source(config, plugins, model)
     built_data = None
     if datasets is None and _counts_epochs(config):
