@@ -171,3 +171,13 @@ def test_the_1_4b_flavor_has_spikelm_s_parameter_count(plugins):
     with torch.device("meta"):
         model = flavor.build()
     assert sum(p.numel() for p in model.parameters()) == 1_414_569_984
+
+
+def test_a_language_model_s_progress_line_shows_tokens_a_second_and_the_validation_s_bits_per_byte():
+    from snnfw.components.metrics import progress_line
+
+    record = {"step": 10, "epoch": 0.5, "loss": 2.5, "train_acc": 0.25, "spike_rate": 0.05, "step_ms": 1000.0,
+              "samples_per_s": 32.0, "tokens_per_s": 2048.0, "eval_loss": 2.0, "eval_ppl": math.exp(2.0),
+              "eval_acc": 0.4, "eval_bpb": 2.0 / math.log(2)}
+    assert progress_line(record, 100, 16.0) == ("[snnfw] step 10/100 epoch 0.50 loss 2.5000 acc 25.0% spikes 5.0% 1000 ms "
+                                               "1024 tokens/s | eval loss 2.0000 ppl 7.39 bpb 2.885")
