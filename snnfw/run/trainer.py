@@ -219,12 +219,12 @@ class Trainer:
 
     @torch.no_grad()
     def predict(self) -> list[dict]:
-        """Every test sample's label, predicted class and time-averaged logits, in data order (a collective;
-        the whole list on every rank)."""
+        """Every test sample's label, predicted class and time-averaged logits (a language model's: per position), in
+        data order (a collective; the whole list on every rank)."""
         mine = []
         for indices, labels, out in self._test_batches():
             if len(indices) and out.logits is not None:  # pipeline ranks without the last stage score nothing
-                mine += [{"index": i, "label": y, "predicted": int(row.argmax()), "logits": row.tolist()}
+                mine += [{"index": i, "label": y, "predicted": row.argmax(-1).tolist(), "logits": row.tolist()}
                          for i, y, row in zip(indices.tolist(), labels.tolist(), out.logits)]
         self.counter.clear()
         parts = [mine]
