@@ -5,6 +5,10 @@ the final state included, every neuron layer firing."""
 
 import pytest
 
+from snnfw.config import build_config
+from snnfw.run.loop import run_training
+from snnfw.testing import run_on_ranks
+from snnfw.testing.checks import assert_close
 from snnfw.testing.equivalence import Case, _composed
 from snnfw.testing.guarantee import check_case
 
@@ -29,7 +33,6 @@ def test_the_spiking_lm_matches_none_in_float64_under_each_dimension(case: Case)
 def test_the_dry_run_trains_a_step_of_the_language_model_on_a_fake_mesh_and_refuses_a_mixture_of_experts():
     """``snnfw plan --dry-run``'s zero batches are token ids and next tokens, trained with the family's loss; the
     fake tensors it runs on have no values to route tokens by, which it says in one line."""
-    from snnfw.config import build_config
     from snnfw.errors import PlanError
     from snnfw.plugin.manager import Plugins
     from snnfw.tools.dry_run import dry_run
@@ -47,3 +50,25 @@ def test_the_dry_run_trains_a_step_of_the_language_model_on_a_fake_mesh_and_refu
     assert all(f.parameters > 0 and f.neurons > 0 and f.activations > 0 for _, f in footprints)
     with pytest.raises(PlanError, match="shape depends on values .*plan it without --dry-run"):
         dry_run(config("tiny"), 4, Plugins())
+
+
+def test_a_tensor_parallel_checkpoint_resumes_on_a_pipeline(tmp_path):
+    """tp = 2 (each rank its heads' and experts' slices) saved at step 3, resumed on pp = 2: none's float64 losses
+    with the same 2 microbatches (the balance loss is a microbatch's), each within 1e-9 relative."""
+
+    def config(steps, mesh=None, every=3):
+        parallel = {"strategy": "mesh", "mesh": mesh} if mesh else {"strategy": "none"}
+        return build_config({
+            "model": {"family": "spiking_lm", "flavor": "tiny", "time_steps": 4}, "data": TEXT,
+            "train": {"steps": steps, "lr": 3e-3, "optimizer": "adam", "seed": 3, "dtype": "float64", "microbatches": 2},
+            "parallel": parallel, "checkpoint": {"every": every},
+        })
+
+    want = run_training(config(6, every=0))["losses"]
+    saved = run_on_ranks(config(3, {"tp": 2}), 2, tmp_path, timeout_s=300)
+    resumed = run_on_ranks(config(6, {"pp": 2}), 2, tmp_path, resume=True, timeout_s=300)
+    for rank, summary in enumerate(saved + resumed):
+        assert len(summary["losses"]) == (3 if rank < 2 else 6)
+        for step, (have, expected) in enumerate(zip(summary["losses"], want), start=1):
+            assert_close(f"rank {rank % 2} step {step} loss", have, expected)
+    assert all(summary["resumed_from"] == 3 for summary in resumed)
