@@ -128,13 +128,11 @@ def check_labels(dataset: Dataset, classes: int, split: str) -> None:
             label = dataset[index][1]
         tokens = isinstance(label, torch.Tensor) and label.dim() > 0 and not label.is_floating_point()
         try:
-            values = (int(label.min()), int(label.max())) if tokens else (operator.index(label),) * 2
+            low, high = (int(label.min()), int(label.max())) if tokens else (operator.index(label),) * 2
         except TypeError:
             raise ConfigError(f"item {index} of the {split} data set has label {label!r} ({type(label).__name__}); "
                               "labels are integer class indices: return int(label)") from None
-        low, value = values
-        if low < 0:
-            value = low
+        value = low if low < 0 else high  # the one outside the classes, if any
         if not 0 <= value < classes:
             raise ConfigError(f"item {index} of the {split} data set has label {value}, outside the model's classes 0 "
                               f"to {classes - 1}; set model.num_classes = {value + 1} or more, or correct the labels")

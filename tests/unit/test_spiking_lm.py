@@ -181,3 +181,13 @@ def test_a_language_model_s_progress_line_shows_tokens_a_second_and_the_validati
               "eval_acc": 0.4, "eval_bpb": 2.0 / math.log(2)}
     assert progress_line(record, 100, 16.0) == ("[snnfw] step 10/100 epoch 0.50 loss 2.5000 acc 25.0% spikes 5.0% 1000 ms "
                                                "1024 tokens/s | eval loss 2.0000 ppl 7.39 bpb 2.885")
+
+
+def test_next_tokens_outside_the_vocabulary_are_refused_naming_the_item():
+    from snnfw.data.batches import check_labels
+
+    good = [(torch.zeros(STEPS, 3, dtype=torch.long), torch.tensor([1, 2, 255]))] * 8
+    check_labels(good, 256, "train")
+    bad = good[:7] + [(good[0][0], torch.tensor([1, 300, 2]))]
+    with pytest.raises(ConfigError, match="item 7 of the train data set has label 300, outside the model's classes"):
+        check_labels(bad, 256, "train")
