@@ -1,16 +1,19 @@
 """The spiking language model (``spiking_lm`` tiny, with its mixture-of-experts layer) on the Python sources' bytes
 trains under every mesh dimension as one process would: in float64, every step's loss and firing rate within 1e-9
 relative of none's with the same microbatches, the validations (loss, perplexity's loss, per-position accuracy) and
-the final state included, every neuron layer firing."""
+the final state included, every neuron layer firing; a checkpoint moves between meshes; the dry run trains it."""
 
 import pytest
 
 from snnfw.config import build_config
+from snnfw.errors import PlanError
+from snnfw.plugin.manager import Plugins
 from snnfw.run.loop import run_training
 from snnfw.testing import run_on_ranks
 from snnfw.testing.checks import assert_close
 from snnfw.testing.equivalence import Case, _composed
 from snnfw.testing.guarantee import check_case
+from snnfw.tools.dry_run import dry_run
 
 STEPS, EVAL_EVERY = 4, 2
 TEXT = {"name": "python_bytes", "batch_size": 16, "train_samples": 128, "test_samples": 32}
@@ -29,13 +32,9 @@ def test_the_spiking_lm_matches_none_in_float64_under_each_dimension(case: Case)
     check_case("spiking_lm", case, STEPS, EVAL_EVERY, timeout_s=300, data=TEXT)
 
 
-
 def test_the_dry_run_trains_a_step_of_the_language_model_on_a_fake_mesh_and_refuses_a_mixture_of_experts():
     """``snnfw plan --dry-run``'s zero batches are token ids and next tokens, trained with the family's loss; the
     fake tensors it runs on have no values to route tokens by, which it says in one line."""
-    from snnfw.errors import PlanError
-    from snnfw.plugin.manager import Plugins
-    from snnfw.tools.dry_run import dry_run
 
     def config(flavor):
         return build_config({
