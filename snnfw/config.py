@@ -232,6 +232,32 @@ class DataConfig:
 
 
 @attrs.frozen
+class FaultTolerance:
+    """``parallel.fault_tolerance``: each replica group (one rank of ``dp_replicate``) a torchft replica that joins
+    the lighthouse at ``lighthouse`` (default: ``TORCHFT_LIGHTHOUSE``) as group ``replica_group`` (default:
+    ``REPLICA_GROUP_ID``); a step commits with ``min_replicas`` groups or more; a group's collectives, quorum and
+    recovery wait ``timeout_s``."""
+
+    lighthouse: str | None = attrs.field(default=None, validator=v.optional(v.instance_of(str)))
+    replica_group: int | None = attrs.field(default=None, validator=v.optional([v.instance_of(int), v.ge(0)]))
+    min_replicas: int = attrs.field(default=1, validator=_positive)
+    timeout_s: float = attrs.field(default=30.0, converter=float, validator=[v.gt(0), v.le(MAX_TIMEOUT_S)])
+
+
+def _fault_tolerance(value: Any) -> FaultTolerance | None:
+    if value is None or isinstance(value, FaultTolerance):
+        return value
+    keys = [f.name for f in attrs.fields(FaultTolerance)]
+    if not isinstance(value, dict) or not set(value) <= set(keys):
+        raise ConfigError(f'parallel.fault_tolerance must be a table like {{lighthouse = "http://host:29510", '
+                          f'replica_group = 0}} with keys {", ".join(keys)}, got {shown(value)}')
+    try:
+        return FaultTolerance(**value)
+    except (TypeError, ValueError) as err:
+        raise ConfigError(f"invalid parallel.fault_tolerance: {err.args[0] if err.args else err}") from None
+
+
+@attrs.frozen
 class ParallelConfig:
     strategy: str = attrs.field(default="none", validator=v.instance_of(str))
     mesh: tuple[tuple[str, int], ...] | None = attrs.field(default=None, converter=_mesh)
@@ -242,6 +268,7 @@ class ParallelConfig:
     prefer: str | None = attrs.field(default=None, validator=v.optional(v.in_(("speed", "memory", "capacity"))))
     cpu_allocator: str = attrs.field(default="auto", validator=v.in_(("auto", "retain", "system")))
     tune_results: str | None = attrs.field(default=None, validator=v.optional(v.instance_of(str)))
+    fault_tolerance: FaultTolerance | None = attrs.field(default=None, converter=_fault_tolerance)
 
 
 def _numbers(key: str, kind: type, length: int | None = None, example: str = ""):

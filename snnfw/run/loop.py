@@ -51,11 +51,13 @@ def run_training(
         for note in precision_notes(config, plan.device_type) if is_main else ():
             print(f"[snnfw] note: {note}", file=sys.stderr, flush=True)
         best = max((e["eval_acc"] for e in run.evaluations), default=None)
-        for step in range(run.start_step, config.train.steps):
+        step = run.start_step
+        while step < config.train.steps:
             run.trainer.plugins.step_start(step + 1, run.env.rank)
             profiler.step_start(step + 1)
             with memory.around(step + 1, run.trainer.model, run.trainer.optimizer):
                 record = run.step(step)
+            step = record["step"] - 1  # under parallel.fault_tolerance, a rejoining group goes on at its peers' step
             profiler.step_end(step + 1)
             if step + 1 == config.train.steps or (config.eval.every and (step + 1) % config.eval.every == 0):
                 evaluated = run.evaluate()
@@ -72,6 +74,7 @@ def run_training(
                 run.write_record()
                 run.close()
                 raise run.checkpoints.diverged(bad["step"], bad["loss"])
+            step += 1
         run.checkpoints.finish()  # an async save still being written
         summary = run.summary()
         if "test_accuracy" not in summary or summary["evaluations"][-1]["step"] != config.train.steps:

@@ -1,0 +1,130 @@
+"""``parallel.fault_tolerance``: each replica group of ``dp_replicate`` a torchft replica (docs/fault_tolerance.md).
+
+A replica group is one process, started on its own (``python -m snnfw.train`` or a torchrun of one rank) beside a
+torchft lighthouse. Its gradients are averaged with the other groups' through torchft's manager; a group that dies
+drops out of the quorum while the others go on, and a group that starts late or again takes a live peer's state
+(model, optimizer, schedule and step) at its first quorum.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import socket
+from datetime import timedelta
+
+import torch
+
+from snnfw.errors import ConfigError
+
+INSTALL = "pip install 'snnfw[ft]' (torchft 0.2.0, with --no-deps beside an installed torch)"
+LIGHTHOUSE_ENV, GROUP_ENV = "TORCHFT_LIGHTHOUSE", "REPLICA_GROUP_ID"
+
+
+def groups(config) -> int:
+    """How many replica groups ``config`` asks for (its ``parallel.mesh``'s ranks), after refusing in one line, before
+    any process group, what fault tolerance cannot run with."""
+    key = "parallel.fault_tolerance"
+    if importlib.util.find_spec("torchft") is None:
+        raise ConfigError(f"{key} needs the torchft package, which is not installed; run {INSTALL}, or remove {key}")
+    mesh = dict(config.parallel.mesh or ())
+    if not mesh.get("dp_replicate", 0) >= 2:
+        raise ConfigError(f"{key} makes each index of the dp_replicate dimension a replica group, and parallel.mesh "
+                          f"has {'no dp_replicate' if 'dp_replicate' not in mesh else 'one'}; set parallel.mesh = "
+                          "{dp_replicate = R} with R >= 2 replica groups")
+    if others := [name for name in mesh if name != "dp_replicate"]:
+        lost = "their peers cannot be lost" if {"tp", "pp", "time"} & set(others) else "one rank a group is supported"
+        raise ConfigError(f"{key} runs replica groups of one rank over dp_replicate, and parallel.mesh also has "
+                          f"{', '.join(others)} ({lost}); set parallel.mesh = {{dp_replicate = R}}")
+    if int(os.environ.get("WORLD_SIZE", "1")) != 1:
+        raise ConfigError(f"{key}: a replica group is one process, and this job has WORLD_SIZE = "
+                          f"{os.environ['WORLD_SIZE']}; launch each group alone (torchrun --nproc_per_node=1 or "
+                          "python -m snnfw.train)")
+    if getattr(config.parallel, "zero", False):
+        raise ConfigError(f"{key} keeps the whole optimizer state in every group, to heal a group from it; "
+                          "remove parallel.zero")
+    if config.checkpoint.every:
+        raise ConfigError(f"{key} heals a group from a live peer, and checkpoints under it are not supported yet; "
+                          "set checkpoint.every = 0")
+    if config.train.precision == "fp16":
+        raise ConfigError(f"{key} does not carry fp16's loss scale between groups; use train.precision = \"bf16\"")
+    replicas = mesh["dp_replicate"]
+    group = replica_group(config.parallel.fault_tolerance)
+    if group >= replicas:
+        raise ConfigError(f"{key}: replica group {group} is not one of the mesh's {replicas} (0 to {replicas - 1})")
+    lighthouse(config.parallel.fault_tolerance)
+    return replicas
+
+
+def replica_group(ft) -> int:
+    if ft.replica_group is not None:
+        return ft.replica_group
+    value = os.environ.get(GROUP_ENV, "")
+    if not value.isdigit():
+        raise ConfigError(f"parallel.fault_tolerance needs this process's replica group: set its replica_group, or "
+                          f"{GROUP_ENV} to 0, 1, ... (got {value!r})")
+    return int(value)
+
+
+def lighthouse(ft) -> str:
+    address = ft.lighthouse or os.environ.get(LIGHTHOUSE_ENV, "")
+    if not address:
+        raise ConfigError(f"parallel.fault_tolerance needs the lighthouse's address: set its lighthouse, or "
+                          f"{LIGHTHOUSE_ENV}, to the address torchft_lighthouse prints (http://host:port)")
+    return address
+
+
+def check_model(model: torch.nn.Module) -> None:
+    """Refuses a model whose BatchNorm running statistics the groups would have to merge (snnfw merges them over a
+    process group; torchft gives none)."""
+    norms = [name for name, m in model.named_modules() if isinstance(m, torch.nn.modules.batchnorm._BatchNorm)]
+    if norms:
+        raise ConfigError(f"parallel.fault_tolerance cannot merge BatchNorm running statistics across replica groups, "
+                          f"and the model has {len(norms)} BatchNorm layers ({norms[0]}, ...); use a model without "
+                          "BatchNorm, or train without fault tolerance")
+
+
+class ReplicaGroup:
+    """This process's torchft replica: the manager, the model wrapped in torchft's DistributedDataParallel, and the
+    state a rejoining group takes from a live peer."""
+
+    def __init__(self, config, replicas: int):
+        ft = config.parallel.fault_tolerance
+        self.index, self.replicas = replica_group(ft), replicas
+        self.address, self.timeout = lighthouse(ft), timedelta(seconds=ft.timeout_s)
+        self.min_replicas = ft.min_replicas
+        self.manager, self.committed = None, True
+
+    def wrap(self, model: torch.nn.Module, state, load) -> torch.nn.Module:
+        """``model`` with its gradients averaged over the groups present; ``state()`` and ``load(state)`` give and
+        take what a rejoining group needs."""
+        from torch.distributed import TCPStore
+        from torchft import DistributedDataParallel, Manager, ProcessGroupGloo
+
+        self.store = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)  # the group's own, of one rank
+        self.manager = Manager(
+            pg=ProcessGroupGloo(timeout=self.timeout), load_state_dict=load, state_dict=state,
+            min_replica_size=self.min_replicas, use_async_quorum=False, init_sync=False, timeout=self.timeout,
+            quorum_timeout=self.timeout, connect_timeout=self.timeout, rank=0, world_size=1, store_addr="127.0.0.1",
+            store_port=self.store.port, lighthouse_addr=self.address, replica_id=f"snnfw_{self.index}",
+            hostname=socket.gethostname())
+        return DistributedDataParallel(self.manager, model)
+
+    def begin(self, step: int) -> int:
+        """Joins the step's quorum (a group behind its peers loads a live peer's state here); returns the step the
+        groups train, the peers' where this group was behind."""
+        self.manager.start_quorum()
+        return self.manager.current_step() if self.manager.current_step() > step else step
+
+    def commit(self) -> bool:
+        """Whether the groups of the quorum all finished the step (else it is trained again)."""
+        self.committed = self.manager.should_commit()
+        return self.committed
+
+    def participants(self) -> int:
+        return self.manager.num_participants()
+
+    def close(self) -> None:
+        if self.manager is not None:
+            self.manager.shutdown(wait=False)
+
