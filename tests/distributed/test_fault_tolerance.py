@@ -1,0 +1,153 @@
+"""parallel.fault_tolerance: replica groups of dp_replicate as torchft replicas, beside a lighthouse on loopback."""
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from snnfw.config import load_config
+from snnfw.testing import run_on_ranks
+
+pytest.importorskip("torchft", reason="torchft is not installed (pip install 'snnfw[ft]')")
+
+NET = '''
+from torch import nn
+from spikingjelly.activation_based import layer, neuron
+
+
+def build():
+    return nn.Sequential(layer.Flatten(step_mode="m"), layer.Linear(2 * 8 * 8, 16, step_mode="m"),
+                         neuron.LIFNode(step_mode="m"), layer.Linear(16, 4, step_mode="m"))
+'''
+CONFIG = '''
+[model]
+builder = "net.py:build"
+input_shape = [2, 8, 8]
+num_classes = 4
+input_layout = "TN"
+time_steps = 2
+
+[data]
+name = "synthetic_dvs"
+batch_size = 8
+train_samples = 64
+test_samples = 16
+
+[parallel]
+mesh = {{dp_replicate = 2}}
+device = "cpu"
+{fault_tolerance}
+
+[train]
+steps = {steps}
+lr = 0.01
+seed = 3
+log_every = 1
+dtype = "float64"
+'''
+TIMEOUT_S = 240  # each process; the runs take seconds
+
+
+def write_config(folder: Path, steps: int, fault_tolerance: str) -> Path:
+    (folder / "net.py").write_text(NET)
+    path = folder / ("ft.toml" if fault_tolerance else "dp.toml")
+    path.write_text(CONFIG.format(steps=steps, fault_tolerance=fault_tolerance))
+    return path
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def lighthouse(request):
+    """A torchft lighthouse on loopback for ``min_replicas`` groups; its address."""
+    min_replicas = request.param
+    port = free_port()
+    binary = Path(sys.executable).parent / "torchft_lighthouse"
+    process = subprocess.Popen([str(binary), "--min_replicas", str(min_replicas), "--bind", f"[::]:{port}",
+                                "--join_timeout_ms", "1000", "--heartbeat_timeout_ms", "1000"],
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    yield f"http://127.0.0.1:{port}"
+    process.kill()
+    process.wait(timeout=30)
+
+
+def group(config: Path, index: int, run_dir: Path, lighthouse: str, **env) -> subprocess.Popen:
+    """One replica group: a process of its own, as a torchrun of one rank would start it."""
+    cmd = [sys.executable, "-m", "snnfw.train", str(config), "--run-dir", str(run_dir), "--overwrite"]
+    env = {**os.environ, "TORCHFT_LIGHTHOUSE": lighthouse, "REPLICA_GROUP_ID": str(index), **env}
+    return subprocess.Popen(cmd, env=env, cwd=config.parent, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            text=True)
+
+
+def records(run_dir: Path) -> list[dict]:
+    path = run_dir / "metrics.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def final_state(run_dir: Path) -> dict:
+    return torch.load(run_dir / "final_model.pt")
+
+
+def finish(process: subprocess.Popen) -> None:
+    _, err = process.communicate(timeout=TIMEOUT_S)
+    assert process.returncode == 0, err[-3000:]
+
+
+@pytest.mark.parametrize("lighthouse", [2], indirect=True)
+def test_with_every_group_present_the_float64_losses_and_weights_equal_plain_dp_replicate(tmp_path, lighthouse):
+    steps = 6
+    groups = [group(write_config(tmp_path, steps, 'fault_tolerance = {min_replicas = 2}'), i, tmp_path / f"g{i}",
+                    lighthouse) for i in range(2)]
+    for process in groups:
+        finish(process)
+    plain = load_config(write_config(tmp_path, steps, ""))
+    run_on_ranks(plain, 2, tmp_path / "dp", timeout_s=TIMEOUT_S)
+    expected = [r["loss"] for r in records(tmp_path / "dp")]
+    first, second = ([r["loss"] for r in records(tmp_path / f"g{i}")] for i in range(2))
+    assert len(expected) == len(first) == len(second) == steps
+    for a, b, want in zip(first, second, expected):  # each group logs its own samples: dp's loss is their mean
+        assert abs((a + b) / 2 - want) <= 1e-12 * abs(want), (first, second, expected)
+    assert all(r["ft_groups"] == 2 for r in records(tmp_path / "g0"))
+    states = [final_state(tmp_path / name) for name in ("g0", "g1", "dp")]
+    for name, value in states[2].items():
+        assert torch.equal(states[0][name], value) and torch.equal(states[1][name], value), name
+
+
+@pytest.mark.parametrize("lighthouse", [1], indirect=True)
+def test_a_killed_group_drops_out_the_other_goes_on_and_the_relaunched_group_rejoins_from_it(tmp_path, lighthouse):
+    """Group 1 dies before step 10; group 0 trains on alone without a restart; group 1 started again takes group
+    0's state at its first quorum, goes on at group 0's step and ends with group 0's weights."""
+    steps, config = 40, write_config(tmp_path, 40, "fault_tolerance = {min_replicas = 1, timeout_s = 10}")
+    slow = {"SNNFW_PLUGINS": "snnfw.testing.faults", "SNNFW_TEST_SLOW_STEPS": "0.25"}
+    healthy = group(config, 0, tmp_path / "g0", lighthouse, **slow)
+    doomed = group(config, 1, tmp_path / "g1", lighthouse, **slow, SNNFW_TEST_CRASH_AT_STEP="10",
+                   SNNFW_TEST_FAULT_RANK="0")
+    _, err = doomed.communicate(timeout=TIMEOUT_S)
+    killed = time.monotonic()
+    assert doomed.returncode == 1 and "test fault: rank 0 exits before step 10" in err, err[-3000:]
+    assert healthy.poll() is None, "group 0 ended with group 1"
+    rejoined = group(config, 1, tmp_path / "g1-again", lighthouse, **slow)
+    deadline = killed + TIMEOUT_S
+    while not records(tmp_path / "g1-again") and time.monotonic() < deadline and rejoined.poll() is None:
+        time.sleep(0.05)
+    recovery_s = time.monotonic() - killed
+    finish(healthy)
+    finish(rejoined)
+    print(f"recovery: {recovery_s:.1f} s from group 1's death to its first step after the relaunch")
+    alone, again = records(tmp_path / "g0"), records(tmp_path / "g1-again")
+    assert [r["step"] for r in alone] == list(range(1, steps + 1))  # no step lost, none repeated, no restart
+    assert any(r["ft_groups"] == 1 for r in alone if r["step"] >= 10)  # group 0 trained on its own
+    assert again[0]["step"] > 10 and again[-1]["step"] == steps  # the peers' step, not step 1
+    assert again[-1]["ft_groups"] == 2
+    theirs, mine = final_state(tmp_path / "g0"), final_state(tmp_path / "g1-again")
+    assert all(torch.equal(theirs[name], mine[name]) for name in theirs)
