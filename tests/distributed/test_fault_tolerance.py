@@ -148,6 +148,6 @@ def test_a_killed_group_drops_out_the_other_goes_on_and_the_relaunched_group_rej
     assert [r["step"] for r in alone] == list(range(1, steps + 1))  # no step lost, none repeated, no restart
     assert any(r["ft_groups"] == 1 for r in alone if r["step"] >= 10)  # group 0 trained on its own
     assert again[0]["step"] > 10 and again[-1]["step"] == steps  # the peers' step, not step 1
-    assert again[-1]["ft_groups"] == 2
+    assert all(r["ft_groups"] == 2 for r in again)  # healed before its first step's forward, it trains that step
     theirs, mine = final_state(tmp_path / "g0"), final_state(tmp_path / "g1-again")
     assert all(torch.equal(theirs[name], mine[name]) for name in theirs)
