@@ -674,10 +674,12 @@ def check_log_steps(log: LogConfig, steps: int) -> None:
 
 def for_evaluation(config: Config) -> Config:
     """``config`` as scoring weights reads it: what only training uses (checkpoints, the microbatches of a training
-    step) back at its defaults, so a training config scores under any strategy and world size."""
+    step, fault tolerance) back at its defaults, so a training config scores under any strategy and world size."""
     return attrs.evolve(
         config, checkpoint=section_class("checkpoint")(), train=attrs.evolve(config.train, microbatches=None),
-        explicit=config.explicit - {"checkpoint.every", "checkpoint.keep", "checkpoint.async_save", "train.microbatches"},
+        parallel=attrs.evolve(config.parallel, fault_tolerance=None),
+        explicit=config.explicit - {"checkpoint.every", "checkpoint.keep", "checkpoint.async_save", "train.microbatches",
+                                    "parallel.fault_tolerance"},
     )
 
 

@@ -15,7 +15,7 @@ from datetime import timedelta
 
 import torch
 
-from snnfw.errors import ConfigError
+from snnfw.errors import CollectiveError, ConfigError
 
 INSTALL = "pip install 'snnfw[ft]' (torchft 0.2.0, with --no-deps beside an installed torch)"
 LIGHTHOUSE_ENV, GROUP_ENV = "TORCHFT_LIGHTHOUSE", "REPLICA_GROUP_ID"
@@ -88,9 +88,9 @@ class ReplicaGroup:
     """This process's torchft replica: the manager, the model wrapped in torchft's DistributedDataParallel, and the
     state a rejoining group takes from a live peer."""
 
-    def __init__(self, config, replicas: int):
+    def __init__(self, config):
         ft = config.parallel.fault_tolerance
-        self.index, self.replicas = replica_group(ft), replicas
+        self.index = replica_group(ft)
         self.address, self.timeout = lighthouse(ft), timedelta(seconds=ft.timeout_s)
         self.min_replicas = ft.min_replicas
         self.manager, self.committed = None, True
@@ -101,19 +101,32 @@ class ReplicaGroup:
         from torch.distributed import TCPStore
         from torchft import DistributedDataParallel, Manager, ProcessGroupGloo
 
-        self.store = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)  # the group's own, of one rank
-        self.manager = Manager(
-            pg=ProcessGroupGloo(timeout=self.timeout), load_state_dict=load, state_dict=state,
-            min_replica_size=self.min_replicas, use_async_quorum=False, init_sync=False, timeout=self.timeout,
-            quorum_timeout=self.timeout, connect_timeout=self.timeout, rank=0, world_size=1, store_addr="127.0.0.1",
-            store_port=self.store.port, lighthouse_addr=self.address, replica_id=f"snnfw_{self.index}",
-            hostname=socket.gethostname())
+        self.store = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)  # the group's own; kept alive
+        try:
+            self.manager = Manager(
+                pg=ProcessGroupGloo(timeout=self.timeout), load_state_dict=load, state_dict=state,
+                min_replica_size=self.min_replicas, use_async_quorum=False, init_sync=False, timeout=self.timeout,
+                quorum_timeout=self.timeout, connect_timeout=self.timeout, rank=0, world_size=1,
+                store_addr="127.0.0.1", store_port=self.store.port, lighthouse_addr=self.address,
+                replica_id=f"snnfw_{self.index}", hostname=socket.gethostname())
+        except RuntimeError as err:
+            if "failed to connect" not in str(err):
+                raise
+            raise CollectiveError(f"replica group {self.index} reached no lighthouse at {self.address} within "
+                                  f"{self.timeout.total_seconds():g} s (parallel.fault_tolerance.timeout_s); start "
+                                  "torchft_lighthouse there, or give parallel.fault_tolerance.lighthouse its address") from None
         return DistributedDataParallel(self.manager, model)
 
     def begin(self, step: int) -> int:
         """Joins the step's quorum (a group behind its peers loads a live peer's state here); returns the step the
         groups train, the peers' where this group was behind."""
-        self.manager.start_quorum()
+        try:
+            self.manager.start_quorum()
+        except TimeoutError:
+            raise CollectiveError(f"replica group {self.index} found no quorum of parallel.fault_tolerance.min_replicas = "
+                                  f"{self.min_replicas} groups at {self.address} within "
+                                  f"{self.timeout.total_seconds():g} s (its timeout_s); start the other groups, or lower "
+                                  "min_replicas (and the lighthouse's --min_replicas)") from None
         return self.manager.current_step() if self.manager.current_step() > step else step
 
     def commit(self) -> bool:

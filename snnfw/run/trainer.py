@@ -64,7 +64,7 @@ class Trainer:
             load_weights(model, weights)
         names = set_aside(model) if prepared.builds_shards else None  # parallelized on meta, then materialized
         self.layout = self.plan.layout  # what the distributed primitives take, made once
-        self.ft = ReplicaGroup(config, self.plan.dp_size) if config.parallel.fault_tolerance else None
+        self.ft = ReplicaGroup(config) if config.parallel.fault_tolerance else None
         self.replica = self.ft.index if self.ft else dp_coordinate(self.layout, mesh)
         self.running_stats = RunningStats(model)  # from here on, only training steps update BatchNorm statistics
         plugins.transform_model(model, self.plan, self.example())

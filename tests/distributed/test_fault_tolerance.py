@@ -151,3 +151,21 @@ def test_a_killed_group_drops_out_the_other_goes_on_and_the_relaunched_group_rej
     assert all(r["ft_groups"] == 2 for r in again)  # healed before its first step's forward, it trains that step
     theirs, mine = final_state(tmp_path / "g0"), final_state(tmp_path / "g1-again")
     assert all(torch.equal(theirs[name], mine[name]) for name in theirs)
+
+
+@pytest.mark.parametrize("lighthouse", [2], indirect=True)
+@pytest.mark.parametrize("missing", ["lighthouse", "quorum"])
+def test_a_group_without_its_lighthouse_or_its_quorum_ends_in_one_line(tmp_path, lighthouse, missing):
+    config = write_config(tmp_path, 4, "fault_tolerance = {min_replicas = 2, timeout_s = 3}")
+    address = f"http://127.0.0.1:{free_port()}" if missing == "lighthouse" else lighthouse  # min_replicas = 2, one group
+    process = group(config, 0, tmp_path / "g0", address)
+    _, err = process.communicate(timeout=TIMEOUT_S)
+    last = err.strip().splitlines()[-1]
+    assert process.returncode == 1 and "Traceback" not in err, err[-3000:]
+    if missing == "lighthouse":
+        assert last == (f"snnfw: error: replica group 0 reached no lighthouse at {address} within 3 s (parallel."
+                        "fault_tolerance.timeout_s); start torchft_lighthouse there, or give parallel.fault_tolerance."
+                        "lighthouse its address")
+    else:
+        assert last.startswith(f"snnfw: error: replica group 0 found no quorum of parallel.fault_tolerance.min_replicas "
+                               f"= 2 groups at {address} within 3 s"), last

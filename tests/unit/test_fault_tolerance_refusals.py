@@ -73,3 +73,10 @@ def test_snnfw_train_points_to_launching_each_group_on_its_own(tmp_path, capsys)
     path.write_text('[parallel]\nmesh = {dp_replicate = 2}\nfault_tolerance = {replica_group = 0}\n')
     assert cli.main(["train", str(path), "--nproc", "1"]) == 2
     assert "then each group with REPLICA_GROUP_ID=k python -m snnfw.train CONFIG" in capsys.readouterr().err
+
+
+def test_scoring_weights_leaves_fault_tolerance_out():
+    from snnfw.config import for_evaluation
+
+    scored = for_evaluation(config({"dp_replicate": 2}))
+    assert scored.parallel.fault_tolerance is None and "parallel.fault_tolerance" not in scored.explicit
