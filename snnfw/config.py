@@ -235,10 +235,12 @@ class DataConfig:
 class FaultTolerance:
     """``parallel.fault_tolerance``: each replica group (one rank of ``dp_replicate``) a torchft replica that joins
     the lighthouse at ``lighthouse`` (default: ``TORCHFT_LIGHTHOUSE``) as group ``replica_group`` (default:
-    ``REPLICA_GROUP_ID``); a step commits with ``min_replicas`` groups or more; a group's collectives, quorum and
+    ``REPLICA_GROUP_ID``), after starting it on this host where none answers there with ``start_lighthouse``; a step
+    commits with ``min_replicas`` groups or more; a group's collectives, quorum and
     recovery wait ``timeout_s``."""
 
     lighthouse: str | None = attrs.field(default=None, validator=v.optional(v.instance_of(str)))
+    start_lighthouse: bool = attrs.field(default=False, validator=v.instance_of(bool))
     replica_group: int | None = attrs.field(default=None, validator=v.optional([v.instance_of(int), v.ge(0)]))
     min_replicas: int = attrs.field(default=1, validator=_positive)
     timeout_s: float = attrs.field(default=30.0, converter=float, validator=[v.gt(0), v.le(MAX_TIMEOUT_S)])

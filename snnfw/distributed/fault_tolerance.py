@@ -8,10 +8,18 @@ drops out of the quorum while the others go on, and a group that starts late or 
 
 from __future__ import annotations
 
+import fcntl
 import importlib.util
 import os
+import shutil
 import socket
+import subprocess
+import sys
+import tempfile
+import time
 from datetime import timedelta
+from pathlib import Path
+from urllib.parse import urlsplit
 
 import torch
 
@@ -52,7 +60,9 @@ def groups(config) -> int:
     group = replica_group(config.parallel.fault_tolerance)
     if group >= replicas:
         raise ConfigError(f"{key}: replica group {group} is not one of the mesh's {replicas} (0 to {replicas - 1})")
-    lighthouse(config.parallel.fault_tolerance)
+    address = lighthouse(config.parallel.fault_tolerance)
+    if config.parallel.fault_tolerance.start_lighthouse:
+        local_port(address)
     return replicas
 
 
@@ -74,6 +84,56 @@ def lighthouse(ft) -> str:
     return address
 
 
+def _answers(host: str, port: int) -> bool:
+    try:
+        with socket.create_connection((host, port), timeout=1):
+            return True
+    except OSError:
+        return False
+
+
+def local_port(address: str) -> tuple[str, int]:
+    """The host and port of ``address`` where ``start_lighthouse`` may start a lighthouse: a port of this host."""
+    parts = urlsplit(address)
+    host, port = parts.hostname or "", parts.port
+    if port is None or host not in {"localhost", "127.0.0.1", "::1", socket.gethostname(), socket.getfqdn()}:
+        raise ConfigError(f"parallel.fault_tolerance.start_lighthouse starts the lighthouse on this host, at the port "
+                          f"its address names, and {address!r} is not such an address; give http://"
+                          f"{socket.gethostname()}:PORT, or start torchft_lighthouse on its host yourself")
+    return host, port
+
+
+def start_lighthouse(address: str, min_replicas: int, timeout_s: float) -> None:
+    """Starts torchft's lighthouse at ``address`` (a port of this host) where none answers there, as a process of its
+    own that outlives the groups, and waits until it answers. Of the groups of one host that start it together, the
+    first to take a file lock starts it; the others find it answering."""
+    host, port = local_port(address)
+    with open(Path(tempfile.gettempdir()) / f"snnfw-lighthouse-{port}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # one group of this host starts it, the others find it answering
+        if not _answers(host, port):
+            _spawn_lighthouse(address, host, port, min_replicas, timeout_s)
+
+
+def _spawn_lighthouse(address: str, host: str, port: int, min_replicas: int, timeout_s: float) -> None:
+    binary = Path(sys.executable).parent / "torchft_lighthouse"
+    binary = str(binary) if binary.exists() else shutil.which("torchft_lighthouse")
+    if binary is None:
+        raise ConfigError(f"parallel.fault_tolerance.start_lighthouse needs torchft's torchft_lighthouse command, which "
+                          f"is not beside {sys.executable} nor on PATH; run {INSTALL}")
+    process = subprocess.Popen([binary, "--min_replicas", str(min_replicas), "--bind", f"[::]:{port}"],
+                               stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                               start_new_session=True)  # not ended by a signal to this group's process group
+    deadline = time.monotonic() + timeout_s
+    while not _answers(host, port):
+        if time.monotonic() > deadline:
+            ended = ", which ended" if process.poll() is not None else ""
+            raise CollectiveError(f"no lighthouse answers at {address} within {timeout_s:g} s (parallel.fault_tolerance"
+                                  f".timeout_s), though torchft_lighthouse was started there (pid {process.pid}{ended})")
+        time.sleep(0.1)
+    print(f"[snnfw] started torchft's lighthouse at {address} (pid {process.pid}); it outlives the replica groups: "
+          f"stop it with kill {process.pid} once they are done", file=sys.stderr, flush=True)
+
+
 def check_model(model: torch.nn.Module) -> None:
     """Refuses a model whose BatchNorm running statistics the groups would have to merge (snnfw merges them over a
     process group; torchft gives none)."""
@@ -92,7 +152,7 @@ class ReplicaGroup:
         ft = config.parallel.fault_tolerance
         self.index = replica_group(ft)
         self.address, self.timeout = lighthouse(ft), timedelta(seconds=ft.timeout_s)
-        self.min_replicas = ft.min_replicas
+        self.min_replicas, self.starts_lighthouse = ft.min_replicas, ft.start_lighthouse
         self.manager, self.committed = None, True
 
     def wrap(self, model: torch.nn.Module, state, load) -> torch.nn.Module:
@@ -101,6 +161,8 @@ class ReplicaGroup:
         from torch.distributed import TCPStore
         from torchft import DistributedDataParallel, Manager, ProcessGroupGloo
 
+        if self.starts_lighthouse:
+            start_lighthouse(self.address, self.min_replicas, self.timeout.total_seconds())
         self.store = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)  # the group's own; kept alive
         try:
             self.manager = Manager(

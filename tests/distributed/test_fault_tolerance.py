@@ -169,3 +169,19 @@ def test_a_group_without_its_lighthouse_or_its_quorum_ends_in_one_line(tmp_path,
     else:
         assert last.startswith(f"snnfw: error: replica group 0 found no quorum of parallel.fault_tolerance.min_replicas "
                                f"= 2 groups at {address} within 3 s"), last
+
+
+def test_groups_that_start_the_lighthouse_start_one_that_outlives_them(tmp_path):
+    address = f"http://127.0.0.1:{free_port()}"
+    config = write_config(tmp_path, 4, 'fault_tolerance = {min_replicas = 2, start_lighthouse = true}')
+    groups = [group(config, i, tmp_path / f"g{i}", address) for i in range(2)]
+    errs = [process.communicate(timeout=TIMEOUT_S)[1] for process in groups]
+    assert [process.returncode for process in groups] == [0, 0], errs
+    started = [line for err in errs for line in err.splitlines() if "started torchft's lighthouse" in line]
+    assert len(started) == 1, errs  # the other group joined it
+    pid = int(started[0].split("(pid ")[1].split(")")[0])
+    try:
+        os.kill(pid, 0)  # alive after both groups ended
+    finally:
+        os.kill(pid, 9)
+    assert [r["ft_groups"] for r in records(tmp_path / "g1")] == [2] * 4

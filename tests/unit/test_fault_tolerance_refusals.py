@@ -80,3 +80,11 @@ def test_scoring_weights_leaves_fault_tolerance_out():
 
     scored = for_evaluation(config({"dp_replicate": 2}))
     assert scored.parallel.fault_tolerance is None and "parallel.fault_tolerance" not in scored.explicit
+
+
+@pytest.mark.usefixtures("torchft_present")
+def test_starting_a_lighthouse_on_another_host_is_refused():
+    ft = {**FT, "lighthouse": "http://elsewhere.example:29510", "start_lighthouse": True}
+    with pytest.raises(ConfigError, match="start_lighthouse starts the lighthouse on this host, at the port its address "
+                                          "names, and 'http://elsewhere.example:29510' is not such an address"):
+        fault_tolerance.groups(config({"dp_replicate": 2}, ft))
