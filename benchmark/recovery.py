@@ -46,7 +46,7 @@ test_samples = 16
 mesh = {dp_replicate = 2}
 device = "cpu"
 [train]
-steps = 40
+steps = 80
 lr = 0.01
 seed = 3
 log_every = 1

@@ -46,6 +46,7 @@ device = "cpu"
 
 [train]
 steps = {steps}
+microbatches = 2
 lr = 0.01
 seed = 3
 log_every = 1
@@ -127,20 +128,22 @@ def test_with_every_group_present_the_float64_losses_and_weights_equal_plain_dp_
 def test_a_killed_group_drops_out_the_other_goes_on_and_the_relaunched_group_rejoins_from_it(tmp_path, lighthouse):
     """Group 1 dies before step 10; group 0 trains on alone without a restart; group 1 started again takes group
     0's state at its first quorum, goes on at group 0's step and ends with group 0's weights."""
-    steps, config = 40, write_config(tmp_path, 40, "fault_tolerance = {min_replicas = 1, timeout_s = 10}")
-    slow = {"SNNFW_PLUGINS": "snnfw.testing.faults", "SNNFW_TEST_SLOW_STEPS": "0.25"}
-    healthy = group(config, 0, tmp_path / "g0", lighthouse, **slow)
-    doomed = group(config, 1, tmp_path / "g1", lighthouse, **slow, SNNFW_TEST_CRASH_AT_STEP="10",
+    steps, config = 70, write_config(tmp_path, 70, "fault_tolerance = {min_replicas = 1, timeout_s = 10}")
+    faults = {"SNNFW_PLUGINS": "snnfw.testing.faults"}
+    # group 0 alone takes 30 s for the steps after the kill, time for the relaunch on a loaded machine (4 to 12 s here)
+    healthy = group(config, 0, tmp_path / "g0", lighthouse, **faults, SNNFW_TEST_SLOW_STEPS="0.5")
+    doomed = group(config, 1, tmp_path / "g1", lighthouse, **faults, SNNFW_TEST_CRASH_AT_STEP="10",
                    SNNFW_TEST_FAULT_RANK="0")
     _, err = doomed.communicate(timeout=TIMEOUT_S)
     killed = time.monotonic()
     assert doomed.returncode == 1 and "test fault: rank 0 exits before step 10" in err, err[-3000:]
     assert healthy.poll() is None, "group 0 ended with group 1"
-    rejoined = group(config, 1, tmp_path / "g1-again", lighthouse, **slow)
+    rejoined = group(config, 1, tmp_path / "g1-again", lighthouse)
     deadline = killed + TIMEOUT_S
     while not records(tmp_path / "g1-again") and time.monotonic() < deadline and rejoined.poll() is None:
         time.sleep(0.05)
     recovery_s = time.monotonic() - killed
+    assert healthy.poll() is None, f"group 0 finished before group 1 rejoined ({recovery_s:.1f} s after the kill)"
     finish(healthy)
     finish(rejoined)
     print(f"recovery: {recovery_s:.1f} s from group 1's death to its first step after the relaunch")
