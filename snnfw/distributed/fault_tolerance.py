@@ -159,7 +159,9 @@ class ReplicaGroup:
         """``model`` with its gradients averaged over the groups present; ``state()`` and ``load(state)`` give and
         take what a rejoining group needs."""
         from torch.distributed import TCPStore
-        from torchft import DistributedDataParallel, Manager, ProcessGroupGloo
+        from torch.nn.parallel import DistributedDataParallel
+        from torchft import Manager, ProcessGroupGloo
+        from torchft.process_group import ProcessGroupDummy
 
         if self.starts_lighthouse:
             start_lighthouse(self.address, self.min_replicas, self.timeout.total_seconds())
@@ -177,7 +179,11 @@ class ReplicaGroup:
             raise CollectiveError(f"replica group {self.index} reached no lighthouse at {self.address} within "
                                   f"{self.timeout.total_seconds():g} s (parallel.fault_tolerance.timeout_s); start "
                                   "torchft_lighthouse there, or give parallel.fault_tolerance.lighthouse its address") from None
-        return DistributedDataParallel(self.manager, model)
+        # torchft's DistributedDataParallel with a hook that survives a peer lost in the all-reduce, where torchft
+        # 0.2.0's fails an assertion or waits forever
+        replicated = DistributedDataParallel(model, process_group=ProcessGroupDummy(0, 1), find_unused_parameters=True)
+        replicated.register_comm_hook(self.manager, _averaged_over_groups)
+        return replicated
 
     def begin(self, step: int) -> int:
         """Joins the step's quorum (a group behind its peers loads a live peer's state here); returns the step the
@@ -203,3 +209,15 @@ class ReplicaGroup:
         if self.manager is not None:
             self.manager.shutdown(wait=False)
 
+
+def _averaged_over_groups(manager, bucket):
+    """A gradient bucket averaged over the groups of the step's quorum. Where a peer was lost in the all-reduce, the
+    manager has recorded the error (the step will not commit) and the bucket is handed back as it is: the future of
+    a failed all-reduce never completes, and DistributedDataParallel would wait on it."""
+    work = manager.allreduce(bucket.buffer())
+    work.wait()
+    if manager.errored() is not None:
+        handed_back = torch.futures.Future()
+        handed_back.set_result(bucket.buffer())
+        return handed_back
+    return work.get_future()._fut  # the average's own future, inside the manager's wrapper

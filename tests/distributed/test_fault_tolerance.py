@@ -17,13 +17,26 @@ from snnfw.testing import run_on_ranks
 pytest.importorskip("torchft", reason="torchft is not installed (pip install 'snnfw[ft]')")
 
 NET = '''
+import os
+
 from torch import nn
 from spikingjelly.activation_based import layer, neuron
 
 
+class DieAt(nn.Module):
+    """Ends the process inside a step, at its DIE_AT_FORWARD-th forward pass (never without it)."""
+    calls = 0
+
+    def forward(self, x):
+        DieAt.calls += 1
+        if str(DieAt.calls) == os.environ.get("DIE_AT_FORWARD"):
+            os._exit(1)
+        return x
+
+
 def build():
     return nn.Sequential(layer.Flatten(step_mode="m"), layer.Linear(2 * 8 * 8, 16, step_mode="m"),
-                         neuron.LIFNode(step_mode="m"), layer.Linear(16, 4, step_mode="m"))
+                         neuron.LIFNode(step_mode="m"), DieAt(), layer.Linear(16, 4, step_mode="m"))
 '''
 CONFIG = '''
 [model]
@@ -99,9 +112,11 @@ def final_state(run_dir: Path) -> dict:
     return torch.load(run_dir / "final_model.pt")
 
 
-def finish(process: subprocess.Popen) -> None:
+def finish(process: subprocess.Popen) -> str:
+    """Waits for a group that must end well; its standard error."""
     _, err = process.communicate(timeout=TIMEOUT_S)
     assert process.returncode == 0, err[-3000:]
+    return err
 
 
 @pytest.mark.parametrize("lighthouse", [2], indirect=True)
@@ -154,6 +169,24 @@ def test_a_killed_group_drops_out_the_other_goes_on_and_the_relaunched_group_rej
     assert all(r["ft_groups"] == 2 for r in again)  # healed before its first step's forward, it trains that step
     theirs, mine = final_state(tmp_path / "g0"), final_state(tmp_path / "g1-again")
     assert all(torch.equal(theirs[name], mine[name]) for name in theirs)
+
+
+@pytest.mark.parametrize("lighthouse", [1], indirect=True)
+def test_a_group_that_dies_inside_a_step_fails_that_step_which_the_other_trains_again_alone(tmp_path, lighthouse):
+    """Group 1 ends in a forward pass while group 0 waits for it in the gradients' all-reduce: group 0's step does
+    not commit, and it trains that step again alone, then every step after, each step once."""
+    steps, config = 24, write_config(tmp_path, 24, "fault_tolerance = {min_replicas = 1, timeout_s = 10}")
+    faults = {"SNNFW_PLUGINS": "snnfw.testing.faults", "SNNFW_TEST_SLOW_STEPS": "0.25"}
+    healthy = group(config, 0, tmp_path / "g0", lighthouse, **faults)
+    doomed = group(config, 1, tmp_path / "g1", lighthouse, **faults, DIE_AT_FORWARD="20")
+    doomed.communicate(timeout=TIMEOUT_S)
+    err = finish(healthy)
+    assert doomed.returncode == 1
+    assert err.count("should_commit completed should_commit=false") == 1  # the step group 1 left, not committed
+    died_after = records(tmp_path / "g1")[-1]["step"]  # its last step whole; it died in the next
+    alone = records(tmp_path / "g0")
+    assert [r["step"] for r in alone] == list(range(1, steps + 1))
+    assert [r["ft_groups"] for r in alone] == [2] * died_after + [1] * (steps - died_after)
 
 
 @pytest.mark.parametrize("lighthouse", [2], indirect=True)
