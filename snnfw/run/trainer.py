@@ -6,6 +6,7 @@ import math
 import time
 import warnings
 
+import attrs
 import torch
 import torch.distributed as dist
 
@@ -65,6 +66,8 @@ class Trainer:
         names = set_aside(model) if prepared.builds_shards else None  # parallelized on meta, then materialized
         self.layout = self.plan.layout  # what the distributed primitives take, made once
         self.ft = ReplicaGroup(config) if config.parallel.fault_tolerance else None
+        if self.ft:  # a replica group holds its whole replica alone: its gradient norm is its own
+            self.layout = attrs.evolve(self.layout, mesh=(("dp_replicate", 1),))
         self.replica = self.ft.index if self.ft else dp_coordinate(self.layout, mesh)
         self.running_stats = RunningStats(model)  # from here on, only training steps update BatchNorm statistics
         plugins.transform_model(model, self.plan, self.example())
@@ -172,6 +175,7 @@ class Trainer:
         spikes, elements = self.counter.take()
         extra = {**self.run.phases.take(), **self.plugins.step_metrics(plan)}
         figures = (out.loss * out.samples, out.correct, spikes, squares)
+        ranks = 1 if self.ft else plan.world_size  # those the figures are added over (a replica group: itself)
         row = torch.stack([x if torch.is_tensor(x) else torch.tensor(float(x), dtype=torch.float64, device=self.device)
                            for x in figures]).to(self.device, torch.float64)
 
@@ -183,7 +187,7 @@ class Trainer:
                 "grad_norm": math.sqrt(squares) / scale,
                 "train_acc": correct / samples,
                 "spike_rate": spikes / max(elements, 1.0),
-                **{key: total / plan.world_size for key, total in zip(extra, extra_totals)},
+                **{key: total / ranks for key, total in zip(extra, extra_totals)},
             }
 
         values = {

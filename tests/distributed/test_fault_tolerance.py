@@ -60,6 +60,7 @@ device = "cpu"
 [train]
 steps = {steps}
 microbatches = 2
+clip_grad_norm = 0.3
 lr = 0.01
 seed = 3
 log_every = 1
@@ -133,6 +134,10 @@ def test_with_every_group_present_the_float64_losses_and_weights_equal_plain_dp_
     assert len(expected) == len(first) == len(second) == steps
     for a, b, want in zip(first, second, expected):  # each group logs its own samples: dp's loss is their mean
         assert abs((a + b) / 2 - want) <= 1e-12 * abs(want), (first, second, expected)
+    norms = [r["grad_norm"] for r in records(tmp_path / "dp")]
+    assert sum(norm > 0.3 for norm in norms) >= 2  # clipped steps among them
+    for name in ("g0", "g1"):  # the averaged gradient's norm, the same in every group
+        assert [r["grad_norm"] for r in records(tmp_path / name)] == pytest.approx(norms, rel=1e-12)
     assert all(r["ft_groups"] == 2 for r in records(tmp_path / "g0"))
     states = [final_state(tmp_path / name) for name in ("g0", "g1", "dp")]
     for name, value in states[2].items():
