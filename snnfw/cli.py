@@ -183,6 +183,10 @@ def _cmd_train(args) -> int:
     if args.resume and args.overwrite:
         raise ConfigError("--resume continues the run in --run-dir and --overwrite replaces it; pass one of them")
     config = load_config(args.config, args.overrides)
+    if config.parallel.fault_tolerance is not None:
+        raise ConfigError("parallel.fault_tolerance runs each replica group as a process of its own beside a lighthouse, "
+                          "not under snnfw train's launcher: start torchft_lighthouse, then each group with "
+                          "REPLICA_GROUP_ID=k python -m snnfw.train CONFIG --run-dir DIR (docs/fault_tolerance.md)")
     check_wandb_login(config)
     plugins = Plugins()
     # refuse a bad config before starting any process

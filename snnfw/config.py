@@ -233,6 +233,34 @@ class DataConfig:
 
 
 @attrs.frozen
+class FaultTolerance:
+    """``parallel.fault_tolerance``: each replica group (one rank of ``dp_replicate``) a torchft replica that joins
+    the lighthouse at ``lighthouse`` (default: ``TORCHFT_LIGHTHOUSE``) as group ``replica_group`` (default:
+    ``REPLICA_GROUP_ID``), after starting it on this host where none answers there with ``start_lighthouse``; a step
+    commits with ``min_replicas`` groups or more; a group's collectives, quorum and
+    recovery wait ``timeout_s``."""
+
+    lighthouse: str | None = attrs.field(default=None, validator=v.optional(v.instance_of(str)))
+    start_lighthouse: bool = attrs.field(default=False, validator=v.instance_of(bool))
+    replica_group: int | None = attrs.field(default=None, validator=v.optional([v.instance_of(int), v.ge(0)]))
+    min_replicas: int = attrs.field(default=1, validator=_positive)
+    timeout_s: float = attrs.field(default=30.0, converter=float, validator=[v.gt(0), v.le(MAX_TIMEOUT_S)])
+
+
+def _fault_tolerance(value: Any) -> FaultTolerance | None:
+    if value is None or isinstance(value, FaultTolerance):
+        return value
+    keys = [f.name for f in attrs.fields(FaultTolerance)]
+    if not isinstance(value, dict) or not set(value) <= set(keys):
+        raise ConfigError(f'parallel.fault_tolerance must be a table like {{lighthouse = "http://host:29510", '
+                          f'replica_group = 0}} with keys {", ".join(keys)}, got {shown(value)}')
+    try:
+        return FaultTolerance(**value)
+    except (TypeError, ValueError) as err:
+        raise ConfigError(f"invalid parallel.fault_tolerance: {err.args[0] if err.args else err}") from None
+
+
+@attrs.frozen
 class ParallelConfig:
     strategy: str = attrs.field(default="none", validator=v.instance_of(str))
     mesh: tuple[tuple[str, int], ...] | None = attrs.field(default=None, converter=_mesh)
@@ -243,6 +271,7 @@ class ParallelConfig:
     prefer: str | None = attrs.field(default=None, validator=v.optional(v.in_(("speed", "memory", "capacity"))))
     cpu_allocator: str = attrs.field(default="auto", validator=v.in_(("auto", "retain", "system")))
     tune_results: str | None = attrs.field(default=None, validator=v.optional(v.instance_of(str)))
+    fault_tolerance: FaultTolerance | None = attrs.field(default=None, converter=_fault_tolerance)
 
 
 def _numbers(key: str, kind: type, length: int | None = None, example: str = ""):
@@ -666,11 +695,13 @@ def check_log_steps(log: LogConfig, steps: int) -> None:
 
 def for_evaluation(config: Config) -> Config:
     """``config`` as scoring weights reads it: what only training uses (checkpoints, the microbatches of a training
-    step) back at its defaults, so a training config scores under any strategy and world size."""
+    step, fault tolerance) back at its defaults, so a training config scores under any strategy and world size."""
     return attrs.evolve(
         config, checkpoint=section_class("checkpoint")(), train=attrs.evolve(config.train, microbatches=None),
+        parallel=attrs.evolve(config.parallel, fault_tolerance=None),
         explicit=config.explicit - {"checkpoint.every", "checkpoint.keep", "checkpoint.async_save",
-                                    "checkpoint.save_on_signals", "checkpoint.grace_s", "train.microbatches"},
+                                    "checkpoint.save_on_signals", "checkpoint.grace_s", "train.microbatches",
+                                    "parallel.fault_tolerance"},
     )
 
 

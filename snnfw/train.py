@@ -92,8 +92,10 @@ def main(argv: list[str] | None = None) -> int:
             if args.overwrite and rank == 0:
                 rundir.clear_run_dir(run_dir)
         owner = rundir.locked(run_dir) if rank == 0 and not os.environ.get(rundir.LAUNCHED) else contextlib.nullcontext()
-        settings = (plan.config if plan is not None else config).checkpoint
-        signals = Signals(settings.save_on_signals, settings.grace_s, rank) if settings.save_on_signals else None
+        planned = plan.config if plan is not None else config
+        settings = planned.checkpoint  # under parallel.fault_tolerance no checkpoint is kept: a group rejoins instead
+        signals = (Signals(settings.save_on_signals, settings.grace_s, rank)
+                   if settings.save_on_signals and not planned.parallel.fault_tolerance else None)
         with owner, signals or contextlib.nullcontext():  # under plain torchrun rank 0 holds the run directory
             summary = run_training(config, run_dir, plugins, resume=args.resume or restarted, plan=plan, signals=signals)
     except Preempted as stopped:

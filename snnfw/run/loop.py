@@ -56,10 +56,12 @@ def run_training(
             print(f"[snnfw] note: {note}", file=sys.stderr, flush=True)
         best = max((e["eval_acc"] for e in run.evaluations), default=None)
         agreement = StopAgreement(signals, config.parallel.timeout_s) if signals is not None else None
-        for step in range(run.start_step, config.train.steps):
+        step = run.start_step
+        while step < config.train.steps:
             profiler.step_start(step + 1)
             with memory.around(step + 1, run.trainer.model, run.trainer.optimizer):
                 record = run.step(step)
+            step = record["step"] - 1  # under parallel.fault_tolerance, a rejoining group goes on at its peers' step
             profiler.step_end(step + 1)
             if step + 1 == config.train.steps or (config.eval.every and (step + 1) % config.eval.every == 0):
                 evaluated = run.evaluate()
@@ -80,6 +82,7 @@ def run_training(
             if stop:
                 run.checkpoints.finish()
                 raise agreement.stopped(step + 1, run.checkpoints.complete()[-1], stop)
+            step += 1
         if agreement is not None:
             agreement.finish()
         run.checkpoints.finish()  # an async save still being written

@@ -41,7 +41,7 @@ from snnfw.components.flops import device_peak_tflops
 from snnfw.components.metrics import MetricsLog, peak_memory_mb
 from snnfw.components.records import Record, StepFigures
 from snnfw.config import Config, build_config, load_config
-from snnfw.distributed import cpu_allocator
+from snnfw.distributed import cpu_allocator, fault_tolerance
 from snnfw.distributed.chunks import gather_whole
 from snnfw.distributed.collectives import (RankEnv, collective_errors_in_one_line, decided_once, device_for,
                                            process_group, set_cpu_threads)
@@ -144,6 +144,7 @@ class Session:
         self.write_record(read=False)
         started = time.perf_counter()
         result = self.trainer.step(step)
+        step = self.trainer.last_step  # under parallel.fault_tolerance, a rejoining group's first is its peers'
         elapsed = time.perf_counter() - started
         if not self.first_step_done:
             gc.collect()
@@ -312,6 +313,8 @@ class Session:
     def close(self) -> None:
         """Lets go of the model and optimizer, which must go before their process group does."""
         self.log.close()
+        if self.trainer is not None and self.trainer.ft is not None:
+            self.trainer.ft.close()
         self.trainer = None
         if self.heap_frozen:  # the model among the objects the first step froze: a full collection
             gc.unfreeze()
@@ -432,6 +435,8 @@ def _started(config: Config, model, train_set, test_set, run_dir, resume, weight
     plugins = plugins or Plugins()
     datasets = (train_set, test_set) if train_set is not None else None
     started = dist.is_initialized()
+    tolerant = config is not None and config.parallel.fault_tolerance is not None
+    world = fault_tolerance.groups(config) if tolerant else env.world_size  # the planned ranks: one a replica group
     if plan is not None and plan.world_size != env.world_size:
         raise PlanError(f"the plan is made for {plan.world_size} rank(s) and this job has {env.world_size}; launch "
                         f"{plan.world_size} rank(s), or plan again for {env.world_size}")
@@ -441,7 +446,7 @@ def _started(config: Config, model, train_set, test_set, run_dir, resume, weight
         elif env.world_size > 1 and model is None and datasets is None:
             prepared = _planned_once(config, plugins, env)
         else:
-            prepared = prepare(config, env.world_size, plugins, model=model, datasets=datasets,
+            prepared = prepare(config, world, plugins, model=model, datasets=datasets,
                                agree=_agreement(env, config), rank=env.rank)
     except PlanError as err:
         if "WORLD_SIZE" in os.environ or config.parallel.strategy == "none":
@@ -455,7 +460,8 @@ def _started(config: Config, model, train_set, test_set, run_dir, resume, weight
         raise
     config = prepared.plan.config  # as resolved: auto's choice, the preference's defaults
     device = device_for(prepared.plan.layout, env)  # a GPU rank's device is set before its process group starts
-    with process_group(prepared.plan.layout, env, config.parallel.timeout_s) as mesh, \
+    groups = contextlib.nullcontext() if tolerant else process_group(prepared.plan.layout, env, config.parallel.timeout_s)
+    with groups as mesh, \
             collective_errors_in_one_line(env.rank, config.parallel):
         if mesh is not None:
             check_same_plugins_on_all_ranks(plugins)

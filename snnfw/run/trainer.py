@@ -6,6 +6,7 @@ import math
 import time
 import warnings
 
+import attrs
 import torch
 import torch.distributed as dist
 
@@ -22,6 +23,7 @@ from snnfw.config import Config
 from snnfw.data import batches as datalib
 from snnfw.data.augment import Augmented, augment_options
 from snnfw.distributed.collectives import all_reduce, broadcast_state, dp_coordinate, dp_group, set_timeouts
+from snnfw.distributed.fault_tolerance import ReplicaGroup, check_model
 from snnfw.distributed.grad_norm import clip_gradients, global_grad_norm, local_grad_squares, scale_gradients
 from snnfw.distributed.materialize import FromRank0, Replayed, materialize, set_aside
 from snnfw.distributed.running_stats import RunningStats
@@ -65,10 +67,18 @@ class Trainer:
             load_weights(model, weights)
         names = set_aside(model) if prepared.builds_shards else None  # parallelized on meta, then materialized
         self.layout = self.plan.layout  # what the distributed primitives take, made once
-        self.replica = dp_coordinate(self.layout, mesh)
+        self.ft = ReplicaGroup(config) if config.parallel.fault_tolerance else None
+        if self.ft:  # a replica group holds its whole replica alone: its gradient norm is its own
+            self.layout = attrs.evolve(self.layout, mesh=(("dp_replicate", 1),))
+        self.replica = self.ft.index if self.ft else dp_coordinate(self.layout, mesh)
         self.running_stats = RunningStats(model)  # from here on, only training steps update BatchNorm statistics
         plugins.transform_model(model, self.plan, self.example())
-        self.model = plugins.parallelize(model, self.plan, mesh)
+        if self.ft:  # the groups' gradients averaged by torchft's manager, over the groups present
+            check_model(model)
+            plugins.compile(model, self.plan)
+            self.model = self.ft.wrap(model, lambda: self._state(model), lambda state: self._load(model, state))
+        else:
+            self.model = plugins.parallelize(model, self.plan, mesh)
         if mesh is not None:  # the process groups the strategy made (a composed mesh's rows) wait as long as the world's
             set_timeouts(config.parallel.timeout_s)
         if names is not None:
@@ -86,6 +96,7 @@ class Trainer:
         self.optimizer = plugins.build_optimizer(self.model, self.plan, mesh)
         self.scheduler = build_scheduler(self.optimizer, config.train, plugins)
         self._batches, self._next_step = None, None
+        self.last_step = None  # the step the last call of step trained
         if device.type == "cuda":  # the steps' peak, not the setup's (memopt's trials, a pipeline's split timing)
             torch.cuda.reset_peak_memory_stats(device)
         self.materialize_s = time.perf_counter() - started
@@ -105,9 +116,32 @@ class Trainer:
         self._next_step = step + 1
         return next(self._batches)
 
+    def _state(self, model) -> dict:
+        """What a replica group rejoining under ``parallel.fault_tolerance`` takes from a live peer."""
+        return {"model": model.state_dict(), "optimizer": self.optimizer.state_dict(),
+                "scheduler": self.scheduler.state_dict()}
+
+    def _load(self, model, state: dict) -> None:
+        model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+
     def step(self, step: int) -> StepResult:
         """Trains optimizer step ``step``: its figures stay on the device (no host synchronisation unless fp16, which
-        reads whether the step overflowed, as torch's GradScaler does)."""
+        reads whether the step overflowed, as torch's GradScaler does).
+
+        Under ``parallel.fault_tolerance`` the step begins with the groups' quorum, after which a group that was
+        behind trains its peers' step (:attr:`last_step`), and a step that a group left before its end is trained
+        again by the groups present."""
+        while True:
+            if self.ft:
+                step = self.ft.begin(step)
+            result = self._step(step)
+            if self.ft is None or self.ft.committed:
+                self.last_step = step
+                return result
+
+    def _step(self, step: int) -> StepResult:
         plan, config = self.plan, self.config
         self.model.train()
         with self.run.phases("data"):
@@ -132,15 +166,18 @@ class Trainer:
                 if config.train.clip_grad_norm is not None and not skip:
                     clip_gradients(self.model, norm, config.train.clip_grad_norm)
         with self.run.phases("optimizer"):
-            if not skip:
+            committed = self.ft.commit() if self.ft else True
+            if not skip and committed:
                 self.optimizer.step()
             self.optimizer.zero_grad(set_to_none=True)
-            with warnings.catch_warnings():  # the schedule follows the steps, skipped or not
+            with warnings.catch_warnings():  # the schedule follows the steps, skipped or not (not those trained again)
                 warnings.filterwarnings("ignore", r"Detected call of `lr_scheduler\.step\(\)` before", UserWarning)
-                self.scheduler.step()
+                if committed:
+                    self.scheduler.step()
         spikes, elements = self.counter.take()
         extra = {**self.run.phases.take(), **self.plugins.step_metrics(plan)}
         figures = (out.loss * out.samples, out.correct, spikes, squares)
+        ranks = 1 if self.ft else plan.world_size  # those the figures are added over (a replica group: itself)
         row = torch.stack([x if torch.is_tensor(x) else torch.tensor(float(x), dtype=torch.float64, device=self.device)
                            for x in figures]).to(self.device, torch.float64)
 
@@ -152,13 +189,14 @@ class Trainer:
                 "grad_norm": math.sqrt(squares) / scale,
                 "train_acc": correct / samples,
                 "spike_rate": spikes / max(elements, 1.0),
-                **{key: total / plan.world_size for key, total in zip(extra, extra_totals)},
+                **{key: total / ranks for key, total in zip(extra, extra_totals)},
             }
 
         values = {
             "epoch": (step + 1) * plan.global_batch / len(self.train_set),  # passes over the training set so far
             "lr": lr,
             **({"loss_scale": scale} if loss_scale.enabled else {}),
+            **({"ft_groups": self.ft.participants()} if self.ft else {}),
         }
         return StepResult(values, row, [float(out.samples), float(elements), *extra.values()], finish,
                           ("loss", "grad_norm", "train_acc", "spike_rate", *extra))
@@ -178,8 +216,9 @@ class Trainer:
         strategies gather in each.
         """
         self.model.eval()
-        chunks = torch.arange(len(self.test_set)).tensor_split(self.plan.dp_size)
-        mine, size = chunks[self.replica], self.plan.replica_batch
+        parts = 1 if self.ft else self.plan.dp_size  # a replica group scores the whole split, as one job
+        chunks = torch.arange(len(self.test_set)).tensor_split(parts)
+        mine, size = chunks[0 if self.ft else self.replica], self.plan.replica_batch
         rounds = -(-max(len(chunk) for chunk in chunks) // size)
         for start in range(0, rounds * size, size):
             indices = mine[start : start + size]

@@ -8,6 +8,8 @@
 - ``SNNFW_TEST_RAISE_AT_STEP=k``: before step k, that rank raises RuntimeError from its hook.
 - ``SNNFW_TEST_EXIT_AT_END=N``: after marking itself done, that rank exits
   with status N, or aborts (SIGABRT) with ``abort``; first attempt only.
+- ``SNNFW_TEST_SLOW_STEPS=s``: every rank waits s seconds before each step, so that a run lasts while a test
+  acts on it.
 - ``SNNFW_TEST_SLOW_RESULTS=s``: rank 0 waits s seconds before writing the
   run's results, so the other ranks finish first.
 """
@@ -28,6 +30,8 @@ def _first_attempt() -> bool:
 @hookimpl
 def snnfw_step_start(step: int, rank: int) -> None:
     env = os.environ
+    if "SNNFW_TEST_SLOW_STEPS" in env:
+        time.sleep(float(env["SNNFW_TEST_SLOW_STEPS"]))
     if rank != int(env.get("SNNFW_TEST_FAULT_RANK", "1")):
         return
     if env.get("SNNFW_TEST_CRASH_AT_STEP") == str(step) and _first_attempt():
