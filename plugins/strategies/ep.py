@@ -93,7 +93,7 @@ def exchange_cost(request, layout) -> tuple[float, int]:
     micro = config.train.microbatches or layout.microbatches or 1
     samples = config.data.batch_size / layout.replicas
     hidden = layers[0].router.in_features if hasattr(layers[0], "router") else layers[0].experts[0].fc1.in_features
-    element = next(model.parameters()).element_size()
+    element = config.train.torch_dtype.itemsize
     rows = config.model.time_steps * samples * getattr(model, "sequence_length", 1) * layers[0].top_k
     away = (size - 1) / size
     per_layer = rows * away * (ROWS_PER_EXCHANGE * hidden * element + 8)

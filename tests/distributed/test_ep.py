@@ -52,3 +52,45 @@ def test_an_expert_parallel_checkpoint_resumes_on_another_mesh_with_clipped_grad
     for step, (have, expected) in enumerate(zip(saved[0]["grad_norms"], want["grad_norms"]), start=1):
         assert_close(f"step {step} gradient norm under ep", have, expected)
     assert all(summary["resumed_from"] == 3 for summary in resumed)
+
+
+def plan_config(mesh: dict, flavor: str = "tiny", **parallel):
+    return build_config({
+        "model": {"family": "spiking_lm", "flavor": flavor, "time_steps": 4, "sequence_length": 16}, "data": TEXT,
+        "train": {"steps": 1}, "parallel": {"strategy": "mesh", "mesh": mesh, **parallel},
+    })
+
+
+@pytest.mark.parametrize("mesh, flavor, message", [
+    ({"ep": 2}, "small", "dimension ep (ep): model 'spiking_lm' has no mixture-of-experts layer"),
+    ({"ep": 3}, "tiny", "the 4 experts of a layer do not split into 3 equal parts; use an ep size that divides 4"),
+    ({"ep": 2, "tp": 2}, "tiny", "ep composes with dp_replicate and dp_shard only, not with tp"),
+    ({"ep": 2, "dp_replicate": 2}, "tiny", "ep beside dp_replicate needs dp_shard"),
+])
+def test_what_ep_cannot_split_is_refused_in_one_line(mesh, flavor, message):
+    from snnfw.errors import PlanError
+    from snnfw.plan.prepare import prepare
+    from snnfw.plugin.manager import Plugins
+
+    world = 1
+    for size in mesh.values():
+        world *= size
+    with pytest.raises(PlanError) as refused:
+        prepare(plan_config(mesh, flavor), world, Plugins())
+    assert message in str(refused.value) and "\n" not in str(refused.value), str(refused.value)
+
+
+def test_the_plan_places_ep_among_the_data_dimensions_and_estimates_its_all_to_alls():
+    """ep splits the batch (4 replicas on ep = 2 x dp_shard = 2); its rationale gives the all-to-all bytes it adds
+    to the estimate: 16 samples / 4 replicas x 16 tokens x 4 steps x top-2 = 512 rows, half of them away, each
+    32 float64 values sent 4 times and its position once."""
+    from snnfw.plan.prepare import prepare
+    from snnfw.plugin.manager import Plugins
+
+    config = plan_config({"ep": 2, "dp_shard": 2})
+    plan = prepare(build_config({**config.to_dict(), "train": {"steps": 1, "dtype": "float64"}}), 4, Plugins()).plan
+    assert plan.mesh == (("ep", 2), ("dp_shard", 2)) and plan.dp_dims == ("ep", "dp_shard") and plan.dp_size == 4
+    assert "gradients: FSDP2 reduce-scatter over dp_shard, replicated over ep (HSDP)" in plan.rationale
+    expected = 512 / 2 * (4 * 32 * 8 + 8)
+    assert any(line.startswith("ep = 2: 2 of each layer's 4 experts per rank") and f"{expected / 2**20:.3g} MiB" in line
+               for line in plan.rationale), plan.rationale
