@@ -54,10 +54,11 @@ def test_an_expert_parallel_checkpoint_resumes_on_another_mesh_with_clipped_grad
     assert all(summary["resumed_from"] == 3 for summary in resumed)
 
 
-def plan_config(mesh: dict, flavor: str = "tiny", **parallel):
+def plan_config(mesh: dict, flavor: str = "tiny", parallel_strategy: str = "mesh"):
+    parallel = {"strategy": parallel_strategy, **({"mesh": mesh} if mesh else {})}
     return build_config({
         "model": {"family": "spiking_lm", "flavor": flavor, "time_steps": 4, "sequence_length": 16}, "data": TEXT,
-        "train": {"steps": 1}, "parallel": {"strategy": "mesh", "mesh": mesh, **parallel},
+        "train": {"steps": 1}, "parallel": parallel,
     })
 
 
@@ -94,3 +95,18 @@ def test_the_plan_places_ep_among_the_data_dimensions_and_estimates_its_all_to_a
     expected = 512 / 2 * (4 * 32 * 8 + 8)
     assert any(line.startswith("ep = 2: 2 of each layer's 4 experts per rank") and f"{expected / 2**20:.3g} MiB" in line
                for line in plan.rationale), plan.rationale
+
+
+def test_auto_weighs_ep_as_a_data_dimension_that_adds_all_to_alls():
+    """Under ``auto``, ep = 2 computes what dp_replicate = 2 computes (each rank half the samples, not half of
+    each sample's work as tp's ranks) and sends its all-to-alls besides: it is predicted no faster."""
+    import re
+
+    from snnfw.plan.prepare import prepare
+    from snnfw.plugin.manager import Plugins
+
+    plan = prepare(plan_config({}, parallel_strategy="auto"), 2, Plugins()).plan
+    predicted = {mesh: float(ms) for mesh, ms in
+                 (re.search(r"\((ep=2|dp_replicate=2)\): ~([0-9.]+) ms", line).groups() for line in plan.rationale
+                  if re.search(r"\((ep=2|dp_replicate=2)\): ~", line))}
+    assert predicted["ep=2"] >= predicted["dp_replicate=2"], plan.rationale
