@@ -34,8 +34,9 @@ class ExpertParallel(Strategy):
         comm, calls = exchange_cost(request, layout)
         return Proposal(NAME, rationale=(
             f"ep = {size}: {held} per rank, tokens dispatched and combined by all-to-all "
-            f"({comm / 2**20:.3g} MiB a rank a step); dense layers replicated over ep, which splits the batch; experts' "
-            "gradients averaged through the all-to-alls, not over ep",), added_comm_bytes=comm, added_calls=calls)
+            f"({comm / 2**20:.3g} MiB a rank a step); dense layers replicated over ep, which splits the batch; "
+            "experts' gradients averaged through the all-to-alls, not over ep",),
+            added_comm_bytes=comm, added_calls=calls)
 
     def apply_dimension(self, model, plan, mesh, hooks, wrap=None, group=None):
         split_experts(model, plan, mesh)
@@ -50,15 +51,16 @@ def refusal(request, sizes: dict) -> str | None:
         return (f"ep composes with {' and '.join(COMPOSES_WITH)} only, not with {', '.join(others)}; keep ep beside "
                 "the data dimensions")
     if sizes.get("dp_replicate", 1) > 1 and sizes.get("dp_shard", 1) == 1:
-        return ("ep beside dp_replicate needs dp_shard, whose FSDP2 units average the experts over dp_replicate (HSDP); "
-                "add dp_shard, or use dp_shard instead of dp_replicate")
+        return ("ep beside dp_replicate needs dp_shard, whose FSDP2 units average the experts over dp_replicate "
+                "(HSDP); add dp_shard, or use dp_shard instead of dp_replicate")
     if config.parallel.mixed_precision != "none":
         return (f"ep does not apply parallel.mixed_precision = {config.parallel.mixed_precision!r} to its experts; set "
                 "parallel.mixed_precision = \"none\" (train.precision = \"bf16\" is autocast)")
     if config.memopt.level:
         return "memopt recomputes forward passes, which would dispatch the tokens again; set memopt.level = 0"
     if config.compile.enable:
-        return "its all-to-alls run inside the forward pass, which torch.compile does not trace; set compile.enable = false"
+        return ("its all-to-alls run inside the forward pass, which torch.compile does not trace; set "
+                "compile.enable = false")
     if request.model is None:
         return None
     experts = _experts(request.model)
@@ -66,7 +68,8 @@ def refusal(request, sizes: dict) -> str | None:
         return (f"model {request.analysis.family!r} has no mixture-of-experts layer (a module with an experts "
                 "ModuleList and a mix method) to split; remove ep from parallel.mesh")
     if experts % size:
-        return f"the {experts} experts of a layer do not split into {size} equal parts; use an ep size that divides {experts}"
+        return (f"the {experts} experts of a layer do not split into {size} equal parts; use an ep size that divides "
+                f"{experts}")
     return None
 
 
@@ -104,8 +107,7 @@ def exchange_cost(request, layout) -> tuple[float, int]:
 def split_experts(model, plan, mesh) -> None:
     """Keeps this rank's experts of every MoE layer, their gradients reduced over the data dimensions but ep."""
     from snnfw.api import rows_group
-    from snnfw.distributed.grad_norm import OWNED_OVER
-    from snnfw_plugins.strategies.ep_dispatch import ExpertGroup, Placeholder, dispatched_mix, moe_layers
+    from snnfw_plugins.strategies.ep_dispatch import OWNED_OVER, ExpertGroup, Placeholder, dispatched_mix, moe_layers
 
     sizes = dict(plan.mesh)
     group = ExpertGroup(rows_group(mesh, (NAME,)), mesh.get_local_rank(NAME), sizes[NAME])
@@ -153,7 +155,7 @@ def _shard_experts(experts, plan, mesh) -> None:
 
 @hookimpl
 def snnfw_register_strategies(register):
-    register(NAME, ExpertParallel(), "the ep dimension: experts split across its ranks, tokens dispatched by all-to-all")
+    register(NAME, ExpertParallel(), "the ep dimension: experts split across its ranks, tokens sent by all-to-all")
 
 
 @hookimpl

@@ -28,6 +28,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+OWNED_OVER = "snnfw_owned_over"  # a module's note the core's gradient norm reads: each rank of this group holds its own
 
 @attrs.define
 class ExchangeCounter:
@@ -106,7 +107,8 @@ def dispatched_mix(layer: nn.Module, group: ExpertGroup, spikes: torch.Tensor, c
     returned = AllToAll.apply(outputs, receive, send, group, 1.0 / peers)
     out = torch.zeros_like(spikes)
     for index, y in enumerate(returned.split(lengths)):
-        out = out.index_add(0, rows[index], y * (weights * hits[index]).sum(-1).index_select(0, rows[index]).unsqueeze(-1))
+        weight = (weights * hits[index]).sum(-1).index_select(0, rows[index]).unsqueeze(-1)
+        out = out.index_add(0, rows[index], y * weight)
     return out
 
 

@@ -8,9 +8,9 @@ import pytest
 from snnfw.config import build_config
 from snnfw.run.loop import run_training
 from snnfw.testing import run_on_ranks
-from snnfw.testing.checks import assert_close, assert_steps_close
+from snnfw.testing.checks import assert_close
 from snnfw.testing.equivalence import Case
-from snnfw.testing.guarantee import check_case, checked_reference
+from snnfw.testing.guarantee import check_case
 
 STEPS, EVAL_EVERY = 4, 2
 TEXT = {"name": "python_bytes", "batch_size": 16, "train_samples": 128, "test_samples": 32}
@@ -30,16 +30,16 @@ def lm_config(steps: int, mesh: dict | None = None, every: int = 0, clip: float 
     parallel = {"strategy": "mesh", "mesh": mesh} if mesh else {"strategy": "none"}
     return build_config({
         "model": {"family": "spiking_lm", "flavor": "tiny", "time_steps": 4}, "data": TEXT,
-        "train": {"steps": steps, "lr": 3e-3, "optimizer": "adam", "seed": 3, "dtype": "float64", "microbatches": 1 if mesh else 2,
-                  "clip_grad_norm": clip},
+        "train": {"steps": steps, "lr": 3e-3, "optimizer": "adam", "seed": 3, "dtype": "float64",
+                  "microbatches": 1 if mesh else 2, "clip_grad_norm": clip},
         "parallel": parallel, "checkpoint": {"every": every},
     })
 
 
 def test_an_expert_parallel_checkpoint_resumes_on_another_mesh_with_clipped_gradients(tmp_path):
     """ep = 2 (each rank 2 of the 4 experts) saved at step 3, resumed on dp_shard = 2: none's float64 losses with
-    the same 2 microbatches (the balance loss is a microbatch's) each within 1e-9 relative; the gradients clipped at a norm below theirs, so every step
-    also depends on the whole gradient's norm, the experts' pieces counted once."""
+    the same 2 microbatches (the balance loss is a microbatch's) each within 1e-9 relative; the gradients clipped
+    at a norm below theirs, so every step also depends on the whole gradient's norm, each expert counted once."""
     clip = 0.05
     want = run_training(lm_config(6, clip=clip))
     assert min(want["grad_norms"]) > clip, want["grad_norms"]
