@@ -53,6 +53,9 @@ def refusal(request, sizes: dict) -> str | None:
     if sizes.get("dp_replicate", 1) > 1 and sizes.get("dp_shard", 1) == 1:
         return ("ep beside dp_replicate needs dp_shard, whose FSDP2 units average the experts over dp_replicate "
                 "(HSDP); add dp_shard, or use dp_shard instead of dp_replicate")
+    if getattr(config.parallel, "zero", False):
+        return ("parallel.zero partitions the parameters' updates over the replicas, whose experts differ under ep; "
+                "remove parallel.zero, or use dp_shard to shard the optimizer state")
     if config.parallel.mixed_precision != "none":
         return (f"ep does not apply parallel.mixed_precision = {config.parallel.mixed_precision!r} to its experts; set "
                 "parallel.mixed_precision = \"none\" (train.precision = \"bf16\" is autocast)")

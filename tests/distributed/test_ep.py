@@ -54,8 +54,8 @@ def test_an_expert_parallel_checkpoint_resumes_on_another_mesh_with_clipped_grad
     assert all(summary["resumed_from"] == 3 for summary in resumed)
 
 
-def plan_config(mesh: dict, flavor: str = "tiny", parallel_strategy: str = "mesh"):
-    parallel = {"strategy": parallel_strategy, **({"mesh": mesh} if mesh else {})}
+def plan_config(mesh: dict, flavor: str = "tiny", parallel_strategy: str = "mesh", **keys):
+    parallel = {"strategy": parallel_strategy, **({"mesh": mesh} if mesh else {}), **keys}
     return build_config({
         "model": {"family": "spiking_lm", "flavor": flavor, "time_steps": 4, "sequence_length": 16}, "data": TEXT,
         "train": {"steps": 1}, "parallel": parallel,
@@ -67,6 +67,7 @@ def plan_config(mesh: dict, flavor: str = "tiny", parallel_strategy: str = "mesh
     ({"ep": 3}, "tiny", "the 4 experts of a layer do not split into 3 equal parts; use an ep size that divides 4"),
     ({"ep": 2, "tp": 2}, "tiny", "ep composes with dp_replicate and dp_shard only, not with tp"),
     ({"ep": 2, "dp_replicate": 2}, "tiny", "ep beside dp_replicate needs dp_shard"),
+    ({"ep": 2}, "tiny", "parallel.zero partitions the parameters' updates over the replicas, whose experts differ"),
 ])
 def test_what_ep_cannot_split_is_refused_in_one_line(mesh, flavor, message):
     from snnfw.errors import PlanError
@@ -77,7 +78,7 @@ def test_what_ep_cannot_split_is_refused_in_one_line(mesh, flavor, message):
     for size in mesh.values():
         world *= size
     with pytest.raises(PlanError) as refused:
-        prepare(plan_config(mesh, flavor), world, Plugins())
+        prepare(plan_config(mesh, flavor, **({"zero": True} if "zero" in message else {})), world, Plugins())
     assert message in str(refused.value) and "\n" not in str(refused.value), str(refused.value)
 
 
