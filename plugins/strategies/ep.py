@@ -7,8 +7,9 @@ router, embeddings, head) are whole replicas on them, their gradients averaged o
 ``experts / ep`` whole experts, under their own names (the other experts' places hold no parameters), so a
 checkpoint names every expert once and resumes onto any mesh. The experts' gradients are the mean over the ep
 replicas through the all-to-alls themselves (``ep_dispatch``); the core's reduction leaves them out of its
-average over ep: DistributedDataParallel ignores them, and beside ``dp_shard`` each expert is a ``fully_shard``
-unit of its own over ``dp_shard`` (and ``dp_replicate``: HSDP), not over ep.
+average over ep (DistributedDataParallel ignores them, HSDP's units leave them out): beside the data dimensions
+each expert is a ``fully_shard`` unit of its own over them (``dp_shard``, with ``dp_replicate``: HSDP;
+``dp_replicate`` alone: sharded over it), never over ep.
 """
 
 from snnfw import hookimpl
@@ -50,9 +51,6 @@ def refusal(request, sizes: dict) -> str | None:
     if others:
         return (f"ep composes with {' and '.join(COMPOSES_WITH)} only, not with {', '.join(others)}; keep ep beside "
                 "the data dimensions")
-    if sizes.get("dp_replicate", 1) > 1 and sizes.get("dp_shard", 1) == 1:
-        return ("ep beside dp_replicate needs dp_shard, whose FSDP2 units average the experts over dp_replicate "
-                "(HSDP); add dp_shard, or use dp_shard instead of dp_replicate")
     if getattr(config.parallel, "zero", False):
         return ("parallel.zero partitions the parameters' updates over the replicas, whose experts differ under ep; "
                 "remove parallel.zero, or use dp_shard to shard the optimizer state")
@@ -126,9 +124,10 @@ def split_experts(model, plan, mesh) -> None:
     for expert in kept:
         for module in expert.modules():
             vars(module)[OWNED_OVER] = group.group
-    if sizes.get("dp_shard", 1) > 1:
-        _shard_experts(kept, plan, mesh)
-    else:
+    data = [name for name in COMPOSES_WITH if sizes.get(name, 1) > 1]
+    if data:
+        _shard_experts(kept, plan, mesh[tuple(data)] if len(data) > 1 else mesh[data[0]])
+    if sizes.get("dp_shard", 1) == 1:  # DistributedDataParallel over ep (and dp_replicate) wraps the model
         from torch.nn.parallel import DistributedDataParallel
 
         ids = {id(p) for expert in kept for p in expert.parameters()}
@@ -145,13 +144,12 @@ def _bound(function, layer, group):
     return mix
 
 
-def _shard_experts(experts, plan, mesh) -> None:
-    """Each expert a ``fully_shard`` unit over ``dp_shard``, replicated over ``dp_replicate`` (HSDP), not over ep."""
+def _shard_experts(experts, plan, expert_mesh) -> None:
+    """Each expert a ``fully_shard`` unit over ``expert_mesh``: the data dimensions but ep (sharded over dp_shard,
+    replicated over dp_replicate beside it: HSDP; sharded over dp_replicate alone, which DDP's replicas then
+    average as FSDP2 reduce-scatters)."""
     from snnfw_plugins.strategies.fsdp2 import _fully_shard, reshard_after_forward
 
-    sizes = dict(plan.mesh)
-    data = [name for name in ("dp_replicate", "dp_shard") if sizes.get(name, 1) > 1]
-    expert_mesh = mesh[tuple(data)] if len(data) > 1 else mesh[data[0]]
     for expert in experts:
         _fully_shard(expert, mesh=expert_mesh, reshard_after_forward=reshard_after_forward(plan.config.parallel))
 

@@ -17,6 +17,7 @@ TEXT = {"name": "python_bytes", "batch_size": 16, "train_samples": 128, "test_sa
 CASES = (
     Case("mesh-ep2", "mesh", 2, 2, 1, {"parallel": {"mesh": {"ep": 2}}}),
     Case("mesh-ep2-x-dp_shard2", "mesh", 4, 4, 1, {"parallel": {"mesh": {"ep": 2, "dp_shard": 2}}}),
+    Case("mesh-ep2-x-dp_replicate2", "mesh", 4, 4, 1, {"parallel": {"mesh": {"ep": 2, "dp_replicate": 2}}}),
 )
 
 
@@ -66,7 +67,6 @@ def plan_config(mesh: dict, flavor: str = "tiny", parallel_strategy: str = "mesh
     ({"ep": 2}, "small", "dimension ep (ep): model 'spiking_lm' has no mixture-of-experts layer"),
     ({"ep": 3}, "tiny", "the 4 experts of a layer do not split into 3 equal parts; use an ep size that divides 4"),
     ({"ep": 2, "tp": 2}, "tiny", "ep composes with dp_replicate and dp_shard only, not with tp"),
-    ({"ep": 2, "dp_replicate": 2}, "tiny", "ep beside dp_replicate needs dp_shard"),
     ({"ep": 2}, "tiny", "parallel.zero partitions the parameters' updates over the replicas, whose experts differ"),
 ])
 def test_what_ep_cannot_split_is_refused_in_one_line(mesh, flavor, message):
