@@ -95,11 +95,12 @@ def dispatched_mix(layer: nn.Module, group: ExpertGroup, spikes: torch.Tensor, c
     rows = [hit.any(-1).nonzero().squeeze(-1) for hit in hits]
     lengths = [len(r) for r in rows]
     tokens = spikes.shape[0] // steps
-    counts = torch.tensor([[tokens, *lengths[p * local:(p + 1) * local]] for p in range(peers)], dtype=torch.int64)
+    counts = torch.tensor([[tokens, *lengths[p * local:(p + 1) * local]] for p in range(peers)], dtype=torch.int64,
+                          device=spikes.device)
     received = exchange(counts.flatten(), [local + 1] * peers, [local + 1] * peers, group).view(peers, local + 1)
     received = received.tolist()  # per peer: its tokens, then its rows for each of this rank's experts
     send = [sum(lengths[p * local:(p + 1) * local]) for p in range(peers)]
-    receive = [sum(counts[1:]) for counts in received]
+    receive = [sum(peer[1:]) for peer in received]
     order = torch.cat(rows)
     positions = exchange(order, send, receive, group)
     inputs = AllToAll.apply(spikes.index_select(0, order), send, receive, group, float(peers))
