@@ -25,6 +25,15 @@ class ExpertParallel(Strategy):
 
     dimension, parameters, splits_batch, order = "ep", REPLICATED, True, IN_PLACE
 
+    def propose(self, request):
+        """Asked by name (``parallel.strategy = "ep"``), where a mesh is meant: how to ask for one. Under ``auto``
+        it proposes through the composition only."""
+        if request.strategy != NAME:
+            return None
+        return Proposal.refuse(NAME, f"ep is a dimension of parallel.mesh, not a strategy of its own; set "
+                                     f"parallel.mesh = {{ep = {request.topology.world_size}}} (dp_shard or "
+                                     "dp_replicate beside it if you like) and remove parallel.strategy")
+
     def propose_dimension(self, request, layout):
         sizes = dict(layout.mesh)
         size = sizes[self.dimension]

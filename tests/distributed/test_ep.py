@@ -111,3 +111,13 @@ def test_auto_weighs_ep_as_a_data_dimension_that_adds_all_to_alls():
                  (re.search(r"\((ep=2|dp_replicate=2)\): ~([0-9.]+) ms", line).groups() for line in plan.rationale
                   if re.search(r"\((ep=2|dp_replicate=2)\): ~", line))}
     assert predicted["ep=2"] >= predicted["dp_replicate=2"], plan.rationale
+
+
+def test_ep_asked_as_a_strategy_says_how_to_ask_for_the_mesh():
+    from snnfw.errors import PlanError
+    from snnfw.plan.prepare import prepare
+    from snnfw.plugin.manager import Plugins
+
+    with pytest.raises(PlanError, match=r"ep is a dimension of parallel.mesh, not a strategy of its own; set "
+                                        r"parallel.mesh = \{ep = 2\}"):
+        prepare(plan_config({}, parallel_strategy="ep"), 2, Plugins())
