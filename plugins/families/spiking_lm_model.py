@@ -161,14 +161,20 @@ class MoEMLP(nn.Module):
         steps, samples, length, hidden = x.shape
         spikes = self.input_lif(self.norm(x)).reshape(-1, hidden)
         probs, chosen, weights = self.route(spikes)
+        out = self.mix(spikes, chosen, weights, steps)
+        aux = self.balance_loss(probs, chosen, steps) if self.training else None
+        return out.view(steps, samples, length, hidden), aux
+
+    def mix(self, spikes: torch.Tensor, chosen: torch.Tensor, weights: torch.Tensor, steps: int) -> torch.Tensor:
+        """The experts' outputs on the flattened spikes ``[T x tokens, H]``, each weighted and added in expert order
+        (expert parallelism replaces this step with its dispatch and combine)."""
         out = torch.zeros_like(spikes)
         for index, expert in enumerate(self.experts):
             hit = chosen == index  # [M, k]
             rows = hit.any(-1).nonzero().squeeze(-1)
-            y = expert(spikes.index_select(0, rows), rows, steps, samples * length)
+            y = expert(spikes.index_select(0, rows), rows, steps, spikes.shape[0] // steps)
             out = out.index_add(0, rows, y * (weights * hit).sum(-1).index_select(0, rows).unsqueeze(-1))
-        aux = self.balance_loss(probs, chosen, steps) if self.training else None
-        return out.view(steps, samples, length, hidden), aux
+        return out
 
     def balance_loss(self, probs: torch.Tensor, chosen: torch.Tensor, steps: int) -> torch.Tensor:
         experts = probs.shape[-1]

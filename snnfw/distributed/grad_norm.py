@@ -3,7 +3,8 @@
 Each rank holds pieces of the gradient: whole (``none``, and replicas under
 ``dp`` and ``zero``), DTensor shards (FSDP2, DTensor tensor parallel),
 channel slices (snnfw's tensor-parallel styles note them in
-``snnfw_slices``), or only its pipeline stages' parameters. A piece held
+``snnfw_slices``), parameters each rank of a group holds alone (an ``ep``
+group's experts: ``snnfw_owned_over``), or only its pipeline stages' parameters. A piece held
 alike by ``k`` ranks counts ``1 / k`` on each, so one sum over the world
 counts every piece of every parameter once, as ``none`` would.
 """
@@ -17,10 +18,11 @@ import torch
 from snnfw.distributed.layout import Layout
 
 SLICES = "snnfw_slices"  # written by tensor-parallel styles: parameter name -> TensorSlice
+OWNED_OVER = "snnfw_owned_over"  # a process group whose ranks each hold other parameters in this module's place
 EPS = 1e-6  # torch.nn.utils.clip_grad_norm_'s
 
 
-def _pieces(grad: torch.Tensor, sliced_over) -> tuple[torch.Tensor, int]:
+def _pieces(grad: torch.Tensor, sliced_over, owned_over=None) -> tuple[torch.Tensor, int]:
     """The local tensor of ``grad`` and how many distinct pieces the whole parameter's gradient is cut into."""
     from torch.distributed.tensor import DTensor
 
@@ -34,8 +36,9 @@ def _pieces(grad: torch.Tensor, sliced_over) -> tuple[torch.Tensor, int]:
         # every placement but Replicate cuts the tensor (FSDP2 over TP shards with _StridedShard, which is no is_shard())
         pieces = math.prod(mesh.size(dim) for dim, placement in enumerate(grad.placements) if not placement.is_replicate())
         grad = grad.to_local()
-    if sliced_over is not None:
-        pieces *= torch.distributed.get_world_size(sliced_over)
+    for group in (sliced_over, owned_over):
+        if group is not None:
+            pieces *= torch.distributed.get_world_size(group)
     return grad, pieces
 
 
@@ -48,7 +51,8 @@ def local_grad_squares(model: torch.nn.Module, layout: Layout, device: torch.dev
         slices = module.__dict__.get(SLICES, {})
         for name, parameter in module.named_parameters(recurse=False):
             if parameter.grad is not None:
-                local, pieces = _pieces(parameter.grad, getattr(slices.get(name), "group", None))
+                local, pieces = _pieces(parameter.grad, getattr(slices.get(name), "group", None),
+                                        module.__dict__.get(OWNED_OVER))
                 by_weight.setdefault((pieces / holders, local.dtype), []).append(local)
     total = None
     with torch.no_grad():

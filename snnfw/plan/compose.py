@@ -3,7 +3,7 @@ applies its part, in one order, so that any mix the model allows trains (strateg
 :mod:`snnfw.plan.composed`).
 
 A dimension is owned by the strategy whose :attr:`~snnfw.plugin.strategy.Strategy.dimension` names it
-(built in: ``dp_replicate``, ``dp_shard``, ``tp``, ``pp``, ``time``). Its ranks hold the parameters
+(built in: ``dp_replicate``, ``dp_shard``, ``tp``, ``pp``, ``time``, ``ep``). Its ranks hold the parameters
 ``replicated`` (gradients averaged over them), ``sharded`` (FSDP2) or ``split`` (each its own part).
 
 The mesh, outermost first (torchtitan's order; ranks of the innermost dimension are neighbours): stage
@@ -184,7 +184,8 @@ def _estimate(request: PlanRequest, layout: Proposal, strategies: dict[str, Stra
     averaged, sharded = reduction.averaged, reduction.sharded
     split = math.prod(sizes[n] for n in names if strategies[n].parameters == SPLIT)
     shards = sizes[sharded] if sharded else 1
-    parts = math.prod(sizes[n] for n in names if strategies[n].order != DATA)
+    # the dimensions that split each sample's work (a data dimension applied in place, ep, splits the samples instead)
+    parts = math.prod(sizes[n] for n in names if strategies[n].order != DATA and not strategies[n].splits_batch)
     samples = request.config.data.batch_size / layout.replicas
     params = cost.parameter_bytes / split
     comm = (1.5 * ring_bytes(params, shards) if sharded else 0.0) + ring_bytes(params / shards,
