@@ -146,11 +146,12 @@ def collective_errors_in_one_line(rank: int, parallel) -> Iterator[None]:
 
 
 def set_timeouts(timeout_s: float) -> None:
-    """Gives every process group of this rank ``timeout_s`` for its collectives from now on."""
-    from torch.distributed.distributed_c10d import _rank_not_in_group, _set_pg_timeout, _world
+    """Gives every process group of this rank ``timeout_s`` for its collectives from now on (those of a backend that
+    takes a timeout: gloo's and NCCL's; the dry run's fake process group has none)."""
+    from torch.distributed.distributed_c10d import _rank_not_in_group, _set_pg_timeout, _world, get_backend
 
     for group in list(_world.pg_map):
-        if not _rank_not_in_group(group):
+        if not _rank_not_in_group(group) and get_backend(group) in ("gloo", "nccl", "cpu:gloo,cuda:nccl"):
             _set_pg_timeout(datetime.timedelta(seconds=timeout_s), group)
 
 
