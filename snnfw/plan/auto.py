@@ -205,6 +205,33 @@ def choose(request, plugins) -> Decision:
     return Decision(best.strategy, tuple(best.mesh.items()), tuple(best.settings), rationale)
 
 
+MEASURE_COPIES = 4  # what a measured step holds beside the model: its copy, gradients, and Adam's two states
+
+
+def check_measurable(model) -> None:
+    """Refuses a model whose measured step would not fit this host's available memory (the process would be killed
+    with no word): the cost is measured on one step of a copy of the model, here."""
+    held = sum(p.numel() * p.element_size() for p in model.parameters())
+    available = _available_memory()
+    if available is not None and MEASURE_COPIES * held > available:
+        raise PlanError(f"auto measures one training step of the model on this host, which holds {held / 2**30:.1f} "
+                        f"GiB of parameters and would need ~{MEASURE_COPIES * held / 2**30:.1f} GiB, and this host has "
+                        f"{available / 2**30:.1f} GiB available; name the layout (parallel.mesh) and check it with "
+                        "snnfw plan --dry-run, or run auto where the model's step fits")
+
+
+def _available_memory() -> int | None:
+    """The bytes this host can still give (Linux's MemAvailable), or None where it does not say."""
+    try:
+        with open("/proc/meminfo") as meminfo:
+            for line in meminfo:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        return None
+    return None
+
+
 def measure(model, spec, plugins, train, threads: int | None = None, transform=None):
     """The per-sample cost of ``model`` that estimates scale from, with a step of ``train.optimizer``, under
     ``train.precision``, at ``threads`` threads (default: this process's), transformed by ``transform(model,
@@ -212,6 +239,7 @@ def measure(model, spec, plugins, train, threads: int | None = None, transform=N
     from snnfw.components.optim import optimizer_options
     from snnfw.components.precision import autocast
 
+    check_measurable(model)
     frames, labels = example_batch(spec)
 
     def optimizer(parameters):

@@ -265,3 +265,18 @@ def test_tune_refuses_a_config_that_sets_tune_results(tmp_path):
     quickstart = Path(__file__).resolve().parents[2] / "examples" / "quickstart.toml"
     with pytest.raises(UserError, match="sets parallel.tune_results, which auto reads; tune learns from --results"):
         tune(quickstart, 2, ['parallel.tune_results="bench.jsonl"'], 10.0, tmp_path / "bench.jsonl", tmp_path / "t.toml", 0)
+
+
+def test_a_model_whose_measured_step_would_not_fit_this_host_is_refused_not_killed(monkeypatch):
+    """auto measures a step of a copy of the model here: where that cannot fit (the 1.4B language model on a
+    24 GB machine was killed with no word), it says so in one line and what to do instead."""
+    from torch import nn
+
+    from snnfw.plan import auto
+
+    model = nn.Linear(1024, 1024)  # 4 MiB of parameters
+    monkeypatch.setattr(auto, "_available_memory", lambda: 8 * 2**20)
+    with pytest.raises(PlanError, match=r"would need ~0.0 GiB, and this host has 0.0 GiB available; name the layout"):
+        auto.check_measurable(model)
+    monkeypatch.setattr(auto, "_available_memory", lambda: 64 * 2**20)
+    auto.check_measurable(model)
