@@ -10,7 +10,8 @@ from typing import TYPE_CHECKING
 
 from snnfw import hookimpl
 from snnfw.api import (ConfigError, LossSpec, LrScheduleSpec, OptimizerSpec, StepOutput, autocast, build_optimizer,
-                       cross_entropy, held_state, hits, load_held_state, mse_rate, scored, tet, training_loss)
+                       cross_entropy, held_state, hits, load_held_state, mse_rate, next_token, scored, tet,
+                       training_loss)
 
 if TYPE_CHECKING:
     import torch
@@ -29,6 +30,8 @@ def _torch_optimizer(name: str):
 def snnfw_register_losses(register):
     register("cross_entropy", LossSpec(cross_entropy, ("label_smoothing",), {"label_smoothing": 0.0}),
              "cross entropy of the time-averaged logits, train.label_smoothing (0)")
+    register("next_token", LossSpec(next_token), "a language model's cross entropy of the time-averaged logits against "
+             "the next tokens, with the model's auxiliary loss where it carries one (mixture of experts)")
     register("mse_rate", LossSpec(mse_rate), "mean squared error of the time-averaged output against one-hot targets")
     register("tet", LossSpec(tet, ("tet_lambda",), {"tet_lambda": 1e-3}),
              "TET: cross entropy at every time step, train.tet_lambda (0.001) of distance of the logits from 1")

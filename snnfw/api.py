@@ -76,7 +76,7 @@ _WHERE = {  # name: the module that defines it
     "is_neuron": "snnfw.model.analysis", "submodule": "snnfw.model.analysis", "infer_tp_plan": "snnfw.model.source",
     # the built-in losses (a loss plugin may wrap them), frames of a data set, and a data set's encoding
     "training_loss": "snnfw.components.losses", "cross_entropy": "snnfw.components.losses",
-    "mse_rate": "snnfw.components.losses", "tet": "snnfw.components.losses",
+    "mse_rate": "snnfw.components.losses", "tet": "snnfw.components.losses", "next_token": "snnfw.components.losses",
     "Frames": "snnfw.config", "DirectEncoded": "snnfw.data.images",
     # writing files whole (a reader skips names starting with TEMP_PREFIX) and one-line error messages
     "TEMP_PREFIX": "snnfw.rundir", "keys_phrase": "snnfw.errors", "said": "snnfw.errors",

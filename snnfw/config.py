@@ -120,6 +120,7 @@ class ModelConfig:
     family: str = attrs.field(default="cifar10dvs_vgg", validator=v.instance_of(str))
     flavor: str = attrs.field(default="tiny", validator=v.instance_of(str))
     time_steps: int = attrs.field(default=4, validator=_positive)
+    sequence_length: int | None = attrs.field(default=None, validator=v.optional(_positive))  # a language model's S
     builder: str | None = attrs.field(default=None, validator=v.optional(v.instance_of(str)))
     input_shape: tuple[int, int, int] | None = attrs.field(default=None, converter=_input_shape)
     num_classes: int | None = attrs.field(default=None, validator=v.optional([v.instance_of(int), v.ge(2)]))

@@ -110,15 +110,24 @@ def main(argv: list[str] | None = None) -> int:
         rundir.mark_failed(run_dir, rank, f"{type(err).__name__}: {explain(err)}"[:400])
         raise
     if rank == 0:
-        print(
-            f"[snnfw] done: {summary['steps']} steps, final loss {summary['final_loss']:.4f}, "
-            f"test accuracy {summary['test_accuracy']:.1%}, {summary['wall_s']:.1f} s; results in {run_dir}"
-        )
+        print(f"[snnfw] done: {summary['steps']} steps, final loss {summary['final_loss']:.4f}, {_scored(summary)}, "
+              f"{summary['wall_s']:.1f} s; results in {run_dir}")
     rundir.mark_done(run_dir, rank)
     sys.stdout.flush()
     sys.stderr.flush()
     plugins.rank_done(rank)
     return 0
+
+
+def _scored(summary: dict) -> str:
+    """The last validation as the final line says it: a language model's bits per byte (else perplexity), or the
+    test accuracy."""
+    last = summary.get("eval", {})
+    if "eval_bpb" in last:
+        return f"validation {last['eval_bpb']:.3f} bits per byte"
+    if "eval_ppl" in last:
+        return f"validation perplexity {last['eval_ppl']:.2f}"
+    return f"test accuracy {summary['test_accuracy']:.1%}"
 
 
 def _stopped_in_user_code(err: Exception, where: str, run_dir: Path, rank: int) -> int:

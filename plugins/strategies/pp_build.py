@@ -19,13 +19,17 @@ EXAMPLE_FIRING = 0.2  # share of active pixels in the dry run's frames
 
 
 def example_frames(plan, hooks, device, mesh) -> torch.Tensor:
-    """One microbatch of sparse random event frames ``[N, T, C, H, W]`` for splitting and the dry run, of the time
-    steps this rank reads (a time split's chunk)."""
+    """One microbatch of sparse random event frames ``[N, T, C, H, W]`` (a language model's random token ids
+    ``[N, T, S]``) for splitting and the dry run, of the time steps this rank reads (a time split's chunk)."""
     config = plan.config
-    shape = config.model.input_shape or hooks.families.get(config.model.family).flavor(config.model.flavor).input_shape
+    flavor = None if config.model.input_shape else hooks.families.get(config.model.family).flavor(config.model.flavor)
+    shape = config.model.input_shape or flavor.shape_for(config.model.sequence_length)
     view = hooks.time_view(plan, mesh)
     steps = view[1] - view[0] if view else config.model.time_steps
     generator = torch.Generator().manual_seed(config.train.seed)
+    if flavor is not None and flavor.vocab is not None:
+        ids = torch.randint(flavor.vocab, (plan.microbatch_size, 1, *shape), generator=generator)
+        return ids.expand(-1, steps, *shape).to(device)
     frames = torch.rand(plan.microbatch_size, steps, *shape, generator=generator) < EXAMPLE_FIRING
     return frames.to(device, config.train.torch_dtype)
 

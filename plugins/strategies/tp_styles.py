@@ -14,6 +14,11 @@ which then only ever see (and keep) their local channels.
   holds whole heads of q, k and v, the projection is row-parallel.
 - ``linear_mlp``: Linear-neuron-Linear through torch's DTensor
   ``ColwiseParallel`` and ``RowwiseParallel``.
+- ``causal_attention_heads``, ``spiking_linear_mlp``, ``moe_experts``: the
+  ``spiking_lm`` family's attention, MLP and mixture of experts over
+  ``[T, N, S, H]`` (channels last): whole heads of q, k and v, the MLP's hidden
+  layer and each expert's hidden layer column-parallel with their neurons, the
+  projections back row-parallel; a MoE's router stays whole on every rank.
 
 A plan entry names a module, or a run of an ``nn.Sequential``'s children as a
 slice, ``"name.start:stop"`` (``"1:4"`` in a Sequential model): the layers of a
@@ -188,10 +193,11 @@ def shard_batch_norm(bn: nn.Module, index: torch.Tensor, shard: Shard) -> None:
     _note(bn, ("weight", "bias", "running_mean", "running_var"), 0, index, shard)
 
 
-def shard_neuron(neuron: nn.Module, local: int, total: int, shard: Shard) -> None:
-    """Gives ``neuron`` its shard rule (``snnfw_shard_neuron``), records the shard on it and checks every input."""
+def shard_neuron(neuron: nn.Module, local: int, total: int, shard: Shard, dim: int = CHANNEL_DIM) -> None:
+    """Gives ``neuron`` its shard rule (``snnfw_shard_neuron``), records the shard (of its input's dim ``dim``) on
+    it and checks every input."""
     name = shard.names.get(id(neuron), type(neuron).__name__)
-    placement = NeuronShard(CHANNEL_DIM, local, total, name, shard.group)
+    placement = NeuronShard(dim, local, total, name, shard.group)
     if shard.hooks.shard_neuron(neuron, placement, shard.mesh) is not neuron:
         raise ValueError("a snnfw_shard_neuron implementation that replaces the module is not supported by tp styles")
     neuron.snnfw_shard = placement
@@ -308,6 +314,90 @@ def apply_linear_mlp(module: nn.Module | Run, shard: Shard) -> None:
     count_dtensor_mlp(module)
 
 
+# the spiking_lm family's units, channels last
+
+
+TOKEN_CHANNELS = 3  # [T, N, S, H]
+
+
+def column_linear(linear: nn.Linear, index: torch.Tensor, shard: Shard) -> None:
+    """Keeps output features ``index``."""
+    linear.weight = _param(linear.weight[index])
+    if linear.bias is not None:
+        linear.bias = _param(linear.bias[index])
+    linear.out_features = len(index)
+    _note(linear, ("weight", "bias") if linear.bias is not None else ("weight",), 0, index, shard)
+
+
+def row_linear(linear: nn.Linear, index: torch.Tensor, shard: Shard) -> None:
+    """Keeps input features ``index``; partial outputs are all-reduced, the bias added once."""
+    linear.weight = _param(linear.weight[:, index])
+    linear.in_features = len(index)
+    _note(linear, ("weight",), 1, index, shard)
+
+    def reduce(m, args, out):
+        return reduce_out(out, shard.group) if m.bias is None else reduce_out(out - m.bias, shard.group) + m.bias
+
+    linear.register_forward_hook(reduce)
+
+
+def gradient_summed_after(module: nn.Module, shard: Shard) -> None:
+    """``module``'s output (replicated) feeds only column-parallel layers: its gradient is summed over ranks."""
+    module.register_forward_hook(lambda m, args, out: copy_in(out, shard.group))
+
+
+def check_causal_attention(module: nn.Module, size: int) -> str | None:
+    if not all(hasattr(module, name) for name in ("num_heads", "q", "k", "v", "proj", "input_lif")):
+        return "expects the spiking_lm family's CausalSelfAttention (num_heads, input_lif, q, k, v, proj)"
+    if module.num_heads % size:
+        return Indivisible(f"its {module.num_heads} heads are not divisible by tp={size}")
+    return None
+
+
+def apply_causal_attention(module: nn.Module, shard: Shard) -> None:
+    total = module.q.out_features
+    channels = shard.block(total)  # whole heads: a contiguous block of head_dim-feature groups
+    gradient_summed_after(module.input_lif, shard)
+    for linear, neuron in ((module.q, module.q_lif), (module.k, module.k_lif), (module.v, module.v_lif)):
+        column_linear(linear, channels, shard)
+        shard_neuron(neuron, len(channels), total, shard, TOKEN_CHANNELS)
+    module.num_heads //= shard.size
+    row_linear(module.proj, channels, shard)
+
+
+def check_spiking_linear_mlp(module: nn.Module, size: int) -> str | None:
+    if not all(hasattr(module, name) for name in ("input_lif", "fc1", "hidden_lif", "fc2")):
+        return "expects the spiking_lm family's SpikingMLP (input_lif, fc1, hidden_lif, fc2)"
+    return _channels(module, size, "its hidden layer", module.fc1.out_features)
+
+
+def apply_spiking_linear_mlp(module: nn.Module, shard: Shard) -> None:
+    total = module.fc1.out_features
+    index = shard.block(total)
+    gradient_summed_after(module.input_lif, shard)
+    column_linear(module.fc1, index, shard)
+    shard_neuron(module.hidden_lif, len(index), total, shard, TOKEN_CHANNELS)
+    row_linear(module.fc2, index, shard)
+
+
+def check_moe_experts(module: nn.Module, size: int) -> str | None:
+    if not (hasattr(module, "router") and isinstance(getattr(module, "experts", None), nn.ModuleList)):
+        return "expects the spiking_lm family's MoEMLP (router, experts)"
+    return _channels(module, size, "an expert's hidden layer", module.experts[0].fc1.out_features)
+
+
+def apply_moe_experts(module: nn.Module, shard: Shard) -> None:
+    """Each expert's hidden layer split; its output all-reduced before the router's weights scale it, so the
+    router, whole on every rank, sees (and differentiates) the whole output."""
+    for expert in module.experts:
+        total = expert.fc1.out_features
+        index = shard.block(total)
+        expert.fc1.register_forward_pre_hook(lambda m, args: (copy_in(args[0], shard.group), *args[1:]))
+        column_linear(expert.fc1, index, shard)
+        shard_neuron(expert.lif, len(index), total, shard)  # [T, tokens, hidden]
+        row_linear(expert.fc2, index, shard)
+
+
 @attrs.frozen
 class Style:
     check: Callable[[nn.Module, int], str | None]
@@ -319,4 +409,7 @@ STYLES = {
     "conv_mlp": Style(check_conv_mlp, apply_conv_mlp),
     "self_attention_heads": Style(check_self_attention, apply_self_attention),
     "linear_mlp": Style(check_linear_mlp, apply_linear_mlp),
+    "causal_attention_heads": Style(check_causal_attention, apply_causal_attention),
+    "spiking_linear_mlp": Style(check_spiking_linear_mlp, apply_spiking_linear_mlp),
+    "moe_experts": Style(check_moe_experts, apply_moe_experts),
 }

@@ -73,6 +73,24 @@ def cross_entropy(options: dict[str, Any]) -> Loss:
     return loss
 
 
+def next_token(options: dict[str, Any]) -> Loss:
+    """A language model's loss: cross entropy of the time-averaged logits ``[T, N, S, vocab]`` against the next
+    tokens ``[N, S]``, averaged over the positions. A model may append rows past the ``S`` positions (``[T, N, S + r,
+    vocab]``) that carry an auxiliary training loss in column 0 (a mixture of experts' load balancing), the same
+    for every sample: their mean over the time steps is added."""
+    import torch.nn.functional as F
+
+    def loss(logits, labels):
+        logits, length = full_precision(logits), labels.shape[-1]
+        rate = logits[:, :, :length].mean(0)
+        scored = F.cross_entropy(rate.flatten(0, -2), labels.flatten())
+        if logits.shape[2] == length:
+            return scored
+        return scored + logits[:, :, length:, 0].mean(0).sum(-1).mean()
+
+    return loss
+
+
 def mse_rate(options: dict[str, Any]) -> Loss:
     """Mean squared error between the time-averaged output and one-hot targets (SpikingJelly's tutorial loss)."""
     import torch.nn.functional as F

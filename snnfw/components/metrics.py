@@ -101,10 +101,17 @@ def peak_memory_mb(device: torch.device) -> float:
 
 def progress_line(record: dict[str, Any], total_steps: int, samples_per_s: float) -> str:
     """Rank 0's line for a step, short enough for a terminal, with the throughput ``samples_per_s``;
-    ``metrics.jsonl`` holds every figure."""
+    ``metrics.jsonl`` holds every figure. A language model's (``tokens_per_s`` recorded) shows tokens a second,
+    and its validation's loss, perplexity and bits per byte instead of accuracy."""
     line = (f"[snnfw] step {record['step']}/{total_steps} epoch {record['epoch']:.2f} loss {record['loss']:.4f} "
-            f"acc {record['train_acc']:.1%} spikes {record['spike_rate']:.1%} {record['step_ms']:.0f} ms "
-            f"{samples_per_s:.0f} samples/s")
+            f"acc {record['train_acc']:.1%} spikes {record['spike_rate']:.1%} {record['step_ms']:.0f} ms ")
+    if "tokens_per_s" in record:
+        line += f"{samples_per_s * record['tokens_per_s'] / record['samples_per_s']:.0f} tokens/s"
+    else:
+        line += f"{samples_per_s:.0f} samples/s"
+    if "eval_ppl" in record:
+        bpb = f" bpb {record['eval_bpb']:.3f}" if "eval_bpb" in record else ""
+        return line + f" | eval loss {record['eval_loss']:.4f} ppl {record['eval_ppl']:.2f}{bpb}"
     return line + (f" | eval {record['eval_acc']:.1%}" if "eval_acc" in record else "")
 
 

@@ -45,21 +45,30 @@ class StepOutput:
 
 def hits(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     """How many samples the time-averaged ``logits`` classify right, on their device (reading it waits for it);
-    against a soft target (mixup, cutmix), its largest class."""
+    against a soft target (mixup, cutmix), its largest class. A language model's sample (labels ``[N, S]``) counts
+    the share of its positions whose next token is the largest logit (rows past the labels' S, a training loss
+    the model carries, are not scored)."""
     if labels.is_floating_point():
         labels = labels.argmax(-1)
-    return (logits.mean(0).argmax(1) == labels).sum()
+    return _per_sample(positions(logits, labels).mean(0).argmax(-1) == labels).sum()
 
 
-def count_correct(logits: torch.Tensor, labels: torch.Tensor) -> int:
-    return int(hits(logits, labels))
+def positions(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """``logits`` ``[T, N, classes]``, or a language model's ``[T, N, S, vocab]`` cut to the labels' S positions."""
+    return logits[:, :, : labels.shape[-1]] if labels.dim() > 1 and not labels.is_floating_point() else logits
+
+
+def _per_sample(right: torch.Tensor) -> torch.Tensor:
+    """``right`` ``[N]``, or ``[N, S]`` per position: each sample's share of right answers."""
+    return right if right.dim() == 1 else right.flatten(1).double().mean(1)
 
 
 def scored(logits: torch.Tensor, labels: torch.Tensor, loss_of) -> StepOutput:
-    """An evaluation batch's mean loss (``loss_of``), top-1 and top-5 counts from logits ``[T, N, classes]``."""
-    rate = logits.mean(0)
+    """An evaluation batch's mean loss (``loss_of``), top-1 and top-5 counts from logits ``[T, N, classes]`` (a
+    language model's ``[T, N, S, vocab]``: each sample's share of positions)."""
+    rate = positions(logits, labels).mean(0)
     top5 = rate.topk(min(5, rate.shape[-1]), dim=-1).indices
     return StepOutput(
-        loss=float(loss_of(logits, labels)), correct=count_correct(logits, labels), samples=len(labels),
-        top5=int((top5 == labels.unsqueeze(-1)).any(-1).sum()), logits=rate.detach().cpu(),
+        loss=float(loss_of(logits, labels)), correct=float(hits(logits, labels)), samples=len(labels),
+        top5=float(_per_sample((top5 == labels.unsqueeze(-1)).any(-1)).sum()), logits=rate.detach().cpu(),
     )

@@ -23,18 +23,26 @@ if TYPE_CHECKING:
 
 @attrs.frozen
 class InputSpec:
-    """What the model expects: frames ``[T, C, H, W]`` per sample and a class count."""
+    """What the model expects: frames ``[T, C, H, W]`` per sample and a class count; for a language model
+    (``vocab`` set), token ids ``[T, S]`` per sample, scored against the next tokens ``[S]``."""
 
     time_steps: int
-    shape: tuple[int, int, int]
+    shape: tuple[int, ...]
     num_classes: int
+    vocab: int | None = None
+
+    @property
+    def label_shape(self) -> tuple[int, ...]:
+        """A sample's label: a class index ``()``, or a language model's next tokens ``(S,)``."""
+        return () if self.vocab is None else self.shape
 
 
 @attrs.frozen
 class DatasetSpec:
     """A data-set plugin's builder: ``build(config, spec, split, seed) -> Dataset``.
 
-    Items are ``(frames [T, C, H, W] float, label int)``; ``split`` is "train" or "test".
+    Items are ``(frames [T, C, H, W] float, label int)``, or for a language model ``(token ids [T, S], next
+    token ids [S])``; ``split`` is "train" or "test".
     ``unread`` names the ``[data]`` keys the set does not read (``root`` for a generated
     set, ``train_samples`` and ``test_samples`` for one on disk), which are refused when set.
     ``classes`` and ``frame_shape`` (one time step's ``(C, H, W)`` as recorded), where the set has them, let
@@ -48,11 +56,16 @@ class DatasetSpec:
     classes: int | None = None
     frame_shape: tuple[int, int, int] | None = None
     images: bool = False
+    tokens: bool = False  # its items are token ids for a language model
+    bytes_per_token: float | None = None  # a text set's bytes of text a token: evaluation reports bits per byte
 
 
 def check_keys(config: Config, spec: DatasetSpec) -> None:
     """Refuses the ``[data]`` keys the user set that the configured data set does not read, and the image
-    transforms of ``data.augment`` on a set of other frames."""
+    transforms of ``data.augment`` on a set of other frames, and any on a set of tokens."""
+    if spec.tokens and config.data.augment:
+        raise ConfigError(f"data.augment transforms frames, and data set {config.data.name!r} gives token ids; "
+                          "remove data.augment")
     if not spec.images and (named := [name for name in config.data.augment if name in IMAGE_AUGMENTS]):
         raise ConfigError(f"data.augment's {', '.join(map(repr, named))} transform static images, and data set "
                           f"{config.data.name!r} gives {spec.description}; remove them, or train on cifar100 or image_folder")
@@ -104,17 +117,24 @@ LABEL_SAMPLE = 8  # how many items, spread over a data set of the user's own, ha
 
 
 def check_labels(dataset: Dataset, classes: int, split: str) -> None:
-    """Refuses labels that are no integer class index below ``classes``, in a sample of ``dataset``'s items."""
+    """Refuses labels that are no integer class index below ``classes`` (a language model's: no tensor of token ids
+    below its vocabulary), in a sample of ``dataset``'s items."""
     import operator
+
+    import torch
 
     for index in sorted({round(i * (len(dataset) - 1) / (LABEL_SAMPLE - 1)) for i in range(LABEL_SAMPLE)}):
         with users_code(f"item {index} of the {split} data set"):
             label = dataset[index][1]
+        tokens = isinstance(label, torch.Tensor) and label.dim() > 0 and not label.is_floating_point()
         try:
-            value = operator.index(label)  # an int, a NumPy or 0-dim torch integer
+            values = (int(label.min()), int(label.max())) if tokens else (operator.index(label),) * 2
         except TypeError:
             raise ConfigError(f"item {index} of the {split} data set has label {label!r} ({type(label).__name__}); "
                               "labels are integer class indices: return int(label)") from None
+        low, value = values
+        if low < 0:
+            value = low
         if not 0 <= value < classes:
             raise ConfigError(f"item {index} of the {split} data set has label {value}, outside the model's classes 0 "
                               f"to {classes - 1}; set model.num_classes = {value + 1} or more, or correct the labels")
@@ -170,6 +190,8 @@ class StepSampler:
 
 
 def _placed(frames: torch.Tensor, labels: torch.Tensor, device: torch.device, dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """Frames in ``dtype``; integer frames (token ids) keep their type."""
+    dtype = dtype if frames.is_floating_point() else None
     return frames.to(device, dtype, non_blocking=True), labels.to(device, non_blocking=True)
 
 

@@ -110,6 +110,11 @@ def source(config: Config, plugins, given: Any = None) -> Source:
         _refuse_set(config, OWN_MODEL_KEYS, f"for a model given by model.builder, and model family {model.family!r} declares its own")
         flavor = plugins.families.get(model.family).flavor(model.flavor)
         build, classes = flavor.build, flavor.num_classes
+        if model.sequence_length is not None:
+            if flavor.with_sequence_length is None:
+                raise ConfigError(f"model.sequence_length applies to language models, and model family {model.family!r} "
+                                  f"flavor {model.flavor!r} takes frames {list(flavor.input_shape)}; remove model.sequence_length")
+            build = flavor.with_sequence_length(model.sequence_length)
         if model.num_classes is not None and model.num_classes != classes:
             if flavor.with_classes is None:
                 raise ConfigError(
@@ -117,10 +122,13 @@ def source(config: Config, plugins, given: Any = None) -> Source:
                     "remove model.num_classes"
                 )
             build, classes = flavor.with_classes(model.num_classes), model.num_classes
-        return Source(model.family, build, datalib.InputSpec(model.time_steps, flavor.input_shape, classes), own=False)
+        spec = datalib.InputSpec(model.time_steps, flavor.shape_for(model.sequence_length), classes, flavor.vocab)
+        return Source(model.family, build, spec, own=False)
     if given is not None and model.builder is not None:
         raise ConfigError("a model was handed to snnfw.start and model.builder names another; remove model.builder")
     _refuse_set(config, ("family", "flavor"), "for naming a registered family, and the model is given by model.builder or the Python API")
+    _refuse_set(config, ("sequence_length",), "applies to a registered language model family (spiking_lm), and the model "
+                                             "is given by model.builder or the Python API: its input_shape says its length")
     if model.input_shape is None or model.num_classes is None:
         raise ConfigError(
             "a model of your own needs model.input_shape = [C, H, W] (one time step's frame) and model.num_classes; set both"

@@ -140,7 +140,7 @@ def rank(feasible: list[Candidate], prefer: str, memory: float) -> list[Candidat
 def example_batch(spec, samples: int = 2) -> tuple[torch.Tensor, torch.Tensor]:
     generator = torch.Generator().manual_seed(0)
     frames = (torch.rand(samples, spec.time_steps, *spec.shape, generator=generator) < 0.1).float()
-    return frames, torch.zeros(samples, dtype=torch.long)
+    return frames, torch.zeros(samples, *spec.label_shape, dtype=torch.long)
 
 
 SHOWN_REFUSALS = 12

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Callable
 
 import attrs
 
-from snnfw.components.losses import cross_entropy
+from snnfw.components.losses import cross_entropy, next_token
 from snnfw.components.precision import full_precision
 
 if TYPE_CHECKING:
@@ -164,10 +164,12 @@ def measure_cost(model: torch.nn.Module, example: torch.Tensor, labels: torch.Te
         with precision():
             return model(frames)
 
-    def step(frames, targets):
-        cross_entropy({"label_smoothing": 0.0})(full_precision(forward(frames)), targets).backward()
+    loss = next_token({}) if labels.dim() > 1 else cross_entropy({"label_smoothing": 0.0})  # a language model's
 
-    larger = example.repeat(LARGER, *(1,) * (example.dim() - 1)), labels.repeat(LARGER)
+    def step(frames, targets):
+        loss(full_precision(forward(frames)), targets).backward()
+
+    larger = example.repeat(LARGER, *(1,) * (example.dim() - 1)), labels.repeat(LARGER, *(1,) * (labels.dim() - 1))
     samples, before = len(labels), torch.get_num_threads()
     torch.set_num_threads(threads or before)
     try:
@@ -183,7 +185,7 @@ def measure_cost(model: torch.nn.Module, example: torch.Tensor, labels: torch.Te
         torch.set_num_threads(before)
     reset(model)
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), precision():
-        cross_entropy({"label_smoothing": 0.0})(full_precision(model(example)), labels)
+        loss(full_precision(model(example)), labels)
     state = sum(v.numel() * v.element_size() for m in model.modules() if isinstance(v := getattr(m, "v", None), torch.Tensor))
     return ModelCost(
         parameters=sum(p.numel() for p in model.parameters()),

@@ -152,6 +152,18 @@ def check_data(config: Config, plugins: Plugins, own_data: bool) -> None:
         datalib.check_keys(config, plugins.datasets.get(config.data.name))
 
 
+def follow_family(config: Config, plugins: Plugins) -> tuple[Config, tuple[str, ...]]:
+    """A family's flavor's own ``train.loss`` (a language model's ``next_token``) where the config names none, and
+    what the plan says of it."""
+    if config.model.builder is not None:
+        return config, ()
+    flavor = plugins.families.get(config.model.family).flavor(config.model.flavor)
+    if flavor.loss is None or "train.loss" in config.explicit or flavor.loss == config.train.loss:
+        return config, ()
+    config = attrs.evolve(config, train=attrs.evolve(config.train, loss=flavor.loss))
+    return config, (f"train.loss = {flavor.loss!r}: model family {config.model.family}'s (set train.loss to choose)",)
+
+
 def follow_data(config: Config, plugins: Plugins) -> tuple[Config, tuple[str, ...]]:
     """A family's classes fitted to a registered data set that declares its own (unless model.num_classes is
     set), and what the plan says of it and of resized frames."""
@@ -160,13 +172,19 @@ def follow_data(config: Config, plugins: Plugins) -> tuple[Config, tuple[str, ..
     dataset = plugins.datasets.get(config.data.name)
     flavor = plugins.families.get(config.model.family).flavor(config.model.flavor)
     notes = []
+    if dataset.tokens != (flavor.vocab is not None):
+        model = f"model family {config.model.family!r} flavor {config.model.flavor!r}"
+        raise ConfigError(f"data set {config.data.name!r} gives token sequences for a language model, and {model} takes "
+                          "frames; choose model.family = \"spiking_lm\" or another data set" if dataset.tokens else
+                          f"{model} reads token ids, and data set {config.data.name!r} gives frames; choose a text data "
+                          "set such as data.name = \"python_bytes\"")
     if dataset.classes and "model.num_classes" not in config.explicit and flavor.with_classes is not None \
             and dataset.classes != flavor.num_classes:
         model = attrs.evolve(config.model, num_classes=dataset.classes)
         config = attrs.evolve(config, model=model)
         notes.append(f"model.num_classes = {dataset.classes}: data set {config.data.name}'s classes (flavor "
                      f"{config.model.flavor} has {flavor.num_classes}; set model.num_classes to choose)")
-    if dataset.frame_shape and tuple(dataset.frame_shape[1:]) != tuple(flavor.input_shape[1:]):
+    if dataset.frame_shape and flavor.vocab is None and tuple(dataset.frame_shape[1:]) != tuple(flavor.input_shape[1:]):
         (height, width), (h, w) = dataset.frame_shape[1:], flavor.input_shape[1:]
         how = "images of data set {} resized (bicubic)" if dataset.images else "frames of data set {} resized by area"
         notes.append(f"{how.format(config.data.name)} from {height}x{width} to the model's {h}x{w}")
@@ -244,6 +262,8 @@ def prepare(config: Config, world_size: int, plugins: Plugins, local_ranks: int 
         raise ConfigError(f"log.profile.ranks names rank {profile.ranks[-1]}, and the run has ranks 0 to "
                           f"{world_size - 1}; name ranks of this run")
     config, data_notes = follow_data(config, plugins) if model is None and datasets is None else (config, ())
+    config, family_notes = follow_family(config, plugins) if model is None else (config, ())
+    data_notes = family_notes + data_notes
     source = models.source(config, plugins, model)
     built_data = None
     if datasets is None and _counts_epochs(config):

@@ -154,7 +154,8 @@ class Session:
         peaks = [0.0] * self.env.world_size
         peaks[self.env.rank] = peak_memory_mb(self.device)
         record = Record({"step": step + 1, **result.values, "step_ms": elapsed * 1e3,
-                         "samples_per_s": self.plan.global_batch / elapsed, **self._utilisation(elapsed * 1e3)},
+                         "samples_per_s": self.plan.global_batch / elapsed, **self._tokens(elapsed),
+                         **self._utilisation(elapsed * 1e3)},
                         coming=(*result.coming, "peak_mem_mb", "peak_mem_mb_per_rank"))
 
         def finish(totals: list[float]) -> dict[str, Any]:
@@ -167,6 +168,11 @@ class Session:
         if self.logs(step + 1):
             self.figures.read()
         return record
+
+    def _tokens(self, elapsed: float) -> dict[str, float]:
+        """A language model's ``tokens_per_s``: the global batch's positions a second."""
+        spec = self.trainer.spec
+        return {"tokens_per_s": self.plan.global_batch * spec.shape[0] / elapsed} if spec.vocab is not None else {}
 
     def _utilisation(self, step_ms: float) -> dict[str, float]:
         """``flops`` (a step's model FLOPs, :mod:`snnfw.components.flops`) and ``mfu``, the share of the ranks' peak

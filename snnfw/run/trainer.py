@@ -46,6 +46,8 @@ class Trainer:
         self.state_names = frozenset(prepared.model.state_dict())
         self.spec, self.num_classes = prepared.spec, prepared.spec.num_classes
         self.train_set, self.test_set = datasets or prepared.datasets or build_datasets(config, prepared.spec, plugins)
+        registered = not datasets and config.data.builder is None
+        self.bytes_per_token = plugins.datasets.get(config.data.name).bytes_per_token if registered else None
         for split, dataset in (("train", self.train_set), ("test", self.test_set)):
             datalib.check_samples(dataset, prepared.spec, split)
             if datasets:  # handed to the API; those built from data.builder are checked as they are built
@@ -204,6 +206,10 @@ class Trainer:
         result = {"eval_loss": loss / samples, "eval_acc": correct / samples, "eval_spike_rate": spikes / max(elements, 1.0)}
         if self.num_classes > 5:
             result["eval_acc5"] = top5 / samples
+        if self.spec.vocab is not None:  # a language model: perplexity, and bits per byte of a text set
+            result["eval_ppl"] = math.exp(min(result["eval_loss"], 700.0))
+            if self.bytes_per_token:
+                result["eval_bpb"] = result["eval_loss"] / math.log(2) / self.bytes_per_token
         if ops:
             counted = self.ops.totals(len(self.test_set))
             self.ops.counting(False)

@@ -24,10 +24,11 @@ def on(config: Config, eval_every: int, parallel: tuple[tuple[str, str], ...] = 
 
 
 @functools.cache
-def reference(family: str, microbatches: int, steps: int, eval_every: int, parallel: tuple = ()) -> dict:
-    """``none``'s run in float64 with ``microbatches``, on ``parallel``'s device (one rank: no backend)."""
+def reference(family: str, microbatches: int, steps: int, eval_every: int, parallel: tuple = (), data: tuple = ()) -> dict:
+    """``none``'s run in float64 with ``microbatches``, on ``parallel``'s device (one rank: no backend), on the
+    recipe's data with ``data``'s ``(key, value)`` pairs."""
     device = tuple((key, value) for key, value in parallel if key != "backend")
-    config = on(reference_config(family, microbatches, "float64", steps), eval_every, device)
+    config = on(reference_config(family, microbatches, "float64", steps, data=dict(data)), eval_every, device)
     return run_training(config, on_finish=final_state)
 
 
@@ -43,10 +44,10 @@ def assert_same_validations(rank, got, want, steps: int, eval_every: int):
 
 
 def checked_reference(family: str, microbatches: int, steps: int, eval_every: int, parallel: tuple = (),
-                      separates: float = 0.0) -> dict:
+                      separates: float = 0.0, data: tuple = ()) -> dict:
     """:func:`reference`, asserted to be worth comparing with: every neuron layer fires, and its test accuracy
     reaches ``separates``."""
-    want = reference(family, microbatches, steps, eval_every, parallel)
+    want = reference(family, microbatches, steps, eval_every, parallel, data)
     rates = want["layer_spike_rates"]
     assert rates and all(LAYER_RATE[0] <= r <= LAYER_RATE[1] for r in rates.values()), \
         f"every neuron layer must fire at a rate in {LAYER_RATE}: layer firing rates {rates}"
@@ -55,10 +56,12 @@ def checked_reference(family: str, microbatches: int, steps: int, eval_every: in
 
 
 def check_case(family: str, case: Case, steps: int, eval_every: int, parallel: tuple = (), timeout_s: float = 300,
-               separates: float = 0.0) -> None:
-    """Trains ``case`` on its ranks in float64 and asserts it matches ``none``'s run (:func:`checked_reference`)."""
-    want = checked_reference(family, case.reference_microbatches, steps, eval_every, parallel, separates)
-    config = on(case_config(family, case, "float64", steps), eval_every, parallel)
+               separates: float = 0.0, data: dict | None = None) -> None:
+    """Trains ``case`` on its ranks in float64 and asserts it matches ``none``'s run (:func:`checked_reference`);
+    ``data``: keys of the recipe's ``[data]`` to replace (another data set)."""
+    data = tuple(sorted((data or {}).items()))
+    want = checked_reference(family, case.reference_microbatches, steps, eval_every, parallel, separates, data)
+    config = on(case_config(family, case, "float64", steps, data=dict(data)), eval_every, parallel)
     summaries = run_on_ranks(config, case.ranks, inspect=final_state, timeout_s=timeout_s)
     for rank, got in enumerate(summaries):
         assert_steps_close(rank, got, want, ("losses", "spike_rates"), steps)

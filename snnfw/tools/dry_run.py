@@ -34,11 +34,18 @@ from typing import Iterator
 import attrs
 import torch
 import torch.distributed as dist
-from torch._subclasses.fake_tensor import FakeTensor, FakeTensorConverter, FakeTensorMode, unset_fake_temporarily
+from torch._subclasses.fake_tensor import (
+    DynamicOutputShapeException,
+    FakeTensor,
+    FakeTensorConverter,
+    FakeTensorMode,
+    unset_fake_temporarily,
+)
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
 from snnfw.config import Config
+from snnfw.errors import PlanError
 from snnfw.plugin.manager import Plugins
 from snnfw.run.trainer import Trainer
 
@@ -283,20 +290,22 @@ class _ZeroBatches(Trainer):
 
     def batches(self, step: int) -> list:
         frames = self.example()
-        return [(frames, torch.zeros(len(frames), dtype=torch.long))] * self.plan.microbatches
+        return [(frames, torch.zeros(len(frames), *self.spec.label_shape, dtype=torch.long))] * self.plan.microbatches
 
 
 class Zeros(torch.utils.data.Dataset):
-    """``length`` samples of zero frames ``[T, C, H, W]`` with label 0."""
+    """``length`` samples of zero frames ``[T, C, H, W]`` with label 0 (a language model's: zero token ids)."""
 
     def __init__(self, length: int, spec):
         self.length, self.shape = length, (spec.time_steps, *spec.shape)
+        self.tokens = (torch.zeros(self.shape, dtype=torch.long), torch.zeros(spec.label_shape, dtype=torch.long)) \
+            if spec.vocab is not None else None  # made here, outside the fake mode: real labels to check
 
     def __len__(self) -> int:
         return self.length
 
     def __getitem__(self, index: int):
-        return torch.zeros(self.shape), 0
+        return self.tokens if self.tokens is not None else (torch.zeros(self.shape), 0)
 
 
 def _no_communication(counted: list, bucket):  # unannotated: DDP checks a return annotation by value
@@ -351,6 +360,10 @@ def dry_run(config: Config, world_size: int, plugins: Plugins) -> tuple[object, 
                 traffic=_with_buckets(footprint.traffic, buckets), save=tensor_bytes(held) + footprint.optimizer,
                 export=whole_model if rank == 0 else max((tensor_bytes([t]) for t in held), default=0),
             )))
+        except DynamicOutputShapeException as err:
+            raise PlanError(f"the dry run runs the model on tensors without values, and model {plan.analysis.family!r} "
+                            f"makes a tensor whose shape depends on values ({err.func}: a dropless mixture of experts' "
+                            "routing, say); plan it without --dry-run") from None
         finally:
             if dist.is_initialized():
                 dist.destroy_process_group()

@@ -1,5 +1,6 @@
 """The published recipes in examples/recipes: each plans on its data set's on-disk layout, epochs resolved; the event
-recipes on their publishers' raw recordings too."""
+recipes on their publishers' raw recordings too; the language model's on its embedded corpus, under the overrides its
+comment gives."""
 
 from pathlib import Path
 
@@ -14,6 +15,7 @@ from snnfw.testing.raw_events import write_cifar10_dvs, write_dvs128_gesture, wr
 ROOT = Path(__file__).resolve().parents[2]
 RECIPES = sorted((ROOT / "examples" / "recipes").glob("*.toml"))
 RAW = {"cifar10_dvs": write_cifar10_dvs, "dvs128_gesture": write_dvs128_gesture, "n_mnist": write_nmnist}
+ON_DISK = [p for p in RECIPES if load_config(p).data.name != "python_bytes"]
 
 
 def layout(name: str, root: Path, time_steps: int) -> tuple[Path, int]:
@@ -36,10 +38,20 @@ def layout(name: str, root: Path, time_steps: int) -> tuple[Path, int]:
 
 def test_every_recipe_is_here():
     assert [p.stem for p in RECIPES] == ["cifar10dvs_vgg_tet", "dvs128_gesture", "n_mnist_plif", "shd_sequence_mlp",
-                                         "spikformer_cifar10", "spikformer_cifar100", "spikformer_imagenet"]
+                                         "spikformer_cifar10", "spikformer_cifar100", "spikformer_imagenet", "spiking_lm"]
 
 
-@pytest.mark.parametrize("recipe", RECIPES, ids=lambda p: p.stem)
+def test_the_language_model_recipe_plans_as_written_and_at_the_tiny_shape_on_a_mesh():
+    recipe = ROOT / "examples" / "recipes" / "spiking_lm.toml"
+    plan = prepare(load_config(recipe), 2, Plugins()).plan
+    assert (plan.name, plan.config.train.loss, plan.config.model.sequence_length) == ("dp", "next_token", 64)
+    tiny = load_config(recipe, ['model.flavor="tiny"', 'train.dtype="float64"', 'parallel.strategy="mesh"',
+                                "parallel.mesh={tp=2}", "model.sequence_length=16"])
+    plan = prepare(tiny, 2, Plugins()).plan
+    assert dict(plan.mesh) == {"tp": 2} and plan.config.train.dtype == "float64"
+
+
+@pytest.mark.parametrize("recipe", ON_DISK, ids=lambda p: p.stem)
 def test_a_recipe_plans_on_its_data_set_with_its_epochs(recipe, tmp_path, monkeypatch):
     monkeypatch.chdir(ROOT)  # model.builder paths start at the repository root
     written = load_config(recipe)

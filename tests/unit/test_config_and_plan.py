@@ -119,7 +119,7 @@ def test_missing_config_file_says_so(tmp_path):
         (tiny_config("none", model={"flavor": "huge"}), 1, UnknownNameError, "flavors: full, tiny"),
         (tiny_config("none", data={"name": "mnist"}), 1, UnknownNameError,
          "unknown dataset 'mnist' (did you mean 'n_mnist'?); registered dataset names: asl_dvs, cifar10, cifar100, "
-         "cifar10_dvs, dvs128_gesture, dvs_lip, image_folder, n_caltech101, n_mnist, shd, ssc, synthetic_dvs"),
+         "cifar10_dvs, dvs128_gesture, dvs_lip, image_folder, n_caltech101, n_mnist, python_bytes, shd, ssc, synthetic_dvs"),
         (tiny_config("none"), 2, PlanError, "use --nproc 1"),
         (tiny_config("dp"), 1, PlanError, "at least 2 ranks"),
         (tiny_config("dp"), 3, PlanError, "divisible by data-parallel size 3"),

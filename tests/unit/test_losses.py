@@ -62,7 +62,7 @@ def test_loss_keys_are_checked():
         prepare(own({"loss": "mse_rate", "label_smoothing": 0.1}), 1, Plugins())
     with pytest.raises(ConfigError, match=r"train\.tet_lambda does not apply to train\.loss = 'cross_entropy'"):
         prepare(own({"tet_lambda": 0.1}), 1, Plugins())
-    with pytest.raises(UnknownNameError, match="registered loss names: cross_entropy, mse_rate, tet"):
+    with pytest.raises(UnknownNameError, match="registered loss names: cross_entropy, mse_rate, next_token, tet"):
         prepare(own({"loss": "focal"}), 1, Plugins())
 
 
