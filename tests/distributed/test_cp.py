@@ -5,8 +5,10 @@ its mixture-of-experts balance loss included."""
 
 import pytest
 
-from snnfw.testing.equivalence import Case, _composed
-from snnfw.testing.guarantee import check_case
+from snnfw.testing import run_on_ranks
+from snnfw.testing.checks import assert_close
+from snnfw.testing.equivalence import Case, _composed, case_config
+from snnfw.testing.guarantee import check_case, checked_reference, on
 
 STEPS, EVAL_EVERY = 2, 2
 TEXT = {"name": "python_bytes", "batch_size": 16, "train_samples": 128, "test_samples": 32}
@@ -21,3 +23,21 @@ CASES = (
 @pytest.mark.parametrize("case", CASES, ids=[case.name for case in CASES])
 def test_the_spiking_lm_matches_none_in_float64_with_its_sequence_split(case: Case):
     check_case("spiking_lm", case, STEPS, EVAL_EVERY, timeout_s=300, data=TEXT)
+
+
+def test_a_cp_checkpoint_resumes_on_a_tensor_parallel_mesh(tmp_path):
+    """{cp = 2} trains a step and checkpoints it, {tp = 2} goes on from there: none's losses, each step within 1e-9
+    relative."""
+    want = checked_reference("spiking_lm", 1, STEPS, EVAL_EVERY, data=tuple(sorted(TEXT.items())))["losses"]
+
+    def config(mesh: dict, steps: int):
+        case = Case("mesh", "mesh", 2, 1, 1, {"parallel": {"mesh": mesh}, "checkpoint": {"every": 1}})
+        return on(case_config("spiking_lm", case, "float64", steps, data=TEXT), EVAL_EVERY)
+
+    saved = run_on_ranks(config({"cp": 2}, 1), 2, tmp_path, timeout_s=300)
+    resumed = run_on_ranks(config({"tp": 2}, STEPS), 2, tmp_path, resume=True, timeout_s=300)
+    for rank, (before, after) in enumerate(zip(saved, resumed)):
+        assert after["resumed_from"] == 1 and len(before["losses"]) == 1 and len(after["losses"]) == STEPS
+        for step, (have, expected) in enumerate(zip(after["losses"], want), start=1):
+            assert_close(f"rank {rank} step {step} loss", have, expected)
+        assert_close(f"rank {rank} step 1 loss before the checkpoint", before["losses"][0], want[0])
