@@ -8,8 +8,6 @@ parameters and each rank's loss is the mean over its positions, so the core's gr
 (with the data replicas') is the whole sequence's gradient, as for ``time``.
 """
 
-import torch
-
 from snnfw import hookimpl
 from snnfw.api import Proposal, Strategy
 
@@ -50,6 +48,8 @@ def key_value_bytes(request, layout) -> float:
     """Bytes a rank receives from its cp peers in a step: each attention layer's all-gather of the whole sequence's
     keys and values (its time steps' and tp heads' share) and their gradients' reduce-scatter, (P - 1) / P of it
     each (the MoE means, a few numbers a step and expert, left out)."""
+    import torch
+
     sizes, config = dict(layout.mesh), request.config
     size = sizes[NAME]
     layers = [m for m in request.model.modules() if hasattr(m, "keys_values")] if request.model is not None else []

@@ -41,3 +41,20 @@ def test_a_cp_checkpoint_resumes_on_a_tensor_parallel_mesh(tmp_path):
         for step, (have, expected) in enumerate(zip(after["losses"], want), start=1):
             assert_close(f"rank {rank} step {step} loss", have, expected)
         assert_close(f"rank {rank} step 1 loss before the checkpoint", before["losses"][0], want[0])
+
+
+@pytest.mark.parametrize("mesh, world, family, message", [
+    ({"dp_replicate": 2, "cp": 2}, 4, "sequence_mlp", "dimension cp (cp): cp splits a language model's sequence, and "
+                                                      "model family 'sequence_mlp' takes frames, not token ids"),
+    ({"cp": 3}, 3, "spiking_lm", "dimension cp (cp): the sequence of 16 tokens does not split into 3 equal slices; "
+                                 "use a cp size that divides it, or set model.sequence_length to a multiple of 3"),
+])
+def test_what_cp_cannot_split_is_refused_in_one_line_naming_the_rule(mesh, world, family, message):
+    from snnfw.errors import PlanError
+    from snnfw.plan.prepare import prepare
+    from snnfw.plugin.manager import Plugins
+
+    case = Case("mesh", "mesh", world, 1, 1, {"parallel": {"mesh": mesh}})
+    with pytest.raises(PlanError) as refused:
+        prepare(case_config(family, case, "float64", data=TEXT if family == "spiking_lm" else None), world, Plugins())
+    assert message in str(refused.value) and "\n" not in str(refused.value), str(refused.value)
