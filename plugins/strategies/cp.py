@@ -73,15 +73,17 @@ class SequenceSplit(Strategy):
             return Proposal.refuse(NAME, reason)
         length = sequence_length(request.config, request.plugins.families)
         attentions = sum(hasattr(m, "keys_values") for m in request.model.modules()) if request.model is not None else 0
+        exchanged = key_value_bytes(request, layout)
         return Proposal(NAME, rationale=(f"cp = {size}: each sample's {length} positions split ({length // size} per "
-                                         "rank), keys and values all-gathered in each causal attention",),
-                        added_comm_bytes=key_value_bytes(request, layout), added_calls=2 * attentions)
+                                         f"rank), keys and values all-gathered in each of {attentions} causal "
+                                         f"attentions: each rank receives {exchanged / 2**20:.1f} MiB a step",),
+                        added_comm_bytes=exchanged, added_calls=2 * attentions)
 
     def apply_dimension(self, model, plan, mesh, hooks, wrap=None):
         from snnfw.api import rows_group
         from snnfw_plugins.strategies.cp_ops import SequenceGroup, split_sequence
 
-        sequence = SequenceGroup(rows_group(mesh, (NAME,)))
+        sequence = SequenceGroup(rows_group(mesh, (NAME,)), timed=plan.config.log.phase_times)
         if hooks.run is not None:
             hooks.run.kept[NAME] = sequence.counter
         split_sequence(model, sequence, sequence_length(plan.config, hooks.families))
@@ -106,7 +108,8 @@ def snnfw_sequence_view(plan, mesh, hooks):
 
 @hookimpl
 def snnfw_step_metrics(plan, hooks):
-    """``cp_comm_mb``: the megabytes this rank received from its cp peers in the step."""
+    """``cp_comm_mb``: the megabytes this rank received from its cp peers in the step; with log.phase_times,
+    ``cp_exchange_ms``: the time it spent in those collectives."""
     counter = hooks.kept(NAME)
     if NAME not in dict(plan.mesh) or counter is None:
         return None

@@ -18,6 +18,9 @@ whole sequence's.
 
 from __future__ import annotations
 
+import contextlib
+import time as clock
+
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
@@ -26,24 +29,32 @@ from torch import nn
 
 class CommCounter:
     """Bytes this rank received from its sequence peers since the last ``take()``: (P - 1) / P of each all-gathered
-    and reduce-scattered tensor (a ring's share), 2 (P - 1) / P of each all-reduced one."""
+    and reduce-scattered tensor (a ring's share), 2 (P - 1) / P of each all-reduced one; and, where ``timed``
+    (``log.phase_times``), the host time spent in those collectives."""
 
-    def __init__(self):
-        self.bytes = 0.0
+    def __init__(self, timed: bool = False):
+        self.timed, self.bytes, self.seconds = timed, 0.0, 0.0
 
-    def count(self, whole: torch.Tensor, share: float) -> None:
+    @contextlib.contextmanager
+    def collective(self, whole: torch.Tensor, share: float):
         self.bytes += share * whole.numel() * whole.element_size()
+        started = clock.perf_counter()
+        try:
+            yield
+        finally:
+            self.seconds += clock.perf_counter() - started
 
     def take(self) -> dict[str, float]:
-        out, self.bytes = {"cp_comm_mb": self.bytes / 2**20}, 0.0
+        out = {"cp_comm_mb": self.bytes / 2**20, **({"cp_exchange_ms": self.seconds * 1e3} if self.timed else {})}
+        self.bytes = self.seconds = 0.0
         return out
 
 
 class SequenceGroup:
     """This rank's place among the ``size`` ranks that split the positions of the same samples."""
 
-    def __init__(self, group):
-        self.group, self.counter = group, CommCounter()
+    def __init__(self, group, timed: bool = False):
+        self.group, self.counter = group, CommCounter(timed)
         self.rank, self.size = dist.get_rank(group), dist.get_world_size(group)
 
 
@@ -61,8 +72,8 @@ class GatherKeysValues(torch.autograd.Function):
     def forward(ctx, local: torch.Tensor, sequence: SequenceGroup) -> torch.Tensor:
         ctx.sequence, ctx.shape = sequence, local.shape
         gathered = local.new_empty(sequence.size * local.numel())
-        dist.all_gather_single(gathered, local.reshape(-1), group=sequence.group)
-        sequence.counter.count(gathered, (sequence.size - 1) / sequence.size)
+        with sequence.counter.collective(gathered, (sequence.size - 1) / sequence.size):
+            dist.all_gather_single(gathered, local.reshape(-1), group=sequence.group)
         kept = gathered.view(sequence.size, *local.shape)[: sequence.rank + 1]  # [k + 1, ..., L, c]
         return kept.movedim(0, -3).flatten(-3, -2)
 
@@ -73,8 +84,8 @@ class GatherKeysValues(torch.autograd.Function):
         whole = F.pad(grad, (0, 0, 0, (sequence.size - sequence.rank - 1) * length))  # zeros past this rank's positions
         parts = whole.unflatten(-2, (sequence.size, length)).movedim(-3, 0).reshape(-1)
         mine = grad.new_empty(shape)
-        dist.reduce_scatter_single(mine.view(-1), parts, group=sequence.group)
-        sequence.counter.count(parts, (sequence.size - 1) / sequence.size)
+        with sequence.counter.collective(parts, (sequence.size - 1) / sequence.size):
+            dist.reduce_scatter_single(mine.view(-1), parts, group=sequence.group)
         return mine, None
 
 
@@ -93,8 +104,8 @@ class MeanOverGroup(torch.autograd.Function):
 
 
 def _mean(x: torch.Tensor, sequence: SequenceGroup) -> torch.Tensor:
-    dist.all_reduce(x, group=sequence.group)
-    sequence.counter.count(x, 2 * (sequence.size - 1) / sequence.size)
+    with sequence.counter.collective(x, 2 * (sequence.size - 1) / sequence.size):
+        dist.all_reduce(x, group=sequence.group)
     return x / sequence.size
 
 
