@@ -8,6 +8,8 @@ parameters and each rank's loss is the mean over its positions, so the core's gr
 (with the data replicas') is the whole sequence's gradient, as for ``time``.
 """
 
+import math
+
 from snnfw import hookimpl
 from snnfw.api import Proposal, Strategy
 
@@ -45,9 +47,9 @@ def sequence_split_refusal(request, size: int) -> str | None:
 
 
 def key_value_bytes(request, layout) -> float:
-    """Bytes a rank receives from its cp peers in a step: each attention layer's all-gather of the whole sequence's
-    keys and values (its time steps' and tp heads' share) and their gradients' reduce-scatter, (P - 1) / P of it
-    each (the MoE means, a few numbers a step and expert, left out)."""
+    """Bytes a rank receives from its cp peers in a step: each attention layer's (of its pipeline stage's share of
+    the layers) all-gather of the whole sequence's keys and values (its time steps' and tp heads' share) and their
+    gradients' reduce-scatter, (P - 1) / P of it each (the MoE means, a few numbers a step and expert, left out)."""
     import torch
 
     sizes, config = dict(layout.mesh), request.config
@@ -57,7 +59,8 @@ def key_value_bytes(request, layout) -> float:
     element = torch.empty((), dtype=config.train.torch_dtype).element_size()
     samples = config.data.batch_size / layout.replicas
     steps = config.model.time_steps / sizes.get("time", 1)
-    whole = 2 * channels / sizes.get("tp", 1) * steps * samples * sequence_length(config, request.plugins.families)
+    stages = math.prod(sizes[name] for name in layout.stage_dims)
+    whole = 2 * channels / sizes.get("tp", 1) / stages * steps * samples * sequence_length(config, request.plugins.families)
     return 2 * (size - 1) / size * whole * element
 
 
