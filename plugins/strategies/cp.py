@@ -14,6 +14,7 @@ from snnfw import hookimpl
 from snnfw.api import Proposal, Strategy
 
 NAME = "cp"
+SEQUENCE_PARTS = ("keys_values", "first_position")  # what cp_ops changes: attention's k and v, the embedded positions
 
 
 def sequence_length(config, families) -> int | None:
@@ -27,7 +28,7 @@ def sequence_length(config, families) -> int | None:
 def sequence_split_refusal(request, size: int) -> str | None:
     """Why the sequence of ``request``'s model cannot be split ``size`` ways, or None."""
     config = request.config
-    length = sequence_length(config, request.plugins.families) if request.plugins is not None else None
+    length = sequence_length(config, request.plugins.families)
     if length is None:
         what = f"model family {config.model.family!r}" if config.model.family else "a model of your own"
         return (f"cp splits a language model's sequence, and {what} takes frames, not token ids; use tp, time or a "
@@ -40,9 +41,10 @@ def sequence_split_refusal(request, size: int) -> str | None:
                 "in step; set memopt.level = 0")
     if config.compile.enable:
         return "cp's collectives run inside autograd functions that torch.compile is not verified on; set compile.enable = false"
-    if request.model is not None and not any(hasattr(m, "keys_values") for m in request.model.modules()):
-        return (f"model family {config.model.family!r} has no attention with keys_values for cp to gather; cp applies "
-                "to the spiking_lm family")
+    if request.model is not None and not all(any(hasattr(m, part) for m in request.model.modules())
+                                             for part in SEQUENCE_PARTS):
+        return (f"model family {config.model.family!r} lacks an attention's keys_values or an embedding's "
+                "first_position, which cp splits the sequence by; cp applies to the spiking_lm family")
     return None
 
 
