@@ -56,7 +56,8 @@ class TokenEmbedding(nn.Module):
         steps, samples, length = ids.shape
         first = self.first_position
         if first + length > self.positions.num_embeddings:
-            raise ValueError(f"a sequence of {first + length} tokens is longer than the model's {self.positions.num_embeddings}")
+            raise ValueError(f"a sequence of {first + length} tokens is longer than the model's "
+                             f"{self.positions.num_embeddings}")
         stream = self.tokens(ids) + self.positions.weight[first:first + length]
         if self.carries_aux and self.training:
             stream = torch.cat([stream, stream.new_zeros(steps, samples, AUX_ROW, stream.shape[-1])], dim=2)

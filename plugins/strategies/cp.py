@@ -40,7 +40,8 @@ def sequence_split_refusal(request, size: int) -> str | None:
         return ("memopt recomputes forward passes in backward, where cp's key/value all-gathers are not verified to run "
                 "in step; set memopt.level = 0")
     if config.compile.enable:
-        return "cp's collectives run inside autograd functions that torch.compile is not verified on; set compile.enable = false"
+        return ("cp's collectives run inside autograd functions that torch.compile is not verified on; set "
+                "compile.enable = false")
     if request.model is not None and not all(any(hasattr(m, part) for m in request.model.modules())
                                              for part in SEQUENCE_PARTS):
         return (f"model family {config.model.family!r} lacks an attention's keys_values or an embedding's "
@@ -62,7 +63,8 @@ def key_value_bytes(request, layout) -> float:
     samples = config.data.batch_size / layout.replicas
     steps = config.model.time_steps / sizes.get("time", 1)
     stages = math.prod(sizes[name] for name in layout.stage_dims)
-    whole = 2 * channels / sizes.get("tp", 1) / stages * steps * samples * sequence_length(config, request.plugins.families)
+    length = sequence_length(config, request.plugins.families)
+    whole = 2 * channels / sizes.get("tp", 1) / stages * steps * samples * length
     return 2 * (size - 1) / size * whole * element
 
 
