@@ -58,3 +58,23 @@ def test_what_cp_cannot_split_is_refused_in_one_line_naming_the_rule(mesh, world
     with pytest.raises(PlanError) as refused:
         prepare(case_config(family, case, "float64", data=TEXT if family == "spiking_lm" else None), world, Plugins())
     assert message in str(refused.value) and "\n" not in str(refused.value), str(refused.value)
+
+
+def test_the_dry_run_trains_a_step_of_a_pipeline_whose_stages_split_the_sequence():
+    """``snnfw plan --dry-run``'s zero batches are cut to each rank's positions as the loader cuts them, so a
+    pipeline's stages, shaped by the rank's slice, take them; the plan says the bytes cp adds."""
+    from snnfw.config import build_config
+    from snnfw.plugin.manager import Plugins
+    from snnfw.tools.dry_run import dry_run
+
+    config = build_config({
+        "model": {"family": "spiking_lm", "flavor": "small", "time_steps": 4, "sequence_length": 16},
+        "data": {"name": "python_bytes", "batch_size": 8, "train_samples": 64, "test_samples": 16},
+        "train": {"steps": 1, "microbatches": 2},
+        "parallel": {"strategy": "mesh", "mesh": {"pp": 2, "cp": 2}},
+    })
+    plan, footprints = dry_run(config, 4, Plugins())
+    assert [rank for rank, _ in footprints] == [0, 3] and all(f.activations > 0 for _, f in footprints)
+    # a stage's 2 layers' k and v (128 channels each) of 8 samples x 4 steps x 16 positions in float32 are 1 MiB,
+    # of which a rank receives half forward (the all-gather) and half backward (the reduce-scatter)
+    assert "each rank receives 1.0 MiB a step" in " ".join(plan.rationale), plan.rationale
