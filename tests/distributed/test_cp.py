@@ -3,6 +3,9 @@ every step's loss and firing rate within 1e-9 relative of none's with the same m
 perplexity's loss and per-position accuracy, and the final state included), alone and composed with tp, pp and time,
 its mixture-of-experts balance loss included."""
 
+import subprocess
+import sys
+
 import pytest
 
 from snnfw.testing import run_on_ranks
@@ -27,7 +30,7 @@ def test_the_spiking_lm_matches_none_in_float64_with_its_sequence_split(case: Ca
 
 def test_a_cp_checkpoint_resumes_on_a_tensor_parallel_mesh(tmp_path):
     """{cp = 2} trains a step and checkpoints it, {tp = 2} goes on from there: none's losses, each step within 1e-9
-    relative."""
+    relative. Predictions under cp, which would list each rank's positions alone, are refused in one line."""
     want = checked_reference("spiking_lm", 1, STEPS, EVAL_EVERY, data=tuple(sorted(TEXT.items())))["losses"]
 
     def config(mesh: dict, steps: int):
@@ -41,6 +44,16 @@ def test_a_cp_checkpoint_resumes_on_a_tensor_parallel_mesh(tmp_path):
         for step, (have, expected) in enumerate(zip(after["losses"], want), start=1):
             assert_close(f"rank {rank} step {step} loss", have, expected)
         assert_close(f"rank {rank} step 1 loss before the checkpoint", before["losses"][0], want[0])
+    toml = tmp_path / "tiny.toml"
+    toml.write_text('[model]\nfamily = "spiking_lm"\nflavor = "tiny"\ntime_steps = 4\n[data]\nname = "python_bytes"\n'
+                    'batch_size = 16\ntrain_samples = 128\ntest_samples = 32\n[train]\ndtype = "float64"\n')
+    out = tmp_path / "predictions.jsonl"
+    done = subprocess.run([sys.executable, "-m", "snnfw", "predict", str(toml), "--weights", str(tmp_path), "--nproc", "2",
+                           "--set", "parallel.mesh={cp = 2}", "--out", str(out), "--run-dir", str(tmp_path / "predicted")],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode != 0 and not out.exists(), done.stderr[-2000:]
+    assert ("snnfw: error: predictions list each sample's positions whole, and this mesh splits the sequence across "
+            "ranks (cp); predict under a mesh without cp") in done.stderr.splitlines(), done.stderr[-2000:]
 
 
 @pytest.mark.parametrize("mesh, world, family, message", [
