@@ -41,21 +41,24 @@ def split_carrier(stream: torch.Tensor, carried: bool) -> tuple[torch.Tensor, to
 class TokenEmbedding(nn.Module):
     """Token ids ``[N, T, S]`` -> the stream ``[T, N, S, H]`` (token and learned position embeddings); in training
     with MoE layers, a zero auxiliary loss row appended. Ids given as floating-point frames (the core's probe
-    batches) are read as ids."""
+    batches) are read as ids. ``first_position``: the position of the first id it is given (a sequence split's
+    rank's)."""
 
     def __init__(self, vocab: int, hidden: int, sequence_length: int, carries_aux: bool):
         super().__init__()
         self.tokens, self.positions = nn.Embedding(vocab, hidden), nn.Embedding(sequence_length, hidden)
-        self.carries_aux = carries_aux
+        self.carries_aux, self.first_position = carries_aux, 0
         nn.init.normal_(self.tokens.weight, std=0.02)
         nn.init.normal_(self.positions.weight, std=0.02)
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         ids = ids.transpose(0, 1).long()
         steps, samples, length = ids.shape
-        if length > self.positions.num_embeddings:
-            raise ValueError(f"a sequence of {length} tokens is longer than the model's {self.positions.num_embeddings}")
-        stream = self.tokens(ids) + self.positions.weight[:length]
+        first = self.first_position
+        if first + length > self.positions.num_embeddings:
+            raise ValueError(f"a sequence of {first + length} tokens is longer than the model's "
+                             f"{self.positions.num_embeddings}")
+        stream = self.tokens(ids) + self.positions.weight[first:first + length]
         if self.carries_aux and self.training:
             stream = torch.cat([stream, stream.new_zeros(steps, samples, AUX_ROW, stream.shape[-1])], dim=2)
         return stream
@@ -66,7 +69,8 @@ class CausalSelfAttention(nn.Module):
     their projections, each position attends to itself and the positions before it (Spikformer's softmax-free
     ``q k^T v``, averaged over the positions seen), and the heads' outputs are projected back.
 
-    ``keys_values`` computes k and v of the input spikes, one place to extend for a sequence split across ranks."""
+    ``keys_values`` computes k and v of the input spikes, the place a sequence split across ranks extends: it may
+    return the keys and values of positions before the queries' too, the queries then being the last positions."""
 
     def __init__(self, hidden: int, heads: int):
         super().__init__()
@@ -91,10 +95,10 @@ class CausalSelfAttention(nn.Module):
         spikes = self.input_lif(self.norm(x))
         q = self.heads(self.q_lif(self.q(spikes)))
         k, v = self.keys_values(spikes)
-        length = q.shape[-2]
-        causal = torch.ones(length, length, dtype=torch.bool, device=x.device).tril()
+        length, before = q.shape[-2], k.shape[-2] - q.shape[-2]  # keys of positions before the queries' first
+        causal = torch.ones(length, before + length, dtype=torch.bool, device=x.device).tril(before)
         scores = (q @ k.transpose(-2, -1)).masked_fill(~causal, 0.0)
-        seen = torch.arange(1, length + 1, device=x.device, dtype=x.dtype).unsqueeze(-1)
+        seen = torch.arange(before + 1, before + length + 1, device=x.device, dtype=x.dtype).unsqueeze(-1)
         mixed = (scores @ v) / seen  # [T, N, heads, S, d]
         return self.proj(mixed.transpose(2, 3).flatten(3))
 
@@ -176,11 +180,16 @@ class MoEMLP(nn.Module):
             out = out.index_add(0, rows, y * (weights * hit).sum(-1).index_select(0, rows).unsqueeze(-1))
         return out
 
+    def token_means(self, values: torch.Tensor) -> torch.Tensor:
+        """The mean of ``values`` ``[T, tokens, C]`` over each step's tokens ``[T, C]``: the place a sequence split
+        across ranks extends to the mean over every rank's tokens."""
+        return values.mean(1)
+
     def balance_loss(self, probs: torch.Tensor, chosen: torch.Tensor, steps: int) -> torch.Tensor:
         experts = probs.shape[-1]
         taken = F.one_hot(chosen, experts).sum(1).to(probs.dtype).view(steps, -1, experts)  # [T, tokens, E]
-        share = taken.mean(1) / self.top_k
-        mean_prob = probs.view(steps, -1, experts).mean(1)
+        share, mean_prob = self.token_means(torch.cat([taken / self.top_k, probs.view(steps, -1, experts)], -1)
+                                            ).split(experts, -1)
         return self.aux_weight * experts * (share * mean_prob).sum(-1)
 
 

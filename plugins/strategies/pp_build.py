@@ -20,10 +20,13 @@ EXAMPLE_FIRING = 0.2  # share of active pixels in the dry run's frames
 
 def example_frames(plan, hooks, device, mesh) -> torch.Tensor:
     """One microbatch of sparse random event frames ``[N, T, C, H, W]`` (a language model's random token ids
-    ``[N, T, S]``) for splitting and the dry run, of the time steps this rank reads (a time split's chunk)."""
+    ``[N, T, S]``) for splitting and the dry run, of the time steps and positions this rank reads (a time split's
+    chunk, a sequence split's slice)."""
     config = plan.config
     flavor = None if config.model.input_shape else hooks.families.get(config.model.family).flavor(config.model.flavor)
     shape = config.model.input_shape or flavor.shape_for(config.model.sequence_length)
+    if positions := hooks.sequence_view(plan, mesh):  # a sequence split's slice
+        shape = (positions[1] - positions[0],)
     view = hooks.time_view(plan, mesh)
     steps = view[1] - view[0] if view else config.model.time_steps
     generator = torch.Generator().manual_seed(config.train.seed)

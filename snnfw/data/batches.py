@@ -282,3 +282,18 @@ class TimeView:
             return self.dataset.time_slice(index, self.start, self.stop)
         frames, label = self.dataset[index]
         return frames[self.start:self.stop], label
+
+
+class SequenceView:
+    """Positions ``start`` to ``stop`` of each sample of ``dataset``: of its token ids ``[T, S]`` and of its next
+    tokens ``[S]``."""
+
+    def __init__(self, dataset: Dataset, start: int, stop: int):
+        self.dataset, self.start, self.stop = dataset, start, stop
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getitem__(self, index: int):
+        ids, next_ids = self.dataset[index]
+        return ids[..., self.start:self.stop], next_ids[..., self.start:self.stop]

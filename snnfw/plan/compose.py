@@ -3,7 +3,7 @@ applies its part, in one order, so that any mix the model allows trains (strateg
 :mod:`snnfw.plan.composed`).
 
 A dimension is owned by the strategy whose :attr:`~snnfw.plugin.strategy.Strategy.dimension` names it
-(built in: ``dp_replicate``, ``dp_shard``, ``tp``, ``pp``, ``time``, ``ep``). Its ranks hold the parameters
+(built in: ``dp_replicate``, ``dp_shard``, ``tp``, ``pp``, ``time``, ``cp``, ``ep``). Its ranks hold the parameters
 ``replicated`` (gradients averaged over them), ``sharded`` (FSDP2) or ``split`` (each its own part).
 
 The mesh, outermost first (torchtitan's order; ranks of the innermost dimension are neighbours): stage

@@ -61,7 +61,7 @@ class Composed(Strategy):
 @hookimpl
 def snnfw_register_strategies(register):
     register(COMPOSED, Composed(), "any mix of the mesh dimensions parallel.mesh names (dp_replicate, dp_shard, tp, pp, "
-                                   "time, ep), composed in one order")
+                                   "time, cp, ep), composed in one order")
 
 
 def _strategies(config, plugins) -> dict:

@@ -73,6 +73,8 @@ class HookContext(Protocol):
 
     def time_view(self, plan: Any, mesh: Any) -> tuple[int, int] | None: ...
 
+    def sequence_view(self, plan: Any, mesh: Any) -> tuple[int, int] | None: ...
+
 
 CONTEXT_NAMES = tuple(name for name in vars(HookContext) if not name.startswith("_"))
 

@@ -225,6 +225,16 @@ def snnfw_time_view(plan: Plan, mesh: DeviceMesh | None) -> tuple[int, int] | No
     """
 
 
+@hookspec(firstresult=True)
+def snnfw_sequence_view(plan: Plan, mesh: DeviceMesh | None, hooks: HookContext) -> tuple[int, int] | None:
+    """Return ``(start, stop)``: the positions of each sample's sequence (a language model's tokens) that this
+    rank's applied model reads and scores, or None for all of them.
+
+    The data loader then hands the rank those positions of every sample's token ids ``[T, S]`` and of its next
+    tokens ``[S]``: the model is given ``[N, T, stop - start]`` ids, the loss ``[N, stop - start]`` labels.
+    """
+
+
 @hookspec
 def snnfw_step_metrics(plan: Plan, hooks: HookContext) -> dict[str, float] | None:
     """Return a dict of extra per-step metrics (numbers) since the last call, or None.

@@ -445,6 +445,9 @@ class Plugins:
     def time_view(self, plan, mesh) -> tuple[int, int] | None:
         return self.hook.snnfw_time_view(plan=plan, mesh=mesh)
 
+    def sequence_view(self, plan, mesh) -> tuple[int, int] | None:
+        return self.hook.snnfw_sequence_view(plan=plan, mesh=mesh, hooks=self.context)
+
     def step_metrics(self, plan) -> dict[str, float]:
         merged: dict[str, float] = {}
         for part in self.hook.snnfw_step_metrics(plan=plan, hooks=self.context):

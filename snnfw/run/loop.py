@@ -16,6 +16,7 @@ from snnfw.components.profile import StepProfiler
 from snnfw.components.weights import read_weights
 from snnfw.config import Config, for_evaluation
 from snnfw.distributed.collectives import all_reduce, barrier
+from snnfw.errors import ConfigError
 from snnfw.plan.layout import Plan
 from snnfw.plugin.manager import Plugins
 from snnfw.run.preemption import Signals, StopAgreement
@@ -106,8 +107,6 @@ def run_training(
 def check_predictions_file(path: str | Path | None) -> None:
     """Refuses a predictions file that is not JSON lines, or that cannot be written."""
     if path is not None and not str(path).endswith(".jsonl"):
-        from snnfw.errors import ConfigError
-
         raise ConfigError(f"predictions are written as JSON lines; name a .jsonl file, not {path}")
     if path is not None:
         rundir.check_writable(Path(path), "--out")
@@ -122,6 +121,9 @@ def run_evaluation(config: Config | None, weights: str | Path, run_dir: str | Pa
     check_predictions_file(predict)
     state = read_weights(weights)
     with start(for_evaluation(config) if plan is None else None, weights=state, plugins=plugins, plan=plan) as run:
+        if predict is not None and run.trainer.positions:
+            raise ConfigError("predictions list each sample's positions whole, and this mesh splits the sequence "
+                              "across ranks (cp); predict under a mesh without cp")
         result = {"weights": str(weights), **run.evaluate(ops=predict is None), "plan": run.plan.to_dict()}
         rows = run.predict() if predict is not None else None
         if run.env.rank == 0:

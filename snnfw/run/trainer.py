@@ -88,6 +88,10 @@ class Trainer:
                 replayed.release()
         if view := plugins.time_view(self.plan, mesh):  # this rank's model reads only these time steps
             self.train_set, self.test_set = (datalib.TimeView(d, *view) for d in (self.train_set, self.test_set))
+        self.positions = plugins.sequence_view(self.plan, mesh)  # and only these positions of each sample's sequence
+        if self.positions:
+            self.train_set, self.test_set = (datalib.SequenceView(d, *self.positions)
+                                             for d in (self.train_set, self.test_set))
         self.running_stats.bind(self.model, self.replica, self.plan.dp_size, dp_group(self.layout, mesh))
         self.counter.clear()  # spikes of the transforms' and strategies' own forward passes
         if self.plan.replicated_neuron_dims:

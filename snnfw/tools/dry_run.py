@@ -290,7 +290,10 @@ class _ZeroBatches(Trainer):
 
     def batches(self, step: int) -> list:
         frames = self.example()
-        return [(frames, torch.zeros(len(frames), *self.spec.label_shape, dtype=torch.long))] * self.plan.microbatches
+        labels = torch.zeros(len(frames), *self.spec.label_shape, dtype=torch.long)
+        if self.positions:  # a sequence split's slice of the token ids and next tokens
+            frames, labels = frames[..., slice(*self.positions)], labels[..., slice(*self.positions)]
+        return [(frames, labels)] * self.plan.microbatches
 
 
 class Zeros(torch.utils.data.Dataset):

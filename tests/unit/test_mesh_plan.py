@@ -31,7 +31,7 @@ def mesh_config(mesh: dict, **sections):
 def test_a_mesh_alone_is_strategy_mesh_and_every_dimension_has_an_owner(plugins):
     assert mesh_config({"dp_shard": 2, "tp": 2}).parallel.strategy == "mesh"
     assert owners(plugins) == {"dp_replicate": "dp", "dp_shard": "fsdp2", "tp": "tp", "pp": "pp", "time": "tsp",
-                               "ep": "ep"}
+                               "cp": "cp", "ep": "ep"}
 
 
 def test_dimensions_take_the_core_order_and_their_roles(plugins):
