@@ -7,7 +7,8 @@ metrics machinery. It trains what the config asks of ``none`` or ``dp``: on
 the device snnfw's plan takes for ``parallel.device`` (CUDA with NCCL, or the
 CPU with gloo), in ``train.dtype`` and ``train.precision`` (autocast; fp16
 with torch's GradScaler), with ``train.optimizer`` and
-``train.lr_schedule`` as snnfw builds them, and ``train.microbatches`` per
+``train.lr_schedule`` as snnfw builds them, gradients clipped at
+``train.clip_grad_norm``, and ``train.microbatches`` per
 replica (neurons reset before each, gradients accumulated as the mean,
 synchronised after the last), its batches loaded ahead by ``data.workers`` processes as snnfw loads them; the loss
 is the time-averaged cross entropy (a language model's against the next tokens, as ``next_token``). It writes
@@ -116,6 +117,9 @@ class PlainLoop:
                 loss = self.loss(logits, labels)
                 self.scaler.scale(loss / microbatches).backward()
             loss_sum += loss.item()
+        if config.train.clip_grad_norm is not None:
+            self.scaler.unscale_(self.optimizer)
+            torch.nn.utils.clip_grad_norm_(model.parameters(), config.train.clip_grad_norm)
         self.scaler.step(self.optimizer)
         self.scaler.update()
         self.optimizer.zero_grad(set_to_none=True)

@@ -194,12 +194,14 @@ def test_next_tokens_outside_the_vocabulary_are_refused_naming_the_item():
 
 
 def test_the_plain_loop_trains_a_language_model_with_snnfws_losses():
-    """benchmark/spiking_lm.py times snnfw beside the plain loop: both train the same steps to the same losses."""
+    """benchmark/spiking_lm.py times snnfw beside the plain loop: both train the same steps to the same losses, the
+    gradients clipped alike (the recipe clips them)."""
     import snnfw
     from snnfw.tools.baseline import PlainLoop
 
     config = lm_config()
-    config = build_config({**config.to_dict(), "train": {**config.to_dict()["train"], "steps": 2}})
+    config = build_config({**config.to_dict(), "train": {**config.to_dict()["train"], "steps": 2, "lr": 0.05,
+                                                         "clip_grad_norm": 0.01}})
     plain = PlainLoop(config, torch.device("cpu"))
     plain_losses = [plain.step(step) for step in range(2)]
     with snnfw.start(config) as run:
