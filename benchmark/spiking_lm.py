@@ -93,7 +93,8 @@ def run_gpu(args) -> int:
               "tokens a second and peak GiB a GPU of each):")
         for label, mesh, batch, microbatches in GPU_RUNS:
             ranks = _ranks(mesh)
-            sets = " ".join(f"--set {shlex.quote(override)}" for override in [*NO_VALIDATION, *gpu_overrides(mesh, batch, microbatches)])
+            overrides = [*NO_VALIDATION, *gpu_overrides(mesh, batch, microbatches)]
+            sets = " ".join(f"--set {shlex.quote(override)}" for override in overrides)
             published = f" (published: {PUBLISHED[label]} tokens/s)" if label in PUBLISHED else ""
             print(f"  {label}{published}:\n    python -m snnfw bench {RECIPE} --nproc {ranks} --warmup {args.warmup} "
                   f"--steps {args.steps} --label 'spiking_lm 1.4b {label}' {sets}")

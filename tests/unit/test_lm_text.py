@@ -43,7 +43,8 @@ def sources(folder: Path) -> list[str]:
 
 
 def all_ids(folder: Path, dtype: str) -> np.ndarray:
-    return np.concatenate([np.fromfile(TokenMeta.split_path(folder, split), dtype=dtype) for split in ("train", "test")])
+    return np.concatenate([np.fromfile(TokenMeta.split_path(folder, split), dtype=dtype)
+                           for split in ("train", "test")])
 
 
 def test_tokenize_writes_the_bytes_of_every_document_and_holds_out_the_last_share(tmp_path):
@@ -168,3 +169,16 @@ def test_bits_per_byte_and_generate_follow_a_tokenizer_json_folder(tmp_path):
     sampled = generate.sample(model, spec, prompt, 6, seed=2)
     assert len(sampled) == 6 and generate.generate(tmp_path / "run", "def add(x, ", 6, seed=2) == \
         "def add(x, " + tokenizer.decode(sampled)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="with CUDA, --gpu runs the layouts")
+def test_the_gpu_benchmark_without_cuda_prints_each_layout_s_command_and_exits_0(capsys):
+    path = Path(__file__).parents[2] / "benchmark" / "spiking_lm.py"
+    module_spec = importlib.util.spec_from_file_location("spiking_lm_benchmark", path)
+    benchmark = importlib.util.module_from_spec(module_spec)
+    module_spec.loader.exec_module(benchmark)
+    assert benchmark.main(["--gpu"]) == 0
+    out = capsys.readouterr().out
+    assert out.count("    python -m snnfw bench ") == len(benchmark.GPU_RUNS) == 5
+    assert "--nproc 4" in out and "'parallel.mesh={pp = 4}'" in out and "published: 1379.9 tokens/s" in out
+    assert "nothing was run" in out
