@@ -5,6 +5,7 @@ process, seeded; what a user can get wrong is refused in one line."""
 import importlib.util
 import json
 import math
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -115,6 +116,16 @@ def test_what_a_user_gets_wrong_is_refused_in_one_line(bytes_run, tmp_path, caps
     assert main([arg.format(run=bytes_run, tmp=tmp_path) for arg in argv]) == 2
     err = capsys.readouterr().err
     assert says in err and err.count("\n") == 1, err
+
+
+def test_bpe_without_the_tokenizers_package_is_refused_with_the_install_hint(tmp_path, capsys, monkeypatch):
+    monkeypatch.setitem(sys.modules, "tokenizers", None)  # import tokenizers raises ImportError
+    (tmp_path / "code.txt").write_text(TEXT)
+    for tokenizer in ("bpe:300", str(tmp_path / "tokenizer.json")):
+        assert main(["tokenize", str(tmp_path / "code.txt"), "--out", str(tmp_path / "t"), "--tokenizer", tokenizer]) == 2
+        err = capsys.readouterr().err
+        assert "needs the tokenizers package, which is not installed; pip install 'snnfw[lm]'" in err, err
+        assert err.count("\n") == 1
 
 
 def test_a_folder_without_meta_and_a_vocabulary_larger_than_the_models_are_refused(tmp_path, plugins):
