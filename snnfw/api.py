@@ -28,6 +28,7 @@ _WHERE = {  # name: the module that defines it
     "TimeMajor": "snnfw.model.modules",
     # data sets, schedules, optimizers, learning-rate schedules and losses: what the registration hooks register
     "InputSpec": "snnfw.data.batches", "DatasetSpec": "snnfw.data.batches",
+    "TokenMeta": "snnfw.data.text", "ByteTokenizer": "snnfw.data.text",
     "registered_datasets": "snnfw.plan.prepare",
     "ScheduleSpec": "snnfw.distributed.pipeline",
     "OptimizerSpec": "snnfw.components.optim", "LrScheduleSpec": "snnfw.components.optim",

@@ -1,5 +1,5 @@
-"""The ``snnfw`` command: ``plugins``, ``plan``, ``train``, ``submit``, ``bench``, ``export``, ``eval``, ``predict``
-and ``plot``.
+"""The ``snnfw`` command: ``plugins``, ``plan``, ``train``, ``submit``, ``bench``, ``export``, ``eval``, ``predict``,
+``plot``, ``tokenize`` and ``generate``.
 
 A user error (bad config, unknown name, impossible layout), or an error raised
 in the user's own code inside a rank or in a third-party plugin's hook, exits
@@ -329,6 +329,20 @@ def _cmd_plot(args) -> int:
     return 0
 
 
+def _cmd_tokenize(args) -> int:
+    from snnfw.tools.tokenize import tokenize
+
+    print(tokenize(args.sources, args.out, args.tokenizer, args.val_share))
+    return 0
+
+
+def _cmd_generate(args) -> int:
+    from snnfw.tools.generate import generate
+
+    print(generate(args.source, args.prompt, args.tokens, args.temperature, args.top_k, args.seed))
+    return 0
+
+
 def parser() -> argparse.ArgumentParser:
     top = argparse.ArgumentParser(prog="snnfw", description="Distributed training of multi-step spiking neural networks.")
     top.add_argument("--debug", action="store_true", help="show tracebacks of user errors")
@@ -433,6 +447,27 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("run_dirs", nargs="+", metavar="RUN_DIR")
     p.add_argument("--out", help="the PNG to write (default RUN_DIR/run.png for one run, runs.png for several)")
     p.set_defaults(run=_cmd_plot)
+
+    p = sub.add_parser("tokenize", help="write a token folder (train.bin, val.bin, meta.json) for data set "
+                                        "token_memmap from text or JSONL files")
+    p.add_argument("sources", nargs="+", metavar="SRC", help="text files (a document each) or .jsonl files (a "
+                                                             "document a line, its \"text\" field)")
+    p.add_argument("--out", required=True, metavar="DIR", help="the folder to write (data.root)")
+    p.add_argument("--tokenizer", default="bytes", metavar="bytes|bpe:V|TOKENIZER.json",
+                   help="UTF-8 bytes (default), a byte-level BPE of V tokens trained on SRC, or a saved tokenizers "
+                        "tokenizer.json (both need: pip install 'snnfw[lm]')")
+    p.add_argument("--val-share", type=float, default=0.01, help="the share of the ids held out as val.bin (0.01)")
+    p.set_defaults(run=_cmd_tokenize)
+
+    p = sub.add_parser("generate", help="sample text from a trained language model run, in one process")
+    p.add_argument("source", metavar="RUN", help="a run directory (its final_model.pt, else best_model.pt), or a "
+                                              "weights file in one")
+    p.add_argument("--prompt", required=True, help="the text to continue")
+    p.add_argument("--tokens", type=int, default=64, help="tokens to sample (default 64)")
+    p.add_argument("--temperature", type=float, default=1.0, help="divides the logits; 0 takes the likeliest (1.0)")
+    p.add_argument("--top-k", type=int, default=None, help="sample among the K likeliest tokens only")
+    p.add_argument("--seed", type=int, default=0, help="the sampling seed (default 0)")
+    p.set_defaults(run=_cmd_generate)
     return top
 
 

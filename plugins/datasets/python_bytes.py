@@ -14,7 +14,7 @@ from __future__ import annotations
 import functools
 
 from snnfw import hookimpl
-from snnfw.api import ConfigError, DatasetSpec
+from snnfw.api import ByteTokenizer, ConfigError, DatasetSpec
 from snnfw_plugins.datasets.events import RAW_ONLY
 
 NAME = "python_bytes"
@@ -71,4 +71,5 @@ def build(config, spec, split, seed):
 @hookimpl
 def snnfw_register_datasets(register):
     register(NAME, DatasetSpec(build, "bytes of the Python standard library's sources", unread=("root", *RAW_ONLY),
-                               tokens=True, bytes_per_token=1.0), "embedded; no download")
+                               tokens=True, bytes_per_token=1.0, tokenizer=lambda config: ByteTokenizer()),
+             "embedded; no download")

@@ -20,6 +20,8 @@ if TYPE_CHECKING:
     import torch
     from torch.utils.data import Dataset
 
+    from snnfw.data.text import Tokenizer
+
 
 @attrs.frozen
 class InputSpec:
@@ -48,6 +50,9 @@ class DatasetSpec:
     ``classes`` and ``frame_shape`` (one time step's ``(C, H, W)`` as recorded), where the set has them, let
     the plan fit a family's classes to the set's and say how frames are resized. ``images``: a set of static
     images (:class:`snnfw.data.images.DirectEncoded`), which ``data.augment``'s image transforms need.
+    A text set's ``bytes_per_token`` (a number, or a function of the ``[data]`` config giving one: a tokenized
+    corpus's own) turns evaluation's loss into bits per byte; its ``tokenizer(config)`` gives the
+    :class:`snnfw.data.text.Tokenizer` that ``snnfw generate`` encodes prompts and decodes samples with.
     """
 
     build: Callable[[DataConfig, InputSpec, str, int], Dataset]
@@ -57,7 +62,12 @@ class DatasetSpec:
     frame_shape: tuple[int, int, int] | None = None
     images: bool = False
     tokens: bool = False  # its items are token ids for a language model
-    bytes_per_token: float | None = None  # a text set's bytes of text a token: evaluation reports bits per byte
+    bytes_per_token: float | Callable[[DataConfig], float] | None = None  # evaluation reports bits per byte
+    tokenizer: Callable[[DataConfig], Tokenizer] | None = None  # snnfw generate's text codec
+
+    def bytes_per_token_of(self, config: DataConfig) -> float | None:
+        """The bytes of text a token of the set ``config`` configures (None: not a text set)."""
+        return self.bytes_per_token(config) if callable(self.bytes_per_token) else self.bytes_per_token
 
 
 def check_keys(config: Config, spec: DatasetSpec) -> None:

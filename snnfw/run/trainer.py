@@ -49,7 +49,8 @@ class Trainer:
         self.spec, self.num_classes = prepared.spec, prepared.spec.num_classes
         self.train_set, self.test_set = datasets or prepared.datasets or build_datasets(config, prepared.spec, plugins)
         registered = not datasets and config.data.builder is None
-        self.bytes_per_token = plugins.datasets.get(config.data.name).bytes_per_token if registered else None
+        self.bytes_per_token = plugins.datasets.get(config.data.name).bytes_per_token_of(config.data) if registered \
+            else None
         for split, dataset in (("train", self.train_set), ("test", self.test_set)):
             datalib.check_samples(dataset, prepared.spec, split)
             if datasets:  # handed to the API; those built from data.builder are checked as they are built

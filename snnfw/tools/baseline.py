@@ -7,9 +7,11 @@ metrics machinery. It trains what the config asks of ``none`` or ``dp``: on
 the device snnfw's plan takes for ``parallel.device`` (CUDA with NCCL, or the
 CPU with gloo), in ``train.dtype`` and ``train.precision`` (autocast; fp16
 with torch's GradScaler), with ``train.optimizer`` and
-``train.lr_schedule`` as snnfw builds them, and ``train.microbatches`` per
+``train.lr_schedule`` as snnfw builds them, gradients clipped at
+``train.clip_grad_norm``, and ``train.microbatches`` per
 replica (neurons reset before each, gradients accumulated as the mean,
-synchronised after the last), its batches loaded ahead by ``data.workers`` processes as snnfw loads them. It writes
+synchronised after the last), its batches loaded ahead by ``data.workers`` processes as snnfw loads them; the loss
+is the time-averaged cross entropy (a language model's against the next tokens, as ``next_token``). It writes
 ``metrics.jsonl`` (step, loss over the global batch, step_ms,
 peak_mem_mb_per_rank) and ``summary.json`` like a snnfw run, so ``snnfw
 bench --baseline`` can compare them.
@@ -28,6 +30,9 @@ import attrs
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+
+from snnfw.components.losses import next_token
+from snnfw.components.precision import full_precision
 
 
 @attrs.frozen
@@ -63,6 +68,10 @@ class _PlainBatches:
         return next(self.batches)
 
 
+def time_averaged_cross_entropy(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    return F.cross_entropy(full_precision(logits).mean(0), labels)
+
+
 class PlainLoop:
     """The hand-written loop on this rank: the config's model (in DDP on several ranks), optimizer and steps.
 
@@ -78,6 +87,7 @@ class PlainLoop:
         self.config, self.device, self.rank, self.world = config, device, rank, world
         model, spec = build_model(config, plugins)
         self.model = model.to(device, config.train.torch_dtype)
+        self.loss = next_token({}) if spec.vocab is not None else time_averaged_cross_entropy
         self.dataset = plugins.datasets.get(config.data.name).build(config.data, spec, "train", config.train.seed)
         if world > 1:
             device_ids = [device.index] if device.type == "cuda" else None
@@ -93,7 +103,7 @@ class PlainLoop:
         """Trains step ``step``; returns this rank's mean microbatch loss."""
         from spikingjelly.activation_based import functional
 
-        from snnfw.components.precision import autocast, full_precision
+        from snnfw.components.precision import autocast
 
         config, model = self.config, self.model
         microbatches = config.train.microbatches or 1
@@ -104,9 +114,12 @@ class PlainLoop:
                 functional.reset_net(model)
                 with autocast(config.train, self.device.type):
                     logits = model(frames)
-                loss = F.cross_entropy(full_precision(logits).mean(0), labels)
+                loss = self.loss(logits, labels)
                 self.scaler.scale(loss / microbatches).backward()
             loss_sum += loss.item()
+        if config.train.clip_grad_norm is not None:
+            self.scaler.unscale_(self.optimizer)
+            torch.nn.utils.clip_grad_norm_(model.parameters(), config.train.clip_grad_norm)
         self.scaler.step(self.optimizer)
         self.scaler.update()
         self.optimizer.zero_grad(set_to_none=True)

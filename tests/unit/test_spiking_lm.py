@@ -191,3 +191,19 @@ def test_next_tokens_outside_the_vocabulary_are_refused_naming_the_item():
     bad = good[:7] + [(good[0][0], torch.tensor([1, 300, 2]))]
     with pytest.raises(ConfigError, match="item 7 of the train data set has label 300, outside the model's classes"):
         check_labels(bad, 256, "train")
+
+
+def test_the_plain_loop_trains_a_language_model_with_snnfws_losses():
+    """benchmark/spiking_lm.py times snnfw beside the plain loop: both train the same steps to the same losses, the
+    gradients clipped alike (the recipe clips them)."""
+    import snnfw
+    from snnfw.tools.baseline import PlainLoop
+
+    config = lm_config()
+    config = build_config({**config.to_dict(), "train": {**config.to_dict()["train"], "steps": 2, "lr": 0.05,
+                                                         "clip_grad_norm": 0.01}})
+    plain = PlainLoop(config, torch.device("cpu"))
+    plain_losses = [plain.step(step) for step in range(2)]
+    with snnfw.start(config) as run:
+        losses = [run.step(step)["loss"] for step in range(2)]
+    assert plain_losses == pytest.approx(losses, rel=1e-9) and losses[0] != losses[1]
