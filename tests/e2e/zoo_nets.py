@@ -1,6 +1,6 @@
-"""Networks for test_zoo_pipeline: SpikingJelly's zoo networks adapted to 2-channel frames and 10 classes (ResNet-18s,
-as a user's ``model.builder`` builds them) or made small, and a network of one's own whose forward flattens before its
-classifier.
+"""Networks for test_zoo_pipeline and test_zoo_tp: SpikingJelly's zoo networks adapted to 2-channel frames and 10
+classes (ResNet-18s, VGG-11, as a user's ``model.builder`` builds them) or made small, and a network of one's own
+whose forward flattens before its classifier.
 
 The zoo's modules import torchvision only to download pretrained weights; where it is not installed (its PyPI
 wheels do not load beside a CPU torch), that import is given a stand-in that refuses to download.
@@ -57,6 +57,16 @@ def spiking_resnet18() -> nn.Module:
                                           detach_reset=True)
     net.conv1 = layer.Conv2d(2, 64, kernel_size=3, stride=2, padding=1, bias=False)
     net.fc = layer.Linear(net.fc.in_features, 10)
+    functional.set_step_mode(net, "m")
+    return net
+
+
+def spiking_vgg11() -> nn.Module:
+    """The zoo's spiking_vgg11 (IF neurons, 129M parameters, 120M of them in its classifier) with its first conv taking
+    2 channels and its last fc 10 classes, in multi-step mode: [T, N, 2, H, W] -> [T, N, 10], H and W 32 or more."""
+    net = spiking_vgg.spiking_vgg11(spiking_neuron=neuron.IFNode, surrogate_function=surrogate.ATan(), detach_reset=True)
+    net.features[0] = layer.Conv2d(2, 64, kernel_size=3, padding=1)
+    net.classifier[-1] = layer.Linear(net.classifier[-1].in_features, 10)
     functional.set_step_mode(net, "m")
     return net
 
