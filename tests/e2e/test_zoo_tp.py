@@ -22,7 +22,7 @@ def zoo_config(builder: str, strategy: str, side: int) -> object:
         "model": {"builder": f"{NETS}:{builder}", "input_shape": [2, side, side], "num_classes": 10,
                   "input_layout": "TN", "time_steps": 2},
         "data": {"batch_size": 4, "train_samples": 12, "test_samples": 4},
-        "train": {"steps": 3, "dtype": "float64", "seed": 3},
+        "train": {"steps": 3, "dtype": "float64", "seed": 3, "optimizer": "sgd", "momentum": 0, "lr": 0.05},
         "parallel": {"strategy": strategy},
     })
 
@@ -31,12 +31,14 @@ def parameter_count(trainer) -> int:
     return sum(p.numel() for p in local_parameters(trainer).values())
 
 
-@pytest.mark.parametrize("builder, side, plan", [
-    ("sew_resnet18", 16, [(f"layer{i}.{j}", "residual_conv_pair") for i in range(1, 5) for j in (0, 1)]),
-    ("spiking_vgg11", 32, [*((f"features.{run}", "conv_bn_neuron") for run in
-                             ("0:3", "3:6", "6:8", "8:11", "11:13", "13:16", "16:18", "18:21")),
-                           ("classifier.0:5", "linear_mlp")]),
-])
+SEW_RESNET18_PLAN = [(f"layer{i}.{j}", "residual_conv_pair") for i in range(1, 5) for j in (0, 1)]
+VGG11_PLAN = [*((f"features.{run}", "conv_bn_neuron") for run in ("0:3", "3:6", "6:8", "8:11", "11:13", "13:16", "16:18",
+                                                                 "18:21")),
+              ("classifier.0:5", "linear_mlp")]  # Linear, IF, Dropout, Linear, IF: the last Linear whole
+
+
+@pytest.mark.parametrize("builder, side, plan", [("sew_resnet18", 16, SEW_RESNET18_PLAN),
+                                                 ("spiking_vgg11", 32, VGG11_PLAN)])  # 32: its five poolings
 def test_tp_trains_the_zoo_with_most_parameters_sharded_as_none(builder, side, plan, tmp_path):
     analysis = prepare(zoo_config(builder, "tp", side), 2, Plugins()).analysis
     assert "tp_plan" in analysis.inferred and list(analysis.tp_plan) == plan
