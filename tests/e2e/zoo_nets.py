@@ -73,6 +73,15 @@ def spiking_vgg11() -> nn.Module:
     return net
 
 
+def spiking_vgg11_without_dropout() -> nn.Module:
+    """``spiking_vgg11`` with its classifier's dropouts at p = 0: pp draws no dropout mask as none does (its ranks'
+    random state at the first step is not none's)."""
+    net = spiking_vgg11()
+    for dropout in (net.classifier[2], net.classifier[5]):
+        dropout.p = 0.0
+    return net
+
+
 def small_spiking_vgg() -> nn.Module:
     """The zoo's SpikingVGG (built on the meta device: its classifier has 120M parameters) with one conv of 512
     channels taking 2, and a classifier small enough to test, its layers in the zoo's order."""
