@@ -1,6 +1,7 @@
 """tp on SpikingJelly's model zoo given by ``model.builder``, with no tp_plan declared: sew_resnet18's residual blocks
 (``residual_conv_pair``) and spiking_vgg11's convs and classifier (``conv_bn_neuron``, ``linear_mlp`` with its dropout)
-sharded, most of each network's parameters with them. Float64, 2 ranks, against ``none``."""
+sharded, most of each network's parameters with them; a small network holds the zoo's two other blocks (spiking_resnet's
+BasicBlock, sew_resnet's Bottleneck). Float64, 2 ranks, against ``none``."""
 
 from pathlib import Path
 
@@ -32,13 +33,15 @@ def parameter_count(trainer) -> int:
 
 
 SEW_RESNET18_PLAN = [(f"layer{i}.{j}", "residual_conv_pair") for i in range(1, 5) for j in (0, 1)]
+BLOCKS_PLAN = [("stem", "conv_bn_neuron"), ("basic", "residual_conv_pair"), ("bottleneck", "residual_conv_pair")]
 VGG11_PLAN = [*((f"features.{run}", "conv_bn_neuron") for run in ("0:3", "3:6", "6:8", "8:11", "11:13", "13:16", "16:18",
                                                                  "18:21")),
               ("classifier.0:5", "linear_mlp")]  # Linear, IF, Dropout, Linear, IF: the last Linear whole
 
 
 @pytest.mark.parametrize("builder, side, plan", [("sew_resnet18", 16, SEW_RESNET18_PLAN),
-                                                 ("spiking_vgg11", 32, VGG11_PLAN)])  # 32: its five poolings
+                                                 ("spiking_vgg11", 32, VGG11_PLAN),  # 32: its five poolings
+                                                 ("ZooBlocksNet", 8, BLOCKS_PLAN)])
 def test_tp_trains_the_zoo_with_most_parameters_sharded_as_none(builder, side, plan, tmp_path):
     analysis = prepare(zoo_config(builder, "tp", side), 2, Plugins()).analysis
     assert "tp_plan" in analysis.inferred and list(analysis.tp_plan) == plan

@@ -120,3 +120,22 @@ class PooledNet(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.fc(torch.flatten(self.pool(self.sn(self.bn(self.conv(x)))), 2))
+
+
+class ZooBlocksNet(nn.Module):
+    """A stem, the zoo's spiking_resnet BasicBlock (its add before its last neuron) and sew_resnet Bottleneck (conv3
+    after the pair), each with 16 channels, and a classifier: ``residual_conv_pair`` on both kinds of block, small."""
+
+    def __init__(self):
+        super().__init__()
+        kwargs = {"spiking_neuron": neuron.IFNode, "surrogate_function": surrogate.ATan(), "detach_reset": True}
+        self.stem = nn.Sequential(layer.Conv2d(2, 16, kernel_size=3, padding=1, bias=False), layer.BatchNorm2d(16),
+                                  neuron.IFNode(surrogate_function=surrogate.ATan(), detach_reset=True))
+        self.basic = spiking_resnet.BasicBlock(16, 16, **kwargs)
+        self.bottleneck = sew_resnet.Bottleneck(16, 4, cnf="ADD", **kwargs)
+        self.pool = layer.AdaptiveAvgPool2d((1, 1))
+        self.fc = layer.Linear(16, 10)
+        functional.set_step_mode(self, "m")
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(torch.flatten(self.pool(self.bottleneck(self.basic(self.stem(x)))), 2))
