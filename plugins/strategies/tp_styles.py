@@ -279,7 +279,8 @@ def check_residual_conv_pair(module: nn.Module, size: int) -> str | None:
     parts = [getattr(module, name, None) for name in ("conv1", "bn1", "sn1", "conv2")]
     kinds = (_CONV, _BN, nn.Module, _CONV)
     if not all(isinstance(part, kind) for part, kind in zip(parts, kinds)) or not is_neuron(parts[2]):
-        return "expects a residual block with conv1, bn1, sn1 (a neuron) and conv2 (SpikingJelly's BasicBlock, Bottleneck)"
+        return ("expects a residual block with conv1, bn1, sn1 (a neuron) and conv2 (SpikingJelly's BasicBlock, "
+                "Bottleneck)")
     if parts[0].groups != 1 or parts[3].groups != 1:
         return "expects conv1 and conv2 without groups (a ResNeXt's grouped conv2 cannot be split by input channel)"
     return _channels(module, size, "its conv1", parts[0].out_channels)

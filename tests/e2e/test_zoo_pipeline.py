@@ -27,8 +27,8 @@ TIMEOUT_S = 300
 
 def zoo_config(builder: str, strategy: str, side: int = 16, train: dict | None = None, **model) -> object:
     return build_config({
-        "model": {"builder": f"{NETS}:{builder}", "input_shape": [2, side, side], "num_classes": 10, "input_layout": "TN",
-                  **model},
+        "model": {"builder": f"{NETS}:{builder}", "input_shape": [2, side, side], "num_classes": 10,
+                  "input_layout": "TN", **model},
         "data": {"batch_size": 8, "train_samples": 32, "test_samples": 16},
         "train": {"steps": 3, "microbatches": 2, "dtype": "float64", "seed": 3, **(train or {})},
         "parallel": {"strategy": strategy},

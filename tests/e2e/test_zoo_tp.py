@@ -34,9 +34,9 @@ def parameter_count(trainer) -> int:
 
 SEW_RESNET18_PLAN = [(f"layer{i}.{j}", "residual_conv_pair") for i in range(1, 5) for j in (0, 1)]
 BLOCKS_PLAN = [("stem", "conv_bn_neuron"), ("basic", "residual_conv_pair"), ("bottleneck", "residual_conv_pair")]
-VGG11_PLAN = [*((f"features.{run}", "conv_bn_neuron") for run in ("0:3", "3:6", "6:8", "8:11", "11:13", "13:16", "16:18",
-                                                                 "18:21")),
-              ("classifier.0:5", "linear_mlp")]  # Linear, IF, Dropout, Linear, IF: the last Linear whole
+VGG11_RUNS = ("0:3", "3:6", "6:8", "8:11", "11:13", "13:16", "16:18", "18:21")  # conv, IF, and pooling after some
+VGG11_PLAN = [*((f"features.{run}", "conv_bn_neuron") for run in VGG11_RUNS),
+              ("classifier.0:5", "linear_mlp")]  # Linear, IF, Dropout, Linear, IF; the last Linear whole
 
 
 @pytest.mark.parametrize("builder, side, plan", [("sew_resnet18", 16, SEW_RESNET18_PLAN),

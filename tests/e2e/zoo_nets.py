@@ -65,8 +65,8 @@ def spiking_vgg11() -> nn.Module:
     """The zoo's spiking_vgg11 (129M parameters, 120M of them in its classifier) with its first conv taking 2 channels
     and its last fc 10 classes, in multi-step mode: [T, N, 2, H, W] -> [T, N, 10], H and W 32 or more. Its IF neurons
     fire at 0.1, so that with no BatchNorm the spikes reach the classifier (at 1 none fire past the fourth conv)."""
-    net = spiking_vgg.spiking_vgg11(spiking_neuron=neuron.IFNode, surrogate_function=surrogate.ATan(), detach_reset=True,
-                                    v_threshold=0.1)
+    net = spiking_vgg.spiking_vgg11(spiking_neuron=neuron.IFNode, surrogate_function=surrogate.ATan(),
+                                    detach_reset=True, v_threshold=0.1)
     net.features[0] = layer.Conv2d(2, 64, kernel_size=3, padding=1)
     net.classifier[-1] = layer.Linear(net.classifier[-1].in_features, 10)
     functional.set_step_mode(net, "m")
