@@ -28,8 +28,9 @@ def check_tp_plan(request, size: int) -> str | None:
             return f"{analysis.missing('tp_plan', '')}; use strategy dp or fsdp2"
         if "tp_plan" in analysis.inferred:
             return (f"model {analysis.family!r} has nothing tp can shard: no container, nor run of an nn.Sequential's "
-                    "layers, is Conv, BatchNorm, neuron (conv_bn_neuron) or Linear, neuron, Linear (linear_mlp); use "
-                    "strategy dp or fsdp2, or declare model.tp_plan")
+                    "layers, is Conv, BatchNorm, neuron (conv_bn_neuron) or Linear, neuron, optional dropout, "
+                    "Linear (linear_mlp), nor a zoo ResNet's residual block (residual_conv_pair); use strategy dp or "
+                    "fsdp2, or declare model.tp_plan")
         found = _inferred_inside(request.model, "") if request.model is not None else ""
         return "model.tp_plan is empty; " + (f"name units in it ({found}), or use strategy dp or fsdp2" if found else
                                              "use strategy dp or fsdp2")

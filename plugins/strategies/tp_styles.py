@@ -12,8 +12,15 @@ which then only ever see (and keep) their local channels.
   after each): fc1 column-parallel, fc2 row-parallel then all-reduce.
 - ``self_attention_heads``: SpikingJelly's SpikingSelfAttention; every rank
   holds whole heads of q, k and v, the projection is row-parallel.
+- ``residual_conv_pair``: a residual block's ``conv1``, ``bn1``, ``sn1``,
+  ``conv2`` (SpikingJelly's zoo ``BasicBlock`` and ``Bottleneck``), as Megatron
+  shards a pair of linears: conv1 column-parallel with bn1 and sn1's state,
+  conv2 row-parallel, its partial outputs all-reduced before ``bn2``; the rest
+  of the block (``bn2`` on, a Bottleneck's ``conv3``, the downsample path and
+  the residual add) runs whole.
 - ``linear_mlp``: Linear-neuron-Linear through torch's DTensor
-  ``ColwiseParallel`` and ``RowwiseParallel``.
+  ``ColwiseParallel`` and ``RowwiseParallel``; a dropout between them draws
+  its mask for every feature, as one rank would, and keeps its own.
 - ``causal_attention_heads``, ``spiking_linear_mlp``, ``moe_experts``: the
   ``spiking_lm`` family's attention, MLP and mixture of experts over
   ``[T, N, S, H]`` (channels last): whole heads of q, k and v, the MLP's hidden
@@ -263,6 +270,31 @@ def apply_conv_mlp(module: nn.Module, shard: Shard) -> None:
     row_conv(fc2, index, shard)
 
 
+# residual_conv_pair
+
+
+def check_residual_conv_pair(module: nn.Module, size: int) -> str | None:
+    from snnfw.model.analysis import is_neuron
+
+    parts = [getattr(module, name, None) for name in ("conv1", "bn1", "sn1", "conv2")]
+    kinds = (_CONV, _BN, nn.Module, _CONV)
+    if not all(isinstance(part, kind) for part, kind in zip(parts, kinds)) or not is_neuron(parts[2]):
+        return ("expects a residual block with conv1, bn1, sn1 (a neuron) and conv2 (SpikingJelly's BasicBlock, "
+                "Bottleneck)")
+    if parts[0].groups != 1 or parts[3].groups != 1:
+        return "expects conv1 and conv2 without groups (a ResNeXt's grouped conv2 cannot be split by input channel)"
+    return _channels(module, size, "its conv1", parts[0].out_channels)
+
+
+def apply_residual_conv_pair(module: nn.Module, shard: Shard) -> None:
+    total = module.conv1.out_channels
+    index = shard.block(total)
+    column_conv(module.conv1, index, shard)
+    shard_batch_norm(module.bn1, index, shard)
+    shard_neuron(module.sn1, len(index), total, shard)
+    row_conv(module.conv2, index, shard)
+
+
 # self_attention_heads
 
 
@@ -309,9 +341,31 @@ def apply_linear_mlp(module: nn.Module | Run, shard: Shard) -> None:
     for _, child in children[first + 1 : second]:
         for neuron in _neurons(child):
             shard_neuron(neuron, hidden // shard.size, hidden, shard)
+        for dropout in _dropouts(child):
+            shard_dropout(dropout, shard.block(hidden), hidden)
     parallelize_module(children[first][1], shard.mesh, ColwiseParallel())
     parallelize_module(children[second][1], shard.mesh, RowwiseParallel())
     count_dtensor_mlp(module)
+
+
+def _dropouts(module: nn.Module) -> list[nn.Module]:
+    from spikingjelly.activation_based.layer import Dropout
+
+    return _find(module, (nn.Dropout, Dropout))
+
+
+def shard_dropout(dropout: nn.Module, index: torch.Tensor, total: int) -> None:
+    """A dropout on features ``index`` of ``total`` (the last dim): its mask drawn for all of them, as one rank
+    would draw it from the same random state, and sliced."""
+
+    def mask(x: torch.Tensor) -> torch.Tensor:
+        whole = torch.ones(*x.shape[:-1], total, dtype=x.dtype, device=x.device)
+        return nn.functional.dropout(whole, dropout.p, training=True)[..., index]
+
+    if isinstance(dropout, nn.Dropout):
+        dropout.forward = lambda x: x * mask(x) if dropout.training and dropout.p > 0 else x
+    else:  # SpikingJelly's Dropout: one mask for every time step
+        dropout.create_mask = mask
 
 
 # the spiking_lm family's units, channels last
@@ -408,6 +462,7 @@ STYLES = {
     "conv_bn_neuron": Style(check_conv_bn_neuron, apply_conv_bn_neuron),
     "conv_mlp": Style(check_conv_mlp, apply_conv_mlp),
     "self_attention_heads": Style(check_self_attention, apply_self_attention),
+    "residual_conv_pair": Style(check_residual_conv_pair, apply_residual_conv_pair),
     "linear_mlp": Style(check_linear_mlp, apply_linear_mlp),
     "causal_attention_heads": Style(check_causal_attention, apply_causal_attention),
     "spiking_linear_mlp": Style(check_spiking_linear_mlp, apply_spiking_linear_mlp),

@@ -9,9 +9,11 @@ or leaves them to be inferred where that is safe:
 - ``stage_units``: the children of an ``nn.Sequential`` model, and for SpikingJelly's zoo ResNets, VGGs and
   PLIF-paper networks (``zoo_stage_units``) the layers their forward calls, with its flatten before the classifier;
 - ``tp_plan``: every container whose children are Conv, optional BatchNorm,
-  neuron and optional pooling (``conv_bn_neuron``), or Linear, neuron, Linear
-  and an optional neuron (``linear_mlp``); within an ``nn.Sequential``, every
-  run of its children in such an order (``"name.start:stop"``, as a slice).
+  neuron and optional pooling (``conv_bn_neuron``), or Linear, neuron, optional
+  dropout, Linear and an optional neuron (``linear_mlp``); within an
+  ``nn.Sequential``, every run of its children in such an order
+  (``"name.start:stop"``, as a slice); and every residual block of SpikingJelly's zoo ResNets
+  (``residual_conv_pair``: its conv1 and conv2, where they have no groups).
 
 With ``model.input_layout = "TN"`` the model takes SpikingJelly's
 ``[T, N, ...]``: snnfw's frames ``[N, T, ...]`` are transposed on the way in.
@@ -156,7 +158,8 @@ def _has_parameters(module: nn.Module) -> bool:
 
 
 def _kinds(module: nn.Module) -> str:
-    """The children of ``module`` as a string of letters: c conv, b batch norm, n neuron, l linear, p pool, ? other."""
+    """The children of ``module`` as a string of letters: c conv, b batch norm, n neuron, l linear, d dropout, p pool,
+    ? other."""
     from torch import nn
 
     letters = []
@@ -169,6 +172,8 @@ def _kinds(module: nn.Module) -> str:
             letters.append("n")
         elif isinstance(child, nn.Linear):
             letters.append("l")
+        elif isinstance(child, nn.Dropout) or type(child).__name__ == "Dropout":  # SpikingJelly's is its own
+            letters.append("d")
         elif isinstance(child, (nn.MaxPool1d, nn.MaxPool2d, nn.AvgPool1d, nn.AvgPool2d, nn.AdaptiveAvgPool2d)):
             letters.append("p")
         else:
@@ -176,7 +181,7 @@ def _kinds(module: nn.Module) -> str:
     return "".join(letters)
 
 
-INFERRED_STYLES = {"conv_bn_neuron": ("cbn", "cn", "cbnp", "cnp"), "linear_mlp": ("lnl", "lnln")}
+INFERRED_STYLES = {"conv_bn_neuron": ("cbn", "cn", "cbnp", "cnp"), "linear_mlp": ("lnl", "lnln", "lndl", "lndln")}
 PATTERNS = sorted(((pattern, style) for style, patterns in INFERRED_STYLES.items() for pattern in patterns),
                   key=lambda item: -len(item[0]))  # the longest run first
 
@@ -193,8 +198,8 @@ def _runs(name: str, kinds: str) -> list[tuple[str, str]]:
 
 
 def infer_tp_plan(model: nn.Module) -> tuple[tuple[str, str], ...]:
-    """In forward order: the outermost containers whose children match a style's pattern, and within an
-    ``nn.Sequential`` that does not, the runs of its children that do."""
+    """In forward order: the outermost containers whose children match a style's pattern or that are a zoo ResNet's
+    residual block, and within an ``nn.Sequential`` that does not, the runs of its children that do."""
     from torch import nn
 
     found: list[tuple[str, str]] = []
@@ -203,6 +208,8 @@ def infer_tp_plan(model: nn.Module) -> tuple[tuple[str, str], ...]:
             continue
         kinds = _kinds(module)
         style = next((style for style, patterns in INFERRED_STYLES.items() if kinds in patterns), None)
+        if _is_zoo_residual_block(module):
+            style = "residual_conv_pair"
         if style and name:
             found.append((name, style))
         elif isinstance(module, nn.Sequential):
@@ -239,6 +246,17 @@ ZOO = "spikingjelly.activation_based.model."
 ZOO_RESNETS = {(f"{ZOO}sew_resnet", "SEWResNet"), (f"{ZOO}spiking_resnet", "SpikingResNet")}
 ZOO_VGGS = {(f"{ZOO}spiking_vgg", "SpikingVGG")}
 ZOO_PLIF_NETS = {(f"{ZOO}parametric_lif_net", name) for name in ("MNISTNet", "CIFAR10Net", "CIFAR10DVSNet", "DVSGestureNet")}
+
+
+ZOO_RESIDUAL_BLOCKS = {(f"{ZOO}{module}", block) for module in ("sew_resnet", "spiking_resnet")
+                       for block in ("BasicBlock", "Bottleneck")}
+
+
+def _is_zoo_residual_block(module: nn.Module) -> bool:
+    """A residual block of SpikingJelly's zoo ResNets (or a subclass) whose conv1 and conv2 have no groups: its
+    forward runs conv1, bn1, sn1, conv2, bn2 in turn, as ``residual_conv_pair`` needs."""
+    classes = {(cls.__module__, cls.__name__) for cls in type(module).__mro__}
+    return bool(classes & ZOO_RESIDUAL_BLOCKS) and module.conv1.groups == module.conv2.groups == 1
 
 
 def _children(model: nn.Module, name: str) -> list[str]:

@@ -25,19 +25,19 @@ NETS = Path(__file__).with_name("zoo_nets.py")
 TIMEOUT_S = 300
 
 
-def zoo_config(builder: str, strategy: str, **model) -> object:
+def zoo_config(builder: str, strategy: str, side: int = 16, train: dict | None = None, **model) -> object:
     return build_config({
-        "model": {"builder": f"{NETS}:{builder}", "input_shape": [2, 16, 16], "num_classes": 10, "input_layout": "TN",
-                  **model},
+        "model": {"builder": f"{NETS}:{builder}", "input_shape": [2, side, side], "num_classes": 10,
+                  "input_layout": "TN", **model},
         "data": {"batch_size": 8, "train_samples": 32, "test_samples": 16},
-        "train": {"steps": 3, "microbatches": 2, "dtype": "float64", "seed": 3},
+        "train": {"steps": 3, "microbatches": 2, "dtype": "float64", "seed": 3, **(train or {})},
         "parallel": {"strategy": strategy},
     })
 
 
-def assert_pp_trains_as_none(builder: str, **model) -> None:
-    reference = run_training(zoo_config(builder, "none", **model))
-    for summary in run_on_ranks(zoo_config(builder, "pp", **model), 2, timeout_s=TIMEOUT_S):
+def assert_pp_trains_as_none(builder: str, side: int = 16, train: dict | None = None, **model) -> None:
+    reference = run_training(zoo_config(builder, "none", side, train, **model))
+    for summary in run_on_ranks(zoo_config(builder, "pp", side, train, **model), 2, timeout_s=TIMEOUT_S):
         assert_same_losses(reference, summary)  # the neurons fire, too
         for step, (got, want) in enumerate(zip(summary["losses"], reference["losses"]), start=1):
             assert_close(f"step {step}'s loss", got, want)
@@ -49,6 +49,15 @@ def test_pp_trains_the_zoo_sew_resnet18_with_no_units_declared_as_none():
     assert analysis.stage_units[:5] == ("conv1", "bn1", "sn1", "maxpool", "layer1.0")
     assert analysis.stage_units[-3:] == ("layer4.1", "avgpool", "flatten:fc")
     assert_pp_trains_as_none("sew_resnet18")
+
+
+def test_pp_trains_the_zoo_spiking_vgg11_with_no_units_declared_as_none():
+    analysis = prepare(zoo_config("spiking_vgg11_without_dropout", "pp", 32), 2, Plugins()).analysis
+    assert "stage_units" in analysis.inferred
+    assert analysis.stage_units == (*(f"features.{i}" for i in range(21)), "avgpool", "flatten:classifier.0",
+                                    *(f"classifier.{i}" for i in range(1, 7)))
+    # SGD without momentum and 32x32 frames (its five poolings): Adam's state of 129M float64 parameters is slow
+    assert_pp_trains_as_none("spiking_vgg11_without_dropout", 32, {"optimizer": "sgd", "momentum": 0, "lr": 0.01})
 
 
 def test_a_refusal_suggests_units_that_plan_and_train_when_pasted():

@@ -1,6 +1,6 @@
-"""Networks for test_zoo_pipeline: SpikingJelly's zoo networks adapted to 2-channel frames and 10 classes (ResNet-18s,
-as a user's ``model.builder`` builds them) or made small, and a network of one's own whose forward flattens before its
-classifier.
+"""Networks for test_zoo_pipeline and test_zoo_tp: SpikingJelly's zoo networks adapted to 2-channel frames and 10
+classes (ResNet-18s, VGG-11, as a user's ``model.builder`` builds them) or made small, and a network of one's own
+whose forward flattens before its classifier.
 
 The zoo's modules import torchvision only to download pretrained weights; where it is not installed (its PyPI
 wheels do not load beside a CPU torch), that import is given a stand-in that refuses to download.
@@ -61,6 +61,27 @@ def spiking_resnet18() -> nn.Module:
     return net
 
 
+def spiking_vgg11() -> nn.Module:
+    """The zoo's spiking_vgg11 (129M parameters, 120M of them in its classifier) with its first conv taking 2 channels
+    and its last fc 10 classes, in multi-step mode: [T, N, 2, H, W] -> [T, N, 10], H and W 32 or more. Its IF neurons
+    fire at 0.1, so that with no BatchNorm the spikes reach the classifier (at 1 none fire past the fourth conv)."""
+    net = spiking_vgg.spiking_vgg11(spiking_neuron=neuron.IFNode, surrogate_function=surrogate.ATan(),
+                                    detach_reset=True, v_threshold=0.1)
+    net.features[0] = layer.Conv2d(2, 64, kernel_size=3, padding=1)
+    net.classifier[-1] = layer.Linear(net.classifier[-1].in_features, 10)
+    functional.set_step_mode(net, "m")
+    return net
+
+
+def spiking_vgg11_without_dropout() -> nn.Module:
+    """``spiking_vgg11`` with its classifier's dropouts at p = 0: pp draws no dropout mask as none does (its ranks'
+    random state at the first step is not none's)."""
+    net = spiking_vgg11()
+    for dropout in (net.classifier[2], net.classifier[5]):
+        dropout.p = 0.0
+    return net
+
+
 def small_spiking_vgg() -> nn.Module:
     """The zoo's SpikingVGG (built on the meta device: its classifier has 120M parameters) with one conv of 512
     channels taking 2, and a classifier small enough to test, its layers in the zoo's order."""
@@ -99,3 +120,22 @@ class PooledNet(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.fc(torch.flatten(self.pool(self.sn(self.bn(self.conv(x)))), 2))
+
+
+class ZooBlocksNet(nn.Module):
+    """A stem, the zoo's spiking_resnet BasicBlock (its add before its last neuron) and sew_resnet Bottleneck (conv3
+    after the pair), each with 16 channels, and a classifier: ``residual_conv_pair`` on both kinds of block, small."""
+
+    def __init__(self):
+        super().__init__()
+        kwargs = {"spiking_neuron": neuron.IFNode, "surrogate_function": surrogate.ATan(), "detach_reset": True}
+        self.stem = nn.Sequential(layer.Conv2d(2, 16, kernel_size=3, padding=1, bias=False), layer.BatchNorm2d(16),
+                                  neuron.IFNode(surrogate_function=surrogate.ATan(), detach_reset=True))
+        self.basic = spiking_resnet.BasicBlock(16, 16, **kwargs)
+        self.bottleneck = sew_resnet.Bottleneck(16, 4, cnf="ADD", **kwargs)
+        self.pool = layer.AdaptiveAvgPool2d((1, 1))
+        self.fc = layer.Linear(16, 10)
+        functional.set_step_mode(self, "m")
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(torch.flatten(self.pool(self.bottleneck(self.basic(self.stem(x)))), 2))
