@@ -2,7 +2,7 @@
 # Installs snnfw and what it needs into the current Python environment.
 #
 #   bash scripts/install.sh          snnfw, torch's CPU build where no torch is installed, the extras
-#   bash scripts/install.sh --test   the same, and the test tools (pytest, import-linter, torchft for parallel.fault_tolerance; nir, snntorch and nirtorch,
+#   bash scripts/install.sh --test   the same, and the test tools (pytest, import-linter, torchft for parallel.fault_tolerance, tokenizers for BPE corpora; nir, snntorch and nirtorch,
 #                                    with which a test reads snnfw's NIR export as another simulator does)
 #
 # torch: where none is installed, 2.13 from PyTorch's CPU index (PyPI's Linux wheel is the multi-gigabyte CUDA
@@ -23,7 +23,7 @@ pip_install() { python -m pip install --quiet --disable-pip-version-check "$@"; 
 test_tools=()
 for arg in "$@"; do
   case "$arg" in
-    --test) test_tools=(pytest import-linter nir snntorch nirtorch torchft==0.2.0) ;;
+    --test) test_tools=(pytest import-linter nir snntorch nirtorch torchft==0.2.0 tokenizers) ;;
     *) echo "install.sh: unknown argument $arg (use --test for the test tools)" >&2; exit 2 ;;
   esac
 done
