@@ -274,7 +274,7 @@ def apply_conv_mlp(module: nn.Module, shard: Shard) -> None:
 
 
 def check_residual_conv_pair(module: nn.Module, size: int) -> str | None:
-    from snnfw.model.analysis import is_neuron
+    from snnfw.api import is_neuron
 
     parts = [getattr(module, name, None) for name in ("conv1", "bn1", "sn1", "conv2")]
     kinds = (_CONV, _BN, nn.Module, _CONV)
