@@ -25,7 +25,7 @@ def test_plan_shows_layout_without_starting_processes(capsys):
 def test_user_errors_exit_2_with_one_line_and_no_traceback(capsys):
     assert main(["plan", "examples/quickstart.toml", "--world-size", "2", "--set", "parallel.strategy=ddp"]) == 2
     err = capsys.readouterr().err
-    assert err.startswith("snnfw: error: unknown strategy 'ddp' (did you mean 'dp'?); strategies and presets: dp, ")
+    assert err.startswith("snnfw: error: unknown strategy 'ddp' (did you mean 'dp'?); strategies and presets: cp, dp, ep, ")
     assert "Traceback" not in err and err.count("\n") == 1
     assert main(["train", "examples/quickstart.toml", "--nproc", "3"]) == 2
     assert "divisible by data-parallel size 3" in capsys.readouterr().err
