@@ -1,6 +1,7 @@
 """tp on SpikingJelly's model zoo given by ``model.builder``, with no tp_plan declared: sew_resnet18's residual blocks
-(``residual_conv_pair``) and spiking_vgg11's convs and classifier (``conv_bn_neuron``, ``linear_mlp`` with its dropout)
-sharded, most of each network's parameters with them; a small network holds the zoo's two other blocks (spiking_resnet's
+(``residual_conv_pair``) and the convs and classifier of spiking_vgg11's layout (``conv_bn_neuron``, ``linear_mlp`` with
+its dropout) sharded, most of each network's parameters with them (the VGG narrow; the zoo's own 129M-parameter
+spiking_vgg11 is checked to infer the same plan); a small network holds the zoo's two other blocks (spiking_resnet's
 BasicBlock, sew_resnet's Bottleneck). Float64, 2 ranks, against ``none``."""
 
 from pathlib import Path
@@ -13,6 +14,7 @@ from snnfw.plugin.manager import Plugins
 from snnfw.run.loop import run_training
 from snnfw.testing import local_parameters, run_on_ranks
 from snnfw.testing.checks import assert_close, assert_same_losses
+from test_zoo_pipeline import VGG11_STAGE_UNITS
 
 NETS = Path(__file__).with_name("zoo_nets.py")
 TIMEOUT_S = 400
@@ -40,7 +42,7 @@ VGG11_PLAN = [*((f"features.{run}", "conv_bn_neuron") for run in VGG11_RUNS),
 
 
 @pytest.mark.parametrize("builder, side, plan", [("sew_resnet18", 16, SEW_RESNET18_PLAN),
-                                                 ("spiking_vgg11", 32, VGG11_PLAN),  # 32: its five poolings
+                                                 ("narrow_spiking_vgg11", 32, VGG11_PLAN),  # 32: its five poolings
                                                  ("ZooBlocksNet", 8, BLOCKS_PLAN)])
 def test_tp_trains_the_zoo_with_most_parameters_sharded_as_none(builder, side, plan, tmp_path):
     analysis = prepare(zoo_config(builder, "tp", side), 2, Plugins()).analysis
@@ -55,3 +57,9 @@ def test_tp_trains_the_zoo_with_most_parameters_sharded_as_none(builder, side, p
             assert_close(f"step {step}'s loss", got, want)
         sharded = 2 * (whole - summary["inspect"])  # each rank holds half of every sharded parameter
         assert sharded / whole > 0.9, f"{builder}: {sharded} of {whole} parameters sharded"
+
+
+def test_the_zoo_spiking_vgg11_infers_the_tp_plan_and_stage_units_of_its_narrow_layout():
+    """The narrow VGG trained above and in test_zoo_pipeline stands for the zoo's own: the same plan and units."""
+    analysis = prepare(zoo_config("spiking_vgg11", "tp", 32), 2, Plugins()).analysis
+    assert list(analysis.tp_plan) == VGG11_PLAN and analysis.stage_units == VGG11_STAGE_UNITS
