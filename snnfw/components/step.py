@@ -17,12 +17,16 @@ if TYPE_CHECKING:
 class RunState:
     """What one trainer's steps carry from one to the next: the clock of its phases, fp16's loss scale, what
     plugins keep for the run (``kept``, by plugin name), and where its ranks build only their shards from a
-    recorded build, each tensor's initial value by name (``initial``). Hooks see it as ``hooks.run``."""
+    recorded build, each tensor's initial value by name (``initial``) and ``materialize(module)``, which gives the
+    parallelized meta model storage and its initial values once (a wrapper that reads the parameters as it wraps
+    them, such as DistributedDataParallel, calls it first; else the trainer after parallelizing). Hooks see it as
+    ``hooks.run``."""
 
     phases: PhaseTimes
     loss_scale: LossScale
     kept: dict = attrs.field(factory=dict)
     initial: Callable[[str], torch.Tensor] | None = None
+    materialize: Callable[[torch.nn.Module], None] | None = None
 
 
 @attrs.frozen

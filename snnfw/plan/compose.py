@@ -30,7 +30,7 @@ import math
 import attrs
 
 from snnfw.config import with_settings
-from snnfw.errors import PluginError
+from snnfw.errors import PlanError, PluginError
 from snnfw.plan.estimate import ddp_buckets, estimate, ring_bytes
 from snnfw.plan.layout import AUTO, COMPOSED, Mesh, PlanRequest, Proposal
 from snnfw.plugin.strategy import DATA, IN_PLACE, REPLICATED, SHARDED, SPLIT, STAGES, Strategy
@@ -323,7 +323,10 @@ def apply_mesh(model, plan, mesh, hooks):
     def wrap(module, module_plan=plan):  # module_plan: plan as it applies to module (a stage: its blocks within it)
         if reduction.sharded:
             return strategies[reduction.sharded].apply_dimension(module, module_plan, shard_mesh, hooks)
-        if reduction.ddp:
+        if reduction.ddp:  # which reads the parameters as it wraps them: a meta build is materialized first
+            _check_ddp_parameters(module, reduction)
+            if getattr(hooks, "run", None) is not None and hooks.run.materialize is not None:
+                hooks.run.materialize(module)
             return replicate(module, plan.device_type, rows_group(mesh, reduction.averaged))
         return module
 
@@ -332,6 +335,20 @@ def apply_mesh(model, plan, mesh, hooks):
         return staged[0].apply_dimension(model, plan, mesh, hooks, wrap, group=reduction.stage_group(mesh))
     hooks.compile(model, plan)
     return wrap(model)
+
+
+def _check_ddp_parameters(module, reduction: Reduction) -> None:
+    """Refuses (alike on every rank, before any collective) DistributedDataParallel over DTensor parameters it is
+    not told to leave alone (tp's ``linear_mlp`` style makes them), whose gradients its buckets cannot take."""
+    from torch.distributed.tensor import DTensor
+
+    ignored = set(getattr(module, "_ddp_params_and_buffers_to_ignore", ()))  # ep's experts: averaged by ep itself
+    dtensors = [name for name, p in module.named_parameters() if isinstance(p, DTensor) and name not in ignored]
+    if dtensors:
+        raise PlanError(f"DistributedDataParallel over {' x '.join(reduction.averaged)} cannot average DTensor "
+                        f"parameters, and the model has {len(dtensors)} of them ({dtensors[0]}, ...; tp's linear_mlp "
+                        "style makes them); shard the data dimension instead (dp_shard for dp_replicate), or give "
+                        "those modules another tp style in model.tp_plan")
 
 
 # Published in snnfw.api by 0.2.0, deprecated there in 0.3.0 and removed in 0.4.0 (snnfw.api.DEPRECATED says what

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import attrs
 
-from snnfw.plan.compose import Reduction, apply_mesh, candidate_meshes, owners, propose_mesh
+from snnfw.plan.compose import apply_mesh, candidate_meshes, owners, propose_mesh
 from snnfw.plan.layout import COMPOSED
 from snnfw.plugin.hookspecs import hookimpl
 from snnfw.plugin.strategy import IN_PLACE, Strategy
@@ -20,17 +20,13 @@ class Composed(Strategy):
         return shards and not self.builds_whole(config, plugins)
 
     def builds_whole(self, config, plugins):
-        """Why the ranks of a mesh that shards parameters build the whole model first: DistributedDataParallel wraps
-        it (:attr:`Reduction.ddp`; it reads the parameters as it wraps them, which a meta build cannot), or a
-        dimension that runs the model to apply it (a pipeline's split) meets one applied in place before it (tp's
-        layers and time's neurons exchange with their peers as the split is measured). None where it builds only
-        the shards, or shards nothing."""
+        """Why the ranks of a mesh that shards parameters build the whole model first: a dimension that runs the
+        model to apply it (a pipeline's split) meets one applied in place before it (tp's layers and time's neurons
+        exchange with their peers as the split is measured). None where it builds only the shards (DDP's replicas
+        of shards are materialized before it wraps them), or shards nothing."""
         strategies = _strategies(config, plugins)
         if not any(s.shards_parameters for s in strategies.values()):
             return None
-        if Reduction.of(strategies).ddp:
-            return ("DistributedDataParallel reads the parameters as it wraps them (replicas without dp_shard); add "
-                    "dp_shard to build only the shards")
         if self.reads_values(config, plugins) and any(s.order == IN_PLACE for s in strategies.values()):
             return "the pipeline's split runs the model, whose in-place dimensions exchange with their peers as it runs"
         return None

@@ -41,7 +41,8 @@ class Trainer:
         replayed = Replayed(prepared.recipe, weights) if prepared.builds_shards and prepared.recipe is not None else None
         self.run = RunState(PhaseTimes(config.log.phase_times, cuda=device.type == "cuda"),
                             LossScale(config.train.precision == "fp16", config.train.loss_scale),
-                            initial=replayed.initial if replayed else None)
+                            initial=replayed.initial if replayed else None,
+                            materialize=self._materialize if prepared.builds_shards else None)
         self.plugins = plugins = plugins.for_run(self.run)
         self.counter = SpikeCounter(prepared.model, prepared.analysis.neurons)
         self.ops = OpCounter(prepared.model, prepared.spec.time_steps, config.eval.energy_ac_pj, config.eval.energy_mac_pj)
@@ -66,7 +67,9 @@ class Trainer:
             broadcast_state(model)  # each rank built its own instance; all start from rank 0's
         if weights is not None:
             load_weights(model, weights)
-        names = set_aside(model) if prepared.builds_shards else None  # parallelized on meta, then materialized
+        if prepared.builds_shards:  # parallelized on meta, then materialized
+            names = set_aside(model)
+            self._unmaterialized = (names, replayed or FromRank0(names))
         self.layout = self.plan.layout  # what the distributed primitives take, made once
         self.ft = ReplicaGroup(config) if config.parallel.fault_tolerance else None
         if self.ft:  # a replica group holds its whole replica alone: its gradient norm is its own
@@ -82,9 +85,8 @@ class Trainer:
             self.model = plugins.parallelize(model, self.plan, mesh)
         if mesh is not None:  # the process groups the strategy made (a composed mesh's rows) wait as long as the world's
             set_timeouts(config.parallel.timeout_s)
-        if names is not None:
-            values = replayed or FromRank0(names)
-            materialize(self.model, device, names, lambda: plugins.state_dict(self.model, None, self.plan)["model"], values)
+        if prepared.builds_shards:
+            self._materialize(self.model)
             if replayed:
                 replayed.release()
         if view := plugins.time_view(self.plan, mesh):  # this rank's model reads only these time steps
@@ -105,6 +107,14 @@ class Trainer:
         if device.type == "cuda":  # the steps' peak, not the setup's (memopt's trials, a pipeline's split timing)
             torch.cuda.reset_peak_memory_stats(device)
         self.materialize_s = time.perf_counter() - started
+
+    def _materialize(self, module: torch.nn.Module) -> None:
+        """Storage on this rank's device for what the parallelized meta ``module`` holds, and its initial values
+        (``hooks.run.materialize``): once, by whichever calls first."""
+        if self._unmaterialized is None:
+            return
+        (names, values), self._unmaterialized = self._unmaterialized, None
+        materialize(module, self.device, names, lambda: self.plugins.state_dict(module, None, self.plan)["model"], values)
 
     def example(self) -> torch.Tensor:
         """The frames of step 0's first microbatch of replica 0: the same on every rank."""

@@ -10,6 +10,7 @@ import resource
 
 import torch
 
+from snnfw.distributed.chunks import gather_whole
 from snnfw.run.trainer import Trainer
 from snnfw.testing import full_parameters, state_bytes
 
@@ -31,7 +32,7 @@ def track_until_first_step(rank: int) -> None:
             _seen.update(peak=tracker.get_tracker_snapshot("peak")[torch.device("cpu")]["Total"],
                          rss_mb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
                          held=state_bytes(trainer)["parameters"],
-                         initial=_by_model_names(trainer, full_parameters(trainer)))
+                         initial=_initial(trainer))
         return step(trainer, index)
 
     Trainer.step = first_step
@@ -72,6 +73,12 @@ def seen(trainer: Trainer) -> dict:
     """What :func:`track_until_first_step` kept: ``peak`` (bytes), ``rss_mb``, ``held`` (bytes of the parameter
     pieces this rank holds), ``initial`` (those parameters, whole, by the model's names)."""
     return _seen
+
+
+def _initial(trainer: Trainer) -> dict:
+    """The parameters, whole (DTensors and tp's sliced tensors gathered), by the model's names."""
+    whole = gather_whole(trainer.plugins.state_dict(trainer.model, None, trainer.plan)["model"], dst=None)
+    return {name: whole.get(name, tensor) for name, tensor in _by_model_names(trainer, full_parameters(trainer)).items()}
 
 
 def _by_model_names(trainer: Trainer, parameters: dict) -> dict:

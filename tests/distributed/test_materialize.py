@@ -14,7 +14,7 @@ from snnfw.config import build_config
 from snnfw.plan.prepare import build_model
 from snnfw.plugin.manager import Plugins
 from snnfw.run.loop import run_training
-from snnfw.testing import run_on_ranks
+from snnfw.testing import RankFailure, run_on_ranks
 from snnfw.testing.build_memory import seen, track_until_first_step
 
 WIDTH, LAYERS, RANKS = 256, 8, 4
@@ -28,6 +28,18 @@ def wide_mlp():
                                                                neuron.LIFNode(step_mode="m"))]
     return nn.Sequential(layer.Flatten(step_mode="m"), layer.Linear(2 * 8 * 8, WIDTH, step_mode="m"),
                          neuron.LIFNode(step_mode="m"), *hidden, layer.Linear(WIDTH, 10, step_mode="m"))
+
+
+def wide_convnet():
+    """Conv-BN-LIF units of 64 channels (tp's ``conv_bn_neuron``, whose shards are plain tensors DDP can wrap) on
+    8x8 frames, and a classifier."""
+    from spikingjelly.activation_based import layer, neuron
+
+    units = [module for channels in (2, 64, 64, 64) for module in (
+        layer.Conv2d(channels, 64, kernel_size=3, padding=1, bias=False, step_mode="m"),
+        layer.BatchNorm2d(64, step_mode="m"), neuron.LIFNode(step_mode="m"))]
+    return nn.Sequential(*units, layer.AdaptiveAvgPool2d((1, 1), step_mode="m"), layer.Flatten(step_mode="m"),
+                         layer.Linear(64, 10, step_mode="m"))
 
 
 def mlp_a_replay_could_get_wrong():
@@ -77,22 +89,24 @@ def mlp_with_a_non_persistent_buffer():
     return model
 
 
-def config(strategy, builder="wide_mlp", mesh=None):
+def config(strategy, builder="wide_mlp", mesh=None, microbatches=None):
     return build_config({
         "model": {"builder": f"{__file__}:{builder}", "input_shape": [2, 8, 8], "num_classes": 10, "input_layout": "TN",
                   "time_steps": 4},
         "data": {"name": "synthetic_dvs", "batch_size": 8, "train_samples": 16, "test_samples": 8},
-        "train": {"steps": 3, "lr": 0.01, "seed": 3, "dtype": "float64"},
+        "train": {"steps": 3, "lr": 0.01, "seed": 3, "dtype": "float64",
+                  **({"microbatches": microbatches} if microbatches else {})},
         "parallel": {"strategy": strategy, "device": "cpu", **({"mesh": mesh} if mesh else {})},
     })
 
 
-def none_build() -> tuple[dict, int, int, dict]:
-    """none's initial parameters (float64, by name), the model's bytes and its largest tensor's, and none's run."""
-    model, _ = build_model(config("none"), Plugins())
+def none_build(builder: str = "wide_mlp", microbatches: int = 1) -> tuple[dict, int, int, dict]:
+    """none's initial parameters (float64, by name), the model's bytes and its largest tensor's, and none's run (in
+    ``microbatches``: a data dimension's replicas each hold one, as BatchNorm sees it)."""
+    model, _ = build_model(config("none", builder), Plugins())
     initial = {name: p.detach().to(torch.float64) for name, p in model.named_parameters()}
     sizes = [p.numel() * 8 for p in initial.values()]
-    return initial, sum(sizes), max(sizes), run_training(config("none"))
+    return initial, sum(sizes), max(sizes), run_training(config("none", builder, microbatches=microbatches))
 
 
 def test_fsdp2_ranks_hold_a_quarter_of_the_model_and_start_from_none_weights():
@@ -185,3 +199,27 @@ def test_pp_materializes_a_buffer_the_state_dict_leaves_out_under_the_model_s_na
     summaries = run_on_ranks(config("pp", "mlp_with_a_non_persistent_buffer"), RANKS, timeout_s=180)
     for step, (want, loss) in enumerate(zip(reference["losses"], summaries[-1]["losses"], strict=True), start=1):
         assert abs(loss - want) <= 1e-9 * abs(want), f"step {step}: loss {loss}, none's {want}"
+
+
+@pytest.mark.parametrize("mesh", [{"dp_replicate": 2, "tp": 2}, {"tp": 2, "time": 2}])
+def test_ddp_over_tp_shards_builds_only_the_shard_and_starts_from_none_weights(mesh):
+    """Replicas of tp's shards (DistributedDataParallel over dp_replicate, or over time): every rank builds on the
+    meta device and holds its shard, plus DDP's gradient buckets (the gradients' own storage) and at most one tensor,
+    before its first step."""
+    initial, whole, largest, reference = none_build("wide_convnet", microbatches=mesh.get("dp_replicate", 1))
+    summaries = run_on_ranks(config("mesh", "wide_convnet", mesh), RANKS, before=track_until_first_step, inspect=seen,
+                             timeout_s=180)
+    for rank, summary in enumerate(summaries):
+        peak, held = summary["inspect"]["peak"], summary["inspect"]["held"]
+        assert held <= whole / 2 + largest, f"rank {rank} holds {held} bytes of a {whole}-byte model"
+        assert peak <= 2 * held + largest + OTHER_BYTES, f"rank {rank} held {peak} bytes, its shard {held}, of {whole}"
+        for name, tensor in summary["inspect"]["initial"].items():
+            assert torch.equal(tensor, initial[name]), f"rank {rank}: initial {name} differs from none's"
+        for step, (want, loss) in enumerate(zip(reference["losses"], summary["losses"]), start=1):
+            assert abs(loss - want) <= 1e-9 * abs(want), f"rank {rank}, step {step}: loss {loss}, none's {want}"
+
+
+def test_ddp_over_dtensor_parameters_is_refused_in_one_line():
+    """tp's linear_mlp style makes DTensor parameters, which DistributedDataParallel's buckets cannot take."""
+    with pytest.raises(RankFailure, match="DistributedDataParallel over time cannot average DTensor parameters"):
+        run_on_ranks(config("mesh", mesh={"tp": 2, "time": 2}), RANKS, timeout_s=180)
