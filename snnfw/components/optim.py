@@ -188,7 +188,7 @@ def parameter_groups(model, train: TrainConfig) -> list:
     """
     decayed, exempt = _groups(model, train.no_decay)
     if not train.no_decay:
-        return decayed
+        return decayed or [{"params": []}]  # a group, though empty: a pipeline stage of neurons alone holds none
     return [{"params": decayed}, {"params": exempt, "weight_decay": 0.0}]
 
 

@@ -266,3 +266,28 @@ def test_auto_trains_the_pipeline_schedule_it_chose(tmp_path):
     assert chosen["schedule"] in ("zbv", "zero_bubble") and chosen["virtual_stages"] == 2
     assert summary["plan"]["rationale"][0].startswith(f"auto, prefer speed: chose pp (pp=3, pipeline.schedule = '{chosen['schedule']}'")
     assert_same_losses(reference, summary)
+
+
+def flatten_then_mlp():
+    from spikingjelly.activation_based import layer, neuron
+
+    return nn.Sequential(layer.Flatten(step_mode="m"), layer.Linear(2 * 8 * 8, 32, step_mode="m"),
+                         neuron.LIFNode(v_threshold=0.25, step_mode="m"), layer.Linear(32, 10, step_mode="m"))
+
+
+def test_a_stage_that_holds_no_parameters_trains_as_none():
+    """A split may give a stage only units without parameters (a measured one did, under load): its optimizer
+    steps nothing, and the run equals none."""
+    def config(strategy):
+        return build_config({
+            "model": {"builder": f"{__file__}:flatten_then_mlp", "input_shape": [2, 8, 8], "num_classes": 10,
+                      "input_layout": "TN", "time_steps": 4},
+            "data": {"name": "synthetic_dvs", "batch_size": 8, "train_samples": 16, "test_samples": 8},
+            "train": {"steps": 3, "lr": 0.01, "seed": 3, "dtype": "float64", "microbatches": 2},
+            "parallel": {"strategy": strategy, "device": "cpu"},
+            **({"pipeline": {"layout": "1|3"}} if strategy == "pp" else {}),
+        })
+
+    reference = run_training(config("none"))
+    for summary in run_on_ranks(config("pp"), 2, timeout_s=150):
+        assert_same_losses(reference, summary)
