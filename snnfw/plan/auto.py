@@ -20,7 +20,7 @@ import torch
 
 from snnfw.config import COMPOSED, Config, with_settings
 from snnfw.errors import PlanError
-from snnfw.plan import cost_model
+from snnfw.plan import cost_model, proxy
 from snnfw.plan.estimate import measure_cost
 from snnfw.plan.presets import name_of
 
@@ -208,16 +208,21 @@ def choose(request, plugins) -> Decision:
 MEASURE_COPIES = 4  # what a measured step holds beside the model: its copy, gradients, and Adam's two states
 
 
-def check_measurable(model) -> None:
+def check_measurable(model, why: str = "") -> None:
     """Refuses a model whose measured step would not fit this host's available memory (the process would be killed
     with no word): the cost is measured on one step of a copy of the model, here."""
     held = sum(p.numel() * p.element_size() for p in model.parameters())
-    available = _available_memory()
-    if available is not None and MEASURE_COPIES * held > available:
+    if not _fits(model):
         raise PlanError(f"auto measures one training step of the model on this host, which holds {held / 2**30:.1f} "
                         f"GiB of parameters and would need ~{MEASURE_COPIES * held / 2**30:.1f} GiB, and this host has "
-                        f"{available / 2**30:.1f} GiB available; name the layout (parallel.mesh) and check it with "
-                        "snnfw plan --dry-run, or run auto where the model's step fits")
+                        f"{_available_memory() / 2**30:.1f} GiB available{why}; name the layout (parallel.mesh) and "
+                        "check it with snnfw plan --dry-run, or run auto where the model's step fits")
+
+
+def _fits(model) -> bool:
+    held = sum(p.numel() * p.element_size() for p in model.parameters())
+    available = _available_memory()
+    return available is None or MEASURE_COPIES * held <= available
 
 
 def _available_memory() -> int | None:
@@ -232,20 +237,31 @@ def _available_memory() -> int | None:
     return None
 
 
-def measure(model, spec, plugins, train, threads: int | None = None, transform=None):
+def measure(model, spec, plugins, train, threads: int | None = None, transform=None, blocks: tuple[str, ...] = ()):
     """The per-sample cost of ``model`` that estimates scale from, with a step of ``train.optimizer``, under
     ``train.precision``, at ``threads`` threads (default: this process's), transformed by ``transform(model,
-    example)`` where given (:func:`snnfw.plan.estimate.measure_cost`)."""
+    example)`` where given (:func:`snnfw.plan.estimate.measure_cost`). A model whose step does not fit this host is
+    measured through proxies with fewer of its repeated ``blocks`` (:mod:`snnfw.plan.proxy`), where it has them."""
     from snnfw.components.optim import optimizer_options
     from snnfw.components.precision import autocast
 
-    check_measurable(model)
     frames, labels = example_batch(spec)
 
     def optimizer(parameters):
         optimizer_class, options = optimizer_options(train, plugins, parameters)
         return optimizer_class(parameters, **options)
 
-    return measure_cost(model, frames, labels, plugins.reset_state, optimizer, threads,
-                        precision=lambda: autocast(train, next(model.parameters(), frames).device.type),
-                        transform=transform)
+    def cost_of(measured):
+        return measure_cost(measured, frames, labels, plugins.reset_state, optimizer, threads,
+                            precision=lambda: autocast(train, next(measured.parameters(), frames).device.type),
+                            transform=transform)
+
+    if _fits(model):
+        return cost_of(model)
+    run = proxy.repeated_blocks(model, blocks)
+    if run is None:
+        check_measurable(model, " (nor has it a run of identical blocks to measure a smaller copy of)")
+    measured = proxy.proxy(model, run, 2)
+    check_measurable(measured, f" for a copy with {run.describe()}")
+    del measured
+    return proxy.extrapolated(model, run, cost_of, spec.time_steps, spec.shape, plugins.reset_state)

@@ -284,7 +284,8 @@ def prepare(config: Config, world_size: int, plugins: Plugins, local_ranks: int 
         def decide() -> Decision:
             transform = None if torch.distributed.is_initialized() else run_transforms(config, topology, analysis,
                                                                                           plugins)
-            cost = measure(built, source.spec, plugins, config.train, cost_model.rank_threads(world_size), transform)
+            cost = measure(built, source.spec, plugins, config.train, cost_model.rank_threads(world_size), transform,
+                           analysis.blocks)
             request = PlanRequest(config=config, topology=topology, analysis=analysis, model=built,
                                   plugins=plugins.context, cost=cost)
             return choose(request, plugins)
@@ -367,7 +368,7 @@ def costed_candidates(config: Config, world_size: int, plugins: Plugins, device_
                             device_memory=device_memory)
     analysis = _analyze(model, config, source, plugins)
     cost = measure(model, source.spec, plugins, config.train, threads or cost_model.rank_threads(world_size),
-                   run_transforms(config, topology, analysis, plugins))
+                   run_transforms(config, topology, analysis, plugins), analysis.blocks)
     request = PlanRequest(config=config, topology=topology, analysis=analysis, model=model, plugins=plugins.context,
                           cost=cost)
     return (*ranked_candidates(request, plugins), cost)

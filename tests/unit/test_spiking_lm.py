@@ -12,7 +12,7 @@ from snnfw.api import is_neuron
 from snnfw.components.losses import next_token
 from snnfw.components.step import hits
 from snnfw.config import build_config
-from snnfw.errors import ConfigError
+from snnfw.errors import ConfigError, PlanError
 from snnfw.plan.prepare import build_datasets, build_model, prepare
 from snnfw.plugin.manager import Plugins
 from snnfw_plugins.families.spiking_lm_model import MoEMLP
@@ -207,3 +207,26 @@ def test_the_plain_loop_trains_a_language_model_with_snnfws_losses():
     with snnfw.start(config) as run:
         losses = [run.step(step)["loss"] for step in range(2)]
     assert plain_losses == pytest.approx(losses, rel=1e-9) and losses[0] != losses[1]
+
+
+def test_a_model_too_large_to_measure_here_is_measured_through_copies_with_one_and_two_of_its_blocks(plugins,
+                                                                                                      monkeypatch):
+    """auto's measurement of a model whose step does not fit this host (the 1.4b flavor here): the small flavor's
+    parameters, saved-for-backward and neuron state bytes extrapolated from its 1- and 2-layer copies equal its own."""
+    from snnfw.plan import auto
+
+    config = lm_config(flavor="small")
+    prepared = prepare(config, 1, plugins)
+    model, spec, blocks = prepared.model, prepared.spec, prepared.analysis.blocks
+    whole = auto.measure(model, spec, plugins, config.train, 1, blocks=blocks)
+    held = sum(p.numel() * p.element_size() for p in model.parameters())
+    monkeypatch.setattr(auto, "_available_memory", lambda: auto.MEASURE_COPIES * held - 1)  # its copies fit, it not
+    proxied = auto.measure(model, spec, plugins, config.train, 1, blocks=blocks)
+    assert proxied.parameters == whole.parameters == sum(p.numel() for p in model.parameters())
+    assert proxied.activation_bytes == pytest.approx(whole.activation_bytes, rel=1e-12) and whole.activation_bytes > 0
+    assert proxied.neuron_state_bytes == pytest.approx(whole.neuron_state_bytes, rel=1e-12)
+    assert proxied.step_ms > 0
+    tiny = prepare(lm_config(), 1, plugins)  # two layers, one of them a mixture of experts: no run to shorten
+    monkeypatch.setattr(auto, "_available_memory", lambda: 1024)
+    with pytest.raises(PlanError, match="nor has it a run of identical blocks to measure a smaller copy of"):
+        auto.measure(tiny.model, tiny.spec, plugins, config.train, 1, blocks=tiny.analysis.blocks)
