@@ -147,6 +147,9 @@ def check_model(model: torch.nn.Module) -> None:
                           "BatchNorm, or train without fault tolerance")
 
 
+MAX_RETRIES = 10  # a step trained again this many times without committing ends the group (never a loop forever)
+
+
 class ReplicaGroup:
     """This process's torchft replica: the manager, the model wrapped in torchft's DistributedDataParallel, and the
     state a rejoining group takes from a live peer."""
@@ -173,7 +176,7 @@ class ReplicaGroup:
             self.manager = Manager(
                 pg=ProcessGroupGloo(timeout=self.timeout), load_state_dict=load, state_dict=state,
                 min_replica_size=self.min_replicas, use_async_quorum=False, init_sync=False, timeout=self.timeout,
-                quorum_timeout=self.timeout, connect_timeout=self.timeout, rank=0, world_size=1,
+                quorum_timeout=self.timeout, connect_timeout=self.timeout, rank=0, world_size=1, max_retries=MAX_RETRIES,
                 store_addr="127.0.0.1", store_port=self.store.port, lighthouse_addr=self.address,
                 replica_id=f"snnfw_{self.index}", hostname=socket.gethostname())
         except RuntimeError as err:
@@ -201,8 +204,16 @@ class ReplicaGroup:
         return self.manager.current_step() if self.manager.current_step() > step else step
 
     def commit(self) -> bool:
-        """Whether the groups of the quorum all finished the step (else it is trained again)."""
-        self.committed = self.manager.should_commit()
+        """Whether the groups of the quorum all finished the step (else it is trained again, at most
+        :data:`MAX_RETRIES` times in a row)."""
+        try:
+            self.committed = self.manager.should_commit()
+        except RuntimeError as err:
+            if "exceeding max_retries" not in str(err):
+                raise
+            raise CollectiveError(f"replica group {self.index} trained a step {MAX_RETRIES + 1} times in a row and no "
+                                  "quorum committed it (a group was lost or failed each time); see the groups' logs, "
+                                  "and start this group again to rejoin from a live peer") from None
         return self.committed
 
     def participants(self) -> int:

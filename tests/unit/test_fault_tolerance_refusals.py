@@ -90,3 +90,19 @@ def test_starting_a_lighthouse_on_another_host_is_refused():
     with pytest.raises(ConfigError, match="start_lighthouse starts the lighthouse on this host, at the port its address "
                                           "names, and 'http://elsewhere.example:29510' is not such an address"):
         fault_tolerance.groups(config({"dp_replicate": 2}, ft))
+
+
+def test_a_step_that_never_commits_ends_the_group_in_one_line_not_a_loop():
+    """torchft's manager raises once should_commit failed more than max_retries times in a row (snnfw passes
+    MAX_RETRIES); the group ends with a CollectiveError that says so, not a traceback or a step trained forever."""
+    from snnfw.errors import CollectiveError
+
+    class Manager:  # should_commit as torchft 0.2.0's manager ends it past max_retries
+        def should_commit(self):
+            raise RuntimeError(f"should_commit failed {fault_tolerance.MAX_RETRIES + 1} times consecutively, "
+                               f"exceeding max_retries={fault_tolerance.MAX_RETRIES}")
+
+    group = fault_tolerance.ReplicaGroup(config({"dp_replicate": 2}, {**FT, "replica_group": 1}))
+    group.manager = Manager()
+    with pytest.raises(CollectiveError, match=r"replica group 1 trained a step 11 times in a row and no quorum"):
+        group.commit()
