@@ -295,12 +295,33 @@ def prepare(config: Config, world_size: int, plugins: Plugins, local_ranks: int 
     plan = make_plan(config, topology, analysis, plugins, built, decision.rationale if decision else (), asked)
     if world_size > 1 and (why := plugins.strategy(plan.config.parallel.strategy).builds_whole(plan.config, plugins)):
         model_notes += (f"every rank builds the whole model before it takes its shard: {why}",)
+    model_notes += _dropout_notes(built, plan)
     allocator = cpu_allocator.resolve(config.parallel.cpu_allocator, topology.device_type)
     notes = precision_notes(config, topology.device_type) + (
         ("cpu_allocator retain: each rank's malloc keeps freed blocks for the next step",) if allocator == "retain" else ())
     plan = attrs.evolve(plan, rationale=topology.rationale + plan.rationale + model_notes + data_notes + notes)
     return Prepared(plan, built, source.spec, analysis, given_instance=isinstance(model, torch.nn.Module),
                     builds_shards=shards, recipe=made, datasets=built_data)
+
+
+DROPOUT_AS_ONE_PROCESS = {"tp"}  # dimensions whose ranks draw a dropout's masks as one process would (tp's peers share
+# the batch and the random stream); the others draw their own samples', stages' or steps' masks from their own streams
+
+
+def _dropout_notes(model: torch.nn.Module, plan: Plan) -> tuple[str, ...]:
+    """The plan's word that dropout makes a run differ from ``none``'s step for step, where it does: a dropout
+    layer with p > 0 under a dimension that does not draw its masks as one process would."""
+    from spikingjelly.activation_based.layer import Dropout  # one mask for every time step of a sample
+
+    kinds = (torch.nn.modules.dropout._DropoutNd, Dropout)
+    dropouts = [name for name, m in model.named_modules() if isinstance(m, kinds) and m.p > 0]
+    dims = sorted({name for name, size in plan.mesh if size > 1} - DROPOUT_AS_ONE_PROCESS)
+    if not dropouts or not dims:
+        return ()
+    layers = f"{len(dropouts)} dropout layers ({', '.join(dropouts[:3])}{', ...' if len(dropouts) > 3 else ''})"
+    return (f"dropout: {layers if len(dropouts) > 1 else 'dropout layer ' + dropouts[0]} draw their masks on each rank of "
+            f"{' x '.join(dims)} from its own random stream, so the run is not none's step for step (equal in "
+            "distribution); with their p at 0 it is (the float64 guarantee)",)
 
 
 def run_transforms(config: Config, topology: Topology, analysis: Analysis, plugins: Plugins) -> Callable:

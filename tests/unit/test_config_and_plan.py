@@ -261,3 +261,40 @@ def test_refusals_of_family_keys_read_grammatically(plugins, model, said):
     with pytest.raises(ConfigError) as refused:
         prepare(build_config({"model": model}), 1, plugins)
     assert said in str(refused.value)
+
+
+DROPOUT_NET = '''
+from torch import nn
+from spikingjelly.activation_based import layer, neuron
+
+
+def build(p=0.5):
+    return nn.Sequential(layer.Flatten(step_mode="m"), nn.Dropout(p), layer.Linear(128, 64, step_mode="m"),
+                         neuron.LIFNode(step_mode="m"), layer.Dropout(p, step_mode="m"),
+                         layer.Linear(64, 10, step_mode="m"))
+
+
+def build_without():
+    return build(0.0)
+'''
+
+
+@pytest.mark.parametrize("strategy, world, said", [("dp", 2, "dp_replicate"), ("tsp", 2, "time"), ("pp", 2, "pp"),
+                                                   ("tp", 2, None), ("none", 1, None)])
+@pytest.mark.parametrize("builder", ["build", "build_without"])
+def test_the_plan_says_where_dropout_makes_a_run_differ_from_none(tmp_path, strategy, world, said, builder):
+    """Each rank of a data, stage or time split draws dropout masks from its own random stream (measured: dp, pp,
+    tsp and fsdp2 runs of a dropout MLP differ from none's losses from step 1); tp's peers draw them as one process."""
+    (tmp_path / "net.py").write_text(DROPOUT_NET)
+    config = build_config({
+        "model": {"builder": f"{tmp_path / 'net.py'}:{builder}", "input_shape": [2, 8, 8], "num_classes": 10,
+                  "input_layout": "TN", "time_steps": 4},
+        "data": {"name": "synthetic_dvs", "batch_size": 8, "train_samples": 32, "test_samples": 8},
+        "train": {"microbatches": 2}, "parallel": {"strategy": strategy}})
+    notes = [line for line in prepare(config, world, Plugins()).plan.rationale if line.startswith("dropout: ")]
+    if said and builder == "build":
+        assert notes == [f"dropout: 2 dropout layers (1, 4) draw their masks on each rank of {said} from its own "
+                         "random stream, so the run is not none's step for step (equal in distribution); with their p "
+                         "at 0 it is (the float64 guarantee)"]
+    else:
+        assert not notes
