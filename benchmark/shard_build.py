@@ -1,7 +1,7 @@
 """What each rank holds before its first step: the model built only as its shard, against whole.
 
-``python benchmark/shard_build.py [--flavor full] [--nproc 4] [--strategy fsdp2]``: the VGG (T = 2, one sample
-a rank, one step, fp32) under ``fsdp2`` (or ``pp``, ...) on CPU ranks, each rank's CPU allocations tracked by torch's MemTracker from
+``python benchmark/shard_build.py [--flavor full] [--nproc 4] [--strategy fsdp2 | --mesh tp=2,time=2]``: the VGG
+(T = 2, one sample a rank, one step, fp32) under ``fsdp2`` (or ``pp``, a mesh, ...) on CPU ranks, each rank's CPU allocations tracked by torch's MemTracker from
 before the model is built to its first step, twice: as snnfw builds it (every rank on the meta device,
 replaying its own tensors) and with every rank building the whole model (as before).
 Prints one JSON line per setting: each rank's tracked peak as a ratio of the model's bytes, the bytes it
@@ -28,12 +28,15 @@ def main(argv=None) -> int:
     parser.add_argument("--flavor", default="full")
     parser.add_argument("--nproc", type=int, default=4)
     parser.add_argument("--strategy", default="fsdp2")
+    parser.add_argument("--mesh", help="a composed mesh instead of --strategy, as dim=size,...: tp=2,time=2")
     args = parser.parse_args(argv)
+    mesh = {name: int(size) for name, size in (part.split("=") for part in args.mesh.split(","))} if args.mesh else None
+    strategy = "mesh" if mesh else args.strategy
     config = build_config({
         "model": {"family": "cifar10dvs_vgg", "flavor": args.flavor, "time_steps": 2},
         "data": {"name": "synthetic_dvs", "batch_size": args.nproc, "train_samples": args.nproc, "test_samples": args.nproc},
         "train": {"steps": 1},
-        "parallel": {"strategy": args.strategy, "device": "cpu"},
+        "parallel": {"strategy": strategy, "device": "cpu", **({"mesh": mesh} if mesh else {})},
     })
     model, _ = build_model(config, Plugins())
     tensors = list(model.state_dict().values())
@@ -46,7 +49,7 @@ def main(argv=None) -> int:
         ranks = [summary["inspect"] for summary in run_on_ranks(config, args.nproc, before=before, timeout_s=600,
                                                                     inspect=seen)]
         initial[label] = {name: tensor for r in ranks for name, tensor in r["initial"].items()}
-        print(json.dumps({"build": label, "strategy": args.strategy,
+        print(json.dumps({"build": label, "strategy": args.mesh or args.strategy,
                           "peak_over_model": [round(r["peak"] / whole, 3) for r in ranks],
                           "held_over_model": [round(r["held"] / whole, 3) for r in ranks],
                           "peak_rss_mb": [round(r["rss_mb"]) for r in ranks]}))
