@@ -71,3 +71,33 @@ def test_a_tensor_parallel_checkpoint_resumes_on_a_pipeline(tmp_path):
         for step, (have, expected) in enumerate(zip(summary["losses"], want), start=1):
             assert_close(f"rank {rank % 2} step {step} loss", have, expected)
     assert all(summary["resumed_from"] == 3 for summary in resumed)
+
+
+@pytest.mark.parametrize("mesh", [{"cp": 2}, {"ep": 2}], ids=["cp", "ep"])
+def test_snnfw_export_of_a_cp_or_ep_checkpoint_loads_into_the_family_module_as_the_ranks_held_it(tmp_path, mesh):
+    """cp's ranks hold the whole model, ep's each half the experts: the export is every tensor whole, equal to the
+    state the ranks ended with, and loads strictly into the family's own module."""
+    import subprocess
+    import sys
+
+    import torch
+
+    from snnfw.plan.prepare import build_model
+    from snnfw.testing.checks import final_state
+
+    config = build_config({
+        "model": {"family": "spiking_lm", "flavor": "tiny", "time_steps": 4}, "data": TEXT,
+        "train": {"steps": 2, "seed": 3}, "checkpoint": {"every": 2},
+        "parallel": {"strategy": "mesh", "mesh": mesh, "device": "cpu"}})
+    final = run_on_ranks(config, 2, tmp_path / "run", timeout_s=300, inspect=final_state)[0]["inspect"]
+    out = tmp_path / "x.pt"
+    done = subprocess.run([sys.executable, "-m", "snnfw", "export", str(tmp_path / "run"), "--out", str(out)],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    exported = torch.load(out, weights_only=True)
+    model = build_model(build_config({"model": {"family": "spiking_lm", "flavor": "tiny", "time_steps": 4},
+                                      "data": TEXT}), Plugins())[0]
+    model.load_state_dict(exported, strict=True)
+    assert sorted(exported) == sorted(final) == sorted(model.state_dict())
+    for name, tensor in final.items():
+        assert torch.equal(exported[name], tensor), name
