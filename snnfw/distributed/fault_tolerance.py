@@ -197,10 +197,12 @@ class ReplicaGroup:
         try:
             self.manager.start_quorum()
         except TimeoutError:
+            fix = ("start the other groups, or lower min_replicas (and the lighthouse's --min_replicas)"
+                   if self.min_replicas > 1 else "check that the lighthouse still runs there, and that this group's "
+                   "process was not stopped (its standard error must be read: a full pipe stops it)")
             raise CollectiveError(f"replica group {self.index} found no quorum of parallel.fault_tolerance.min_replicas = "
                                   f"{self.min_replicas} groups at {self.address} within "
-                                  f"{self.timeout.total_seconds():g} s (its timeout_s); start the other groups, or lower "
-                                  "min_replicas (and the lighthouse's --min_replicas)") from None
+                                  f"{self.timeout.total_seconds():g} s (its timeout_s); {fix}") from None
         return self.manager.current_step() if self.manager.current_step() > step else step
 
     def commit(self) -> bool:

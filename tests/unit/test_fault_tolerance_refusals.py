@@ -106,3 +106,20 @@ def test_a_step_that_never_commits_ends_the_group_in_one_line_not_a_loop():
     group.manager = Manager()
     with pytest.raises(CollectiveError, match=r"replica group 1 trained a step 11 times in a row and no quorum"):
         group.commit()
+
+
+@pytest.mark.parametrize("min_replicas, fix", [(2, "start the other groups, or lower min_replicas"),
+                                               (1, "check that the lighthouse still runs there")])
+def test_no_quorum_in_time_says_what_to_check(min_replicas, fix):
+    """With min_replicas = 1 a group alone makes a quorum: no quorum then means a lighthouse gone or a stopped
+    group, not missing peers."""
+    from snnfw.errors import CollectiveError
+
+    class Manager:  # start_quorum as torchft's manager ends it past its quorum timeout
+        def start_quorum(self):
+            raise TimeoutError("quorum timed out")
+
+    group = fault_tolerance.ReplicaGroup(config({"dp_replicate": 2}, {**FT, "min_replicas": min_replicas}))
+    group.manager = Manager()
+    with pytest.raises(CollectiveError, match=f"found no quorum of .*min_replicas = {min_replicas} .*; {fix}"):
+        group.begin(1)
