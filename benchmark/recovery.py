@@ -5,7 +5,7 @@
 Both train a tiny float64 model (0.25 s a step, SNNFW_TEST_SLOW_STEPS) as 2 replicas of one CPU rank each, and
 the second replica's process exits before step 10:
 
-- torchft: the lighthouse, two groups; the dead group is started again at once. Recovery: from its death to the
+- torchft: the lighthouse, two groups that take their first step together; the dead group is started again at once. Recovery: from its death to the
   first record of the relaunched group (its metrics.jsonl), which joined at its peer's step.
 - elastic: snnfw train --nproc 2 --max-restarts 1 with checkpoint.every = 5. Recovery: from the fault's message to
   rank 0's progress line of step 6, the first step after the resume from step 5 (steps 6 to 9 are trained again).
@@ -57,7 +57,7 @@ CRASH = {"SNNFW_TEST_CRASH_AT_STEP": "10"}
 
 
 def torchft_recovery(folder: Path) -> float:
-    for name in ("g0", "g1", "g1-again"):  # a record left by an earlier repeat would end the wait at once
+    for name in ("g0", "g1", "g1-again", "together"):  # a record left by an earlier repeat would end the wait at once
         shutil.rmtree(folder / name, ignore_errors=True)
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -72,7 +72,8 @@ def torchft_recovery(folder: Path) -> float:
                                 cwd=folder, env={**env, "REPLICA_GROUP_ID": str(index), **extra},
                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        healthy, doomed = group(0, "g0"), group(1, "g1", **CRASH, SNNFW_TEST_FAULT_RANK="0")
+        together = {"SNNFW_TEST_START_TOGETHER": f"{folder / 'together'}:2"}  # else one may train alone, and end
+        healthy, doomed = group(0, "g0", **together), group(1, "g1", **CRASH, **together, SNNFW_TEST_FAULT_RANK="0")
         doomed.wait()
         died = time.monotonic()
         again = group(1, "g1-again")
